@@ -1,0 +1,1 @@
+"""The CLI layer: one module per command group. Parses, calls ops/ or ticks/, renders. No SQL."""
