@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-from paygate_cli.commands import devnet
+from paygate_cli import __version__
+from paygate_cli.commands import (
+    completion,
+    config,
+    demo,
+    dev,
+    devnet,
+    halts,
+    migrate,
+    run_tick,
+    status,
+    workers,
+)
+from paygate_cli.commands._common import get_env
+from paygate_cli.logs import configure_logging
 
 app = typer.Typer(
     name="paygate",
@@ -12,6 +28,49 @@ app = typer.Typer(
     add_completion=False,  # `paygate completion SHELL` prints scripts instead of editing rc files
     pretty_exceptions_enable=False,  # __main__ maps every exception; locals could hold secrets
     no_args_is_help=True,
+    rich_markup_mode=None,
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"paygate {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    config_path: Annotated[str | None, typer.Option("--config", help="TOML config file.",
+                                                    show_default=False)] = None,
+    log_format: Annotated[str | None, typer.Option("--log-format", help="auto | text | json")] = None,
+    log_level: Annotated[str | None, typer.Option("--log-level", help="debug | info | warning | error")] = None,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """paygate: see `paygate COMMAND --help`. Exit codes: 0 ok, 1 failed items, 2 usage, 3 needs a
+    human, 69 dependency unavailable, 70 bug, 75 skipped (lock held), 77 permission, 78 config."""
+    env = get_env(ctx)
+    env.config_path = config_path
+    env.override(log_format=log_format, log_level=log_level)
+    # Logging must work before settings load (a bad config still logs its error), so it reads only
+    # the flags and the two plain variables here.
+    fmt = log_format or env.environ.get("PAYGATE_LOG_FORMAT") or "auto"
+    level = log_level or env.environ.get("PAYGATE_LOG_LEVEL") or "info"
+    if fmt not in ("auto", "text", "json"):
+        raise typer.BadParameter(f"{fmt!r} is not one of auto, text, json", param_hint="--log-format")
+    if level not in ("debug", "info", "warning", "error"):
+        raise typer.BadParameter(f"{level!r} is not a log level", param_hint="--log-level")
+    configure_logging(env, fmt=fmt, level=level)
+
+
+run_tick.register(app)
+migrate.register(app)
+status.register(app)
+workers.register(app)
+halts.register(app)
+app.add_typer(config.app, name="config")
+app.add_typer(dev.app, name="dev")
 app.add_typer(devnet.app, name="devnet")
+completion.register(app)
+demo.register(app)

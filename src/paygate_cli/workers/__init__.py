@@ -1,1 +1,1 @@
-"""workers"""
+"""One module per worker; each exposes `tick(ctx) -> TickResult`."""

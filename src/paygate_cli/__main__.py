@@ -1,0 +1,76 @@
+"""Entry point: builds the Env, runs the app, maps every exception to one exit code (one place)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Sequence
+
+from paygate_cli.env import Env
+from paygate_cli.errors import ExitCode, PaygateError
+from paygate_cli.secrets import scrub
+
+
+def _classify_database_error(exc: BaseException) -> tuple[ExitCode, str, str] | None:
+    """psycopg failures that are not bugs: unreachable server, missing privilege."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None or not isinstance(exc, psycopg.Error):
+        return None
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return ExitCode.NOPERM, "db.permission_denied", f"database permission denied: {exc}".strip()
+    if isinstance(exc, psycopg.OperationalError):
+        return ExitCode.UNAVAILABLE, "db.unavailable", f"database unavailable: {exc}".strip()
+    return None
+
+
+def _report(env: Env, code: int, msgid: str, message: str) -> None:
+    message = scrub(message.strip().splitlines()[0] if message.strip() else msgid)
+    if env.json_errors:
+        env.stderr.write(json.dumps({"message_type": "exit_error", "code": code, "msgid": msgid,
+                                     "message": message}) + "\n")
+    else:
+        env.stderr.write(f"paygate: error: {message}\n")
+    env.stderr.flush()
+
+
+def main(argv: Sequence[str] | None = None, env: Env | None = None) -> int:
+    env = env or Env()
+    args = list(sys.argv[1:] if argv is None else argv)
+    env.json_errors = "--json" in args
+    from typer._click.exceptions import ClickException
+
+    from paygate_cli.app import app  # typer is imported here so a broken env still maps errors
+
+    try:
+        result = app(args=args, prog_name="paygate", standalone_mode=False, obj=env)
+        return int(result) if isinstance(result, int) else 0
+    except ClickException as exc:  # bad flags: click already knows the text
+        exc.show(file=env.stderr)
+        return ExitCode.USAGE
+    except PaygateError as exc:
+        _report(env, exc.exit_code, exc.msgid, str(exc))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return ExitCode.SIGINT
+    except BrokenPipeError:
+        return ExitCode.FAILED
+    except Exception as exc:
+        classified = _classify_database_error(exc)
+        if classified:
+            code, msgid, message = classified
+            _report(env, code, msgid, message)
+            return code
+        if env.environ.get("PAYGATE_DEBUG"):
+            env.stderr.write(scrub("".join(traceback.format_exception(exc))))
+        _report(env, ExitCode.SOFTWARE, "bug", f"unexpected {type(exc).__name__}: {exc} "
+                "(a bug; rerun with PAYGATE_DEBUG=1 for the traceback)")
+        return ExitCode.SOFTWARE
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,53 @@
+"""`paygate dev db up|down|url`: a private Postgres for development and the demo."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from paygate_cli.commands._common import JsonFlag, get_env, output_mode
+from paygate_cli.db.cluster import Cluster, default_datadir
+from paygate_cli.output import emit
+
+app = typer.Typer(help="Developer conveniences.", no_args_is_help=True)
+db_app = typer.Typer(help="A private PostgreSQL from the system binaries (Unix socket only).",
+                     no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+DataDir = Annotated[str | None, typer.Option("--data-dir", help="Default: $XDG_DATA_HOME/paygate/pg.")]
+
+
+def _cluster(ctx: typer.Context, data_dir: str | None) -> Cluster:
+    env = get_env(ctx)
+    return Cluster.at(Path(data_dir) if data_dir else default_datadir(dict(env.environ)))
+
+
+@db_app.command("up")
+def up(ctx: typer.Context, data_dir: DataDir = None, json_flag: JsonFlag = False) -> int:
+    """Create (first time) and start the private cluster; prints its DSN."""
+    cluster = _cluster(ctx, data_dir)
+    started = cluster.up()
+    emit(get_env(ctx), output_mode(json_flag),
+         {"started": started, "dsn": cluster.dsn(), "data_dir": str(cluster.datadir)},
+         lines=[("started" if started else "already running") + f": export PAYGATE_DATABASE_URL='{cluster.dsn()}'"])
+    return 0
+
+
+@db_app.command("down")
+def down(ctx: typer.Context, data_dir: DataDir = None, json_flag: JsonFlag = False) -> int:
+    """Stop the private cluster (data is kept)."""
+    cluster = _cluster(ctx, data_dir)
+    running = cluster.is_running()
+    cluster.stop()
+    emit(get_env(ctx), output_mode(json_flag), {"stopped": running, "data_dir": str(cluster.datadir)},
+         lines=["stopped" if running else "was not running"])
+    return 0
+
+
+@db_app.command("url")
+def url(ctx: typer.Context, data_dir: DataDir = None) -> int:
+    """Print the DSN of the private cluster."""
+    get_env(ctx).stdout.write(_cluster(ctx, data_dir).dsn() + "\n")
+    return 0

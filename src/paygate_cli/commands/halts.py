@@ -1,0 +1,51 @@
+"""`paygate halt --reason …` / `paygate resume`: the operator's own admission pause."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from paygate_cli.commands._common import DryRunFlag, JsonFlag, YesFlag, confirm, get_env, output_mode
+from paygate_cli.db.connect import connect
+from paygate_cli.ops.halts import halt, resume
+from paygate_cli.output import emit
+
+
+def halt_command(
+    ctx: typer.Context,
+    reason: Annotated[str, typer.Option("--reason", help="Why; shown by `status` and recorded in audit_log.")],
+    yes: YesFlag = False, dry_run: DryRunFlag = False, json_flag: JsonFlag = False,
+) -> int:
+    """Close admission (the operator halt). Workers keep draining committed work."""
+    env = get_env(ctx)
+    if not dry_run:
+        confirm(env, "halt admission", yes=yes)
+    with connect(env.settings, "halt") as conn:
+        result = halt(conn, reason=reason, actor=env.settings.effective_operator(), dry_run=dry_run)
+    emit(env, output_mode(json_flag), {"halt": result},
+         lines=[("would halt: " if dry_run else "halted: ") + reason])
+    return 0
+
+
+def resume_command(ctx: typer.Context, yes: YesFlag = False, dry_run: DryRunFlag = False,
+                   json_flag: JsonFlag = False) -> int:
+    """Clear the operator halt (the gas halt clears itself when headroom returns)."""
+    env = get_env(ctx)
+    if not dry_run:
+        confirm(env, "resume admission", yes=yes)
+    with connect(env.settings, "resume") as conn:
+        result = resume(conn, actor=env.settings.effective_operator(), dry_run=dry_run)
+    if dry_run:
+        line = "would clear the operator halt" if result["would_resume"] else "no operator halt is set"
+    else:
+        line = "operator halt cleared" if result["resumed"] else "no operator halt was set"
+        if result["remaining_halts"]:
+            line += "; still set: " + ", ".join(h["kind"] for h in result["remaining_halts"])
+    emit(env, output_mode(json_flag), {"resume": result}, lines=[line])
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    app.command("halt")(halt_command)
+    app.command("resume")(resume_command)

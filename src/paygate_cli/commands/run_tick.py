@@ -1,0 +1,62 @@
+"""`paygate run-tick WORKER`: one worker, once or on a bounded fixed-rate loop."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from paygate_cli.commands._common import JsonFlag, get_env, output_mode
+from paygate_cli.errors import ConfigError, UsageError
+from paygate_cli.output import emit
+from paygate_cli.settings import parse_duration
+from paygate_cli.ticks.registry import get_worker
+from paygate_cli.ticks.runner import RunOptions, run_worker
+
+
+def _duration(value: str | None, flag: str) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value, name=flag)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run_tick_command(
+    ctx: typer.Context,
+    worker: Annotated[str, typer.Argument(help="Worker name (see `paygate workers`).")],
+    once: Annotated[bool, typer.Option("--once", help="Run one tick (the default).")] = False,
+    every: Annotated[str | None, typer.Option("--every", help="Tick on a fixed-rate schedule, e.g. 2s.")] = None,
+    for_: Annotated[str | None, typer.Option("--for", help="Stop looping after this long, e.g. 55s.")] = None,
+    lock_wait: Annotated[str, typer.Option("--lock-wait", help="Wait this long for the worker lock; 0 = try once.")]
+    = "10s",
+    batch: Annotated[int | None, typer.Option("--batch", help="Items per tick (default: the worker's).")] = None,
+    metrics_dir: Annotated[str | None, typer.Option("--metrics-dir", help="Write paygate_<worker>.prom here.")]
+    = None,
+    json_flag: JsonFlag = False,
+) -> int:
+    """Run a background worker. Exit 75 when another process holds its lock (skipped)."""
+    env = get_env(ctx)
+    spec = get_worker(worker)
+    every_s = _duration(every, "--every")
+    opts = RunOptions(
+        once=once or every_s is None,
+        every=every_s,
+        for_seconds=_duration(for_, "--for"),
+        lock_wait=_duration(lock_wait, "--lock-wait") or 0.0,
+        batch=batch,
+        metrics_dir=metrics_dir or env.settings.metrics_dir,
+    )
+    if once and every_s is not None:
+        raise UsageError("--once and --every are mutually exclusive")
+    summary = run_worker(env, spec, opts)
+    document = summary.as_dict()
+    emit(env, output_mode(json_flag), {"run_tick": document},
+         lines=[f"{spec.name}: {summary.ticks} tick(s), processed {summary.processed}, failed {summary.failed}, "
+                f"exit {summary.exit_code}"])
+    return summary.exit_code
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run-tick")(run_tick_command)

@@ -1,0 +1,39 @@
+"""`paygate status`: readiness at a glance; exit 1 when not ready, 69 when the DB is unreachable."""
+
+from __future__ import annotations
+
+import typer
+
+from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode
+from paygate_cli.db.connect import connect
+from paygate_cli.errors import ExitCode
+from paygate_cli.ops.status import readiness
+from paygate_cli.output import Mode, emit
+
+
+def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: PlainFlag = False) -> int:
+    """Readiness: DB, schema version, halts, lock holders, queue depths, last success per worker."""
+    env = get_env(ctx)
+    mode = output_mode(json_flag, plain_flag)
+    with connect(env.settings, "status", attempts=2) as conn:
+        report = readiness(conn)
+    rows = [{"check": "ready", "value": report["ready"], "detail": "; ".join(report["problems"])},
+            {"check": "schema", "value": report["schema"]["schema_version"],
+             "detail": f"expected {report['schema']['expected_version']}"}]
+    rows += [{"check": f"halt:{h['kind']}", "value": "set", "detail": f"{h['reason']} (by {h['set_by']})"}
+             for h in report["halts"]]
+    rows += [{"check": f"queue:{q['queue']}", "value": q["depth"],
+              "detail": f"oldest {q['oldest_age_s']}s" if q["oldest_age_s"] is not None else ""}
+             for q in report["queues"]]
+    rows += [{"check": f"lock:{lock['lock']}", "value": f"pid {lock['pid']}",
+              "detail": f"slot {lock['slot']}, {lock['application_name']}"} for lock in report["locks"]]
+    rows += [{"check": f"worker:{w['worker']}", "value": w["last_outcome"] or "never run",
+              "detail": f"last success {w['last_success'] or 'never'}"} for w in report["workers"]]
+    lines = [] if mode is not Mode.HUMAN else [
+        "READY" if report["ready"] else "NOT READY: " + "; ".join(report["problems"])]
+    emit(env, mode, {"status": report}, rows=rows, columns=["check", "value", "detail"], lines=lines)
+    return ExitCode.OK if report["ready"] else ExitCode.FAILED
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status_command)

@@ -1,0 +1,75 @@
+"""Connections: every one sets application_name and the three timeouts (DESIGN §8)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from paygate_cli.errors import ExitCode, PaygateError, Unavailable
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from paygate_cli.settings import Settings
+
+
+def _ms(seconds: float) -> int:
+    return max(0, int(seconds * 1000))
+
+
+def _is_transient(exc: BaseException) -> bool:
+    import psycopg
+
+    return isinstance(exc, psycopg.OperationalError) and not isinstance(exc, PaygateError)
+
+
+def connect(settings: Settings, purpose: str, *, autocommit: bool = True,
+            attempts: int = 3) -> psycopg.Connection:
+    """Open a connection for `purpose` (shown in pg_stat_activity as paygate:<purpose>).
+
+    Connection failures are retried a bounded number of times with jitter, then surface as
+    Unavailable (exit 69). Authentication failures are not retried."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    options = " ".join([
+        f"-c statement_timeout={_ms(settings.statement_timeout)}",
+        f"-c lock_timeout={_ms(settings.lock_timeout)}",
+        f"-c idle_in_transaction_session_timeout={_ms(settings.idle_in_transaction_timeout)}",
+    ])
+    conninfo = make_conninfo(
+        settings.dsn(),
+        application_name=f"{settings.application_name}:{purpose}"[:63],
+        connect_timeout=max(1, int(settings.connect_timeout)),
+        options=options,
+    )
+
+    @retry(stop=stop_after_attempt(max(1, attempts)), wait=wait_random_exponential(multiplier=0.2, max=2),
+           retry=retry_if_exception(_is_transient), reraise=True)
+    def _open() -> psycopg.Connection:
+        return psycopg.connect(conninfo, autocommit=autocommit)
+
+    try:
+        return _open()
+    except psycopg.OperationalError as exc:
+        # libpq's message names host/port/socket, never the password.
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise Unavailable(f"cannot connect to Postgres: {detail}", msgid="db.unavailable") from None
+
+
+def assert_not_in_transaction(conn: psycopg.Connection, what: str) -> None:
+    """DESIGN rule 2: no database transaction may be open across a network call."""
+    from psycopg.pq import TransactionStatus
+
+    if conn.info.transaction_status != TransactionStatus.IDLE:
+        raise TransactionOpenAcrossNetworkCall(
+            f"refusing {what}: the caller's database connection is inside a transaction"
+        )
+
+
+class TransactionOpenAcrossNetworkCall(PaygateError):
+    """A bug: code tried a network call with a transaction open (DESIGN rule 2)."""
+
+    exit_code = ExitCode.SOFTWARE
+    msgid = "bug.transaction_open_across_network_call"

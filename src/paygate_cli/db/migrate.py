@@ -1,0 +1,130 @@
+"""`paygate migrate`: apply sql/NNNN_*.sql in order under an advisory lock, record version and
+checksum, refuse to run when an applied file changed. Safe to run from two hosts at once: the
+second waits for the lock, then finds nothing left to do."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from paygate_cli.db.locks import LOCK_NAMESPACE, MIGRATE_KEY
+from paygate_cli.errors import ConfigError, NeedsHuman
+
+if TYPE_CHECKING:
+    import psycopg
+
+SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
+_MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    path: Path
+    checksum: str
+
+
+def available_migrations(sql_dir: Path = SQL_DIR) -> list[Migration]:
+    if not sql_dir.is_dir():
+        raise ConfigError(f"migrations directory {sql_dir} is missing (broken install?)")
+    found: list[Migration] = []
+    for path in sorted(sql_dir.iterdir()):
+        match = _MIGRATION_NAME.match(path.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), path,
+                                   hashlib.sha256(path.read_bytes()).hexdigest()))
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise ConfigError(f"two migrations share a version number in {sql_dir}")
+    return found
+
+
+APPLIED_SQL = """
+SELECT version, name, checksum FROM paygate.schema_migrations ORDER BY version
+"""
+HAS_TABLE_SQL = "SELECT to_regclass('paygate.schema_migrations') IS NOT NULL"
+RECORD_SQL = """
+INSERT INTO paygate.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)
+"""
+# Session lock on the migrate key: a second `migrate` waits here until the first one finishes.
+LOCK_SQL = "SELECT pg_advisory_lock(%s, %s)"
+UNLOCK_SQL = "SELECT pg_advisory_unlock(%s, %s)"
+
+
+def applied_migrations(conn: psycopg.Connection) -> dict[int, tuple[str, str]]:
+    if not conn.execute(HAS_TABLE_SQL).fetchone()[0]:
+        return {}
+    return {row[0]: (row[1], row[2]) for row in conn.execute(APPLIED_SQL)}
+
+
+def check_drift(available: list[Migration], applied: dict[int, tuple[str, str]]) -> None:
+    by_version = {m.version: m for m in available}
+    for version, (name, checksum) in sorted(applied.items()):
+        migration = by_version.get(version)
+        if migration is None:
+            continue  # applied by newer code; fine as long as nothing here is older and unapplied
+        if migration.checksum != checksum:
+            raise NeedsHuman(
+                f"migration {version:04d}_{name} was changed after it was applied "
+                f"(recorded sha256 {checksum[:12]}…, file {migration.checksum[:12]}…); refusing to migrate",
+                msgid="migrate.checksum_mismatch",
+            )
+
+
+def migrate(conn: psycopg.Connection, *, dry_run: bool = False) -> dict[str, object]:
+    """Apply pending migrations; each file and its record commit in one transaction."""
+    available = available_migrations()
+    conn.execute(LOCK_SQL, (LOCK_NAMESPACE, MIGRATE_KEY))
+    try:
+        applied = applied_migrations(conn)
+        check_drift(available, applied)
+        pending = [m for m in available if m.version not in applied]
+        newest_known = max((m.version for m in available), default=0)
+        unknown = sorted(v for v in applied if v > newest_known)
+        done: list[str] = []
+        if not dry_run:
+            for migration in pending:
+                with conn.transaction():
+                    conn.execute(migration.path.read_text(encoding="utf-8"))
+                    conn.execute(RECORD_SQL, (migration.version, migration.name, migration.checksum))
+                done.append(f"{migration.version:04d}_{migration.name}")
+        return {
+            "applied": done,
+            "pending": [f"{m.version:04d}_{m.name}" for m in pending] if dry_run else [],
+            "already_applied": len(applied),
+            "schema_version": max([*applied, *(m.version for m in pending if not dry_run)], default=0),
+            "newer_than_this_build": unknown,
+        }
+    finally:
+        conn.execute(UNLOCK_SQL, (LOCK_NAMESPACE, MIGRATE_KEY))
+
+
+def schema_state(conn: psycopg.Connection) -> dict[str, object]:
+    """For `status`: current version vs what this build ships."""
+    available = available_migrations()
+    applied = applied_migrations(conn)
+    return {
+        "schema_version": max(applied, default=0),
+        "expected_version": max((m.version for m in available), default=0),
+        "pending": [f"{m.version:04d}_{m.name}" for m in available if m.version not in applied],
+    }
+
+
+ROLES_FILE = SQL_DIR / "roles" / "runtime_role.sql"
+
+
+def create_runtime_role(conn: psycopg.Connection, role: str) -> None:
+    """Create/refresh the runtime role from sql/roles/runtime_role.sql (run after each migrate)."""
+    from psycopg import sql
+
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", role):
+        raise ConfigError(f"role name {role!r} must be a lowercase SQL identifier")
+    template = ROLES_FILE.read_text(encoding="utf-8")
+    # The file uses {role} placeholders; Identifier quoting makes injection impossible.
+    statement = sql.SQL(template).format(role=sql.Identifier(role), role_literal=sql.Literal(role))
+    with conn.transaction():
+        conn.execute(statement)

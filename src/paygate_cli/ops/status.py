@@ -1,0 +1,95 @@
+"""Readiness: DB, schema version, halts, advisory-lock holders, queue depths, last success per worker."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from paygate_cli.db.locks import LOCK_NAMESPACE, MIGRATE_KEY, describe_key
+from paygate_cli.db.migrate import schema_state
+from paygate_cli.ops.halts import list_halts
+from paygate_cli.ticks.registry import RESERVED_WORKER_IDS, WORKERS
+
+if TYPE_CHECKING:
+    import psycopg
+
+# Each queue: depth and the age of its oldest item. Add a queue here when its worker lands.
+QUEUE_SQL: dict[str, str] = {
+    "webhooks.pending": """
+        SELECT count(*), extract(epoch FROM now() - min(next_attempt_at))::float8
+        FROM paygate.webhook_outbox WHERE status = 'pending' AND next_attempt_at <= now()""",
+    "webhooks.retrying": """
+        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
+        FROM paygate.webhook_outbox WHERE status = 'pending' AND next_attempt_at > now()""",
+    "webhooks.delivering": """
+        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
+        FROM paygate.webhook_outbox WHERE status = 'delivering'""",
+    "webhooks.dead": """
+        SELECT count(*), extract(epoch FROM now() - min(dead_at))::float8
+        FROM paygate.webhook_outbox WHERE status = 'dead'""",
+    "idempotency.expired": """
+        SELECT count(*), extract(epoch FROM now() - min(expires_at))::float8
+        FROM paygate.idempotency_keys WHERE expires_at < now()""",
+}
+
+LOCK_HOLDERS_SQL = """
+SELECT l.objid::bigint, a.pid, a.application_name, a.client_addr::text,
+       extract(epoch FROM now() - a.backend_start)::float8
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.classid::bigint = %s AND l.objsubid = 2 AND l.granted
+ORDER BY l.objid
+"""
+LAST_RUNS_SQL = """
+SELECT w.worker,
+       (SELECT max(finished_at) FROM paygate.worker_runs r WHERE r.worker = w.worker AND r.outcome = 'ok'),
+       (SELECT outcome FROM paygate.worker_runs r WHERE r.worker = w.worker
+        ORDER BY started_at DESC LIMIT 1),
+       (SELECT max(started_at) FROM paygate.worker_runs r WHERE r.worker = w.worker)
+FROM unnest(%s::text[]) AS w(worker)
+"""
+
+
+def lock_holders(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    names = {worker_id: name for name, worker_id in RESERVED_WORKER_IDS.items()}
+    holders = []
+    for objid, pid, app, client, age in conn.execute(LOCK_HOLDERS_SQL, (LOCK_NAMESPACE,)):
+        worker_id, slot = describe_key(int(objid))
+        holder = "migrate" if objid == MIGRATE_KEY else names.get(worker_id, f"unknown:{objid}")
+        holders.append({"lock": holder, "slot": slot, "pid": pid, "application_name": app,
+                        "client": client, "held_for_s": round(age or 0.0, 1)})
+    return holders
+
+
+def last_runs(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    rows = conn.execute(LAST_RUNS_SQL, (sorted(WORKERS),)).fetchall()
+    return [{"worker": w, "last_success": s, "last_outcome": o, "last_started": st} for w, s, o, st in rows]
+
+
+def queue_depths(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    depths = []
+    for name, sql in QUEUE_SQL.items():
+        count, oldest = conn.execute(sql).fetchone()
+        depths.append({"queue": name, "depth": int(count), "oldest_age_s": round(oldest, 1) if oldest else None})
+    return depths
+
+
+def readiness(conn: psycopg.Connection) -> dict[str, Any]:
+    schema = schema_state(conn)
+    halts = list_halts(conn)
+    problems: list[str] = []
+    if schema["pending"]:
+        problems.append(f"schema behind: {len(schema['pending'])} migration(s) pending (run `paygate migrate`)")
+    for h in halts:
+        problems.append(f"{h['kind']} halt set by {h['set_by']}: {h['reason']}")
+    server_version = conn.execute("SHOW server_version").fetchone()[0]
+    return {
+        "ready": not problems,
+        "problems": problems,
+        "database": {"reachable": True, "server_version": server_version,
+                     "note": "advisory locks need a direct or session-pooled connection "
+                             "(not PgBouncer transaction pooling)"},
+        "schema": schema,
+        "halts": halts,
+        "locks": lock_holders(conn),
+        "queues": queue_depths(conn),
+        "workers": last_runs(conn),
+    }

@@ -1,0 +1,106 @@
+"""Render a command's result as human (rich) / --json / --plain (tabulate TSV).
+
+Every --json document carries `schema_version`. Human output goes to stdout through rich; logs
+never go to stdout."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import date, datetime
+from decimal import Decimal
+from enum import Enum, StrEnum
+from typing import Any
+
+from paygate_cli.env import Env
+
+SCHEMA_VERSION = 1
+
+
+class Mode(StrEnum):
+    HUMAN = "human"
+    JSON = "json"
+    PLAIN = "plain"
+
+
+def mode_from_flags(json_flag: bool, plain_flag: bool = False) -> Mode:
+    return Mode.JSON if json_flag else Mode.PLAIN if plain_flag else Mode.HUMAN
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, Enum):
+        return value.value
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def to_json(document: dict[str, Any]) -> str:
+    return json.dumps({"schema_version": SCHEMA_VERSION, **document}, default=_default, sort_keys=False)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.isoformat(timespec="seconds")
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, list | tuple):
+        return ",".join(_cell(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, default=_default)
+    return str(value)
+
+
+def emit(
+    env: Env,
+    mode: Mode,
+    document: dict[str, Any],
+    *,
+    rows: Sequence[dict[str, Any]] | None = None,
+    columns: Sequence[str] | None = None,
+    title: str | None = None,
+    lines: Sequence[str] = (),
+) -> None:
+    """Print one result. `document` is the --json form; `rows`/`columns` the table for the others;
+    `lines` are extra human-only sentences (a summary above the table)."""
+    if mode is Mode.JSON:
+        env.stdout.write(to_json(document) + "\n")
+        env.stdout.flush()
+        return
+    if rows is not None and columns is None:
+        columns = list(rows[0].keys()) if rows else []
+    if mode is Mode.PLAIN:
+        from tabulate import tabulate
+
+        if rows is not None:
+            table = [[_cell(row.get(c)) for c in columns or []] for row in rows]
+            env.stdout.write(tabulate(table, headers=list(columns or []), tablefmt="tsv") + "\n")
+        else:
+            for key, value in document.items():
+                env.stdout.write(f"{key}\t{_cell(value)}\n")
+        env.stdout.flush()
+        return
+
+    from rich.console import Console
+    from rich.table import Table
+
+    no_color = bool(env.environ.get("NO_COLOR") or env.environ.get("PAYGATE_NO_COLOR"))
+    console = Console(file=env.stdout, no_color=no_color, highlight=False, soft_wrap=False)
+    for line in lines:
+        console.print(line, markup=False)
+    if rows is not None:
+        table = Table(title=title, show_lines=False)
+        for column in columns or []:
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*[_cell(row.get(c)) for c in columns or []])
+        console.print(table)
+    elif not lines:
+        for key, value in document.items():
+            console.print(f"{key}: {_cell(value)}", markup=False)

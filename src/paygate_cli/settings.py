@@ -1,0 +1,304 @@
+"""Settings: flags > environment > TOML file > defaults, with the source of every value kept.
+
+Secrets come only from `PAYGATE_<NAME>_FILE` or `$CREDENTIALS_DIRECTORY/<name>`; a plain
+`PAYGATE_<NAME>` variable (or a plain key in the TOML file) holding a secret is refused, because
+environment variables leak through `systemctl show`, /proc and child processes."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import socket
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paygate_cli.errors import ConfigError
+from paygate_cli.secrets import Secret, read_secret_file, remember
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str | float | int, *, name: str = "duration") -> float:
+    """'2s', '500ms', '10min', '1h' or a bare number of seconds -> seconds."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        if text < 0:
+            raise ConfigError(f"{name}: must not be negative")
+        return float(text)
+    match = _DURATION.match(str(text))
+    if not match:
+        raise ConfigError(f"{name}: {text!r} is not a duration (examples: 500ms, 2s, 10min, 1h)")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _parse_bool(text: str | bool, name: str) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = str(text).strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise ConfigError(f"{name}: {text!r} is not a boolean (true/false)")
+
+
+def _parse_int(text: str | int, name: str) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: {text!r} is not an integer") from None
+    if value < 0:
+        raise ConfigError(f"{name}: must not be negative")
+    return value
+
+
+def _parse_list(text: str | list[str], name: str) -> list[str]:
+    if isinstance(text, list):
+        return [str(item).strip() for item in text if str(item).strip()]
+    return [part.strip() for part in str(text).split(",") if part.strip()]
+
+
+def _parse_choice(choices: tuple[str, ...]) -> Callable[[Any, str], str]:
+    def parse(text: Any, name: str) -> str:
+        value = str(text).strip().lower()
+        if value not in choices:
+            raise ConfigError(f"{name}: {text!r} is not one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    default: Any
+    parse: Callable[[Any, str], Any]
+    help: str
+
+
+def _str(text: Any, name: str) -> str:
+    return str(text)
+
+
+def _opt_str(text: Any, name: str) -> str | None:
+    return str(text) if text not in (None, "") else None
+
+
+def _dur(text: Any, name: str) -> float:
+    return parse_duration(text, name=name)
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("database_url", None, _opt_str, "libpq DSN (may also come from PAYGATE_DATABASE_URL_FILE)"),
+    Field("instance_id", None, _opt_str, "this host's instance id (default: hostname)"),
+    Field("operator", None, _opt_str, "actor recorded in audit_log (default: OS user)"),
+    Field("application_name", "paygate", _str, "libpq application_name prefix"),
+    Field("connect_timeout", 5.0, _dur, "Postgres connect timeout"),
+    Field("statement_timeout", 30.0, _dur, "Postgres statement_timeout"),
+    Field("lock_timeout", 5.0, _dur, "Postgres lock_timeout for work connections"),
+    Field("idle_in_transaction_timeout", 60.0, _dur, "Postgres idle_in_transaction_session_timeout"),
+    Field("log_format", "auto", _parse_choice(("auto", "text", "json")), "stderr log format"),
+    Field("log_level", "info", _parse_choice(("debug", "info", "warning", "error")), "log level"),
+    Field("metrics_dir", None, _opt_str, "Prometheus textfile collector directory"),
+    Field("rpc_url", None, _opt_str, "Stellar RPC write endpoint"),
+    Field("rpc_read_urls", [], _parse_list, "Stellar RPC read endpoints (comma-separated)"),
+    Field("network_passphrase", "Standalone Network ; February 2017", _str, "Stellar network passphrase"),
+    Field("webhook_timeout", 5.0, _dur, "per-delivery HTTP timeout"),
+    Field("webhook_max_attempts", 8, _parse_int, "attempts before an outbox row is dead"),
+    Field("webhook_backoff_base", 2.0, _dur, "first retry delay; doubles per attempt, with jitter"),
+    Field("webhook_backoff_max", 3600.0, _dur, "cap on the retry delay"),
+    Field("webhook_allow_hosts", [], _parse_list, "hosts/CIDRs allowed despite being private/loopback"),
+    Field("webhook_lease", 60.0, _dur, "lease on a claimed outbox row"),
+)
+
+# name -> help. Each is read from PAYGATE_<NAME>_FILE or $CREDENTIALS_DIRECTORY/<name with dashes>.
+SECRETS: dict[str, str] = {
+    "database_url": "libpq DSN holding a password",
+    "fee_secret": "fee account seed (S…)",
+    "lane_secrets": "lane seeds, one per line",
+    "journal_keys": 'journal AES keys, JSON {"key_id": "64 hex chars"}',
+    "heartbeat_url": "dead-man switch URL (healthchecks.io style)",
+}
+# These may also be given in plain form: a DSN often carries no password (peer/cert auth, PGPASSFILE).
+_PLAIN_ALLOWED = {"database_url"}
+
+FIELD_BY_NAME = {field.name: field for field in FIELDS}
+
+
+def env_var(name: str) -> str:
+    return f"PAYGATE_{name.upper()}"
+
+
+@dataclass
+class Settings:
+    values: dict[str, Any]
+    sources: dict[str, str]
+    secrets: dict[str, Secret]
+    config_file: str | None
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["values"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def secret(self, name: str) -> Secret | None:
+        return self.secrets.get(name)
+
+    def dsn(self) -> str:
+        secret = self.secrets.get("database_url")
+        if secret is not None:
+            return secret.reveal()
+        if self.values.get("database_url"):
+            return str(self.values["database_url"])
+        raise ConfigError(
+            "no database configured: set PAYGATE_DATABASE_URL or PAYGATE_DATABASE_URL_FILE "
+            "(or database_url in the config file)"
+        )
+
+    def effective_instance_id(self) -> str:
+        return self.values.get("instance_id") or socket.gethostname()
+
+    def effective_operator(self) -> str:
+        if self.values.get("operator"):
+            return str(self.values["operator"])
+        try:
+            return getpass.getuser()
+        except (KeyError, OSError):
+            return f"uid:{os.getuid()}"
+
+
+def find_config_file(explicit: str | None, environ: Mapping[str, str]) -> Path | None:
+    """--config, then $PAYGATE_CONFIG, then $XDG_CONFIG_HOME/paygate/config.toml, then /etc."""
+    if explicit:
+        return Path(explicit)
+    if environ.get("PAYGATE_CONFIG"):
+        return Path(environ["PAYGATE_CONFIG"])
+    xdg = environ.get("XDG_CONFIG_HOME") or (
+        str(Path(environ["HOME"]) / ".config") if environ.get("HOME") else None
+    )
+    candidates = [Path(xdg) / "paygate" / "config.toml"] if xdg else []
+    candidates.append(Path("/etc/paygate/config.toml"))
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _load_toml(path: Path, explicit: bool) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"config file {path} does not exist") from None
+        return {}
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read: {exc.strerror}") from None
+
+
+def _dsn_password(dsn: str) -> str | None:
+    match = re.search(r"://[^:/@]*:([^@]*)@", dsn) or re.search(r"\bpassword\s*=\s*'?([^'\s]+)", dsn)
+    return match.group(1) if match else None
+
+
+def load_settings(
+    environ: Mapping[str, str],
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    config_path: str | None = None,
+) -> Settings:
+    """Resolve every setting and secret. `overrides` are command-line flags (highest precedence)."""
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    path = find_config_file(config_path, environ)
+    explicit = bool(config_path or environ.get("PAYGATE_CONFIG"))
+    file_values = _load_toml(path, explicit) if path else {}
+
+    unknown = sorted(set(file_values) - set(FIELD_BY_NAME) - {f"{s}_file" for s in SECRETS} - set(SECRETS))
+    if unknown:
+        raise ConfigError(f"config file {path}: unknown setting(s): {', '.join(unknown)}")
+
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for field in FIELDS:
+        variable = env_var(field.name)
+        if field.name in overrides:
+            raw, source = overrides[field.name], "flag"
+        elif environ.get(variable) not in (None, ""):
+            raw, source = environ[variable], f"env {variable}"
+        elif field.name in file_values:
+            raw, source = file_values[field.name], f"file {path}"
+        else:
+            raw, source = field.default, "default"
+        values[field.name] = field.parse(raw, variable) if source != "default" else raw
+        sources[field.name] = source
+
+    secrets: dict[str, Secret] = {}
+    credentials_dir = environ.get("CREDENTIALS_DIRECTORY")
+    for name in SECRETS:
+        file_var = env_var(name) + "_FILE"
+        plain_var = env_var(name)
+        if name not in _PLAIN_ALLOWED:
+            if environ.get(plain_var):
+                raise ConfigError(
+                    f"{plain_var} holds a secret in a plain environment variable; "
+                    f"put it in a file and set {file_var} instead"
+                )
+            if name in file_values:
+                raise ConfigError(
+                    f"config file {path}: '{name}' must not hold a secret; set '{name}_file' to a file path"
+                )
+        elif environ.get(file_var) and environ.get(plain_var):
+            raise ConfigError(f"set either {plain_var} or {file_var}, not both")
+        if environ.get(file_var):
+            secrets[name] = read_secret_file(environ[file_var], variable=file_var)
+            sources[name] = f"file via {file_var}"
+        elif f"{name}_file" in file_values:
+            secrets[name] = read_secret_file(file_values[f"{name}_file"], variable=f"{path}: {name}_file")
+            sources[name] = f"file via {path}"
+        elif credentials_dir and (Path(credentials_dir) / name.replace("_", "-")).is_file():
+            cred = Path(credentials_dir) / name.replace("_", "-")
+            secrets[name] = read_secret_file(cred, variable="CREDENTIALS_DIRECTORY")
+            sources[name] = f"credential {cred}"
+
+    if "database_url" in secrets:
+        values["database_url"] = None
+    for dsn in (values.get("database_url"), secrets["database_url"].reveal() if "database_url" in secrets else None):
+        password = _dsn_password(dsn) if dsn else None
+        if password:
+            remember(password)
+    return Settings(values=values, sources=sources, secrets=secrets, config_file=str(path) if path else None)
+
+
+def redact_dsn(dsn: str) -> str:
+    """A DSN safe to show: the password replaced."""
+    dsn = re.sub(r"(://[^:/@]*:)([^@]*)@", r"\1***@", dsn)
+    return re.sub(r"(\bpassword\s*=\s*)('[^']*'|\S+)", r"\1***", dsn)
+
+
+def describe(settings: Settings) -> list[dict[str, str]]:
+    """Every effective value and its source, secrets redacted (for `config show`)."""
+    rows: list[dict[str, str]] = []
+    for field in FIELDS:
+        value = settings.values[field.name]
+        if field.name == "database_url" and value:
+            value = redact_dsn(str(value))
+        if field.name == "instance_id" and not value:
+            value = settings.effective_instance_id()
+        if field.name == "operator" and not value:
+            value = settings.effective_operator()
+        if isinstance(value, list):
+            value = ",".join(value)
+        rows.append({"name": field.name, "value": "" if value is None else str(value),
+                     "source": settings.sources[field.name]})
+    for name in SECRETS:
+        secret = settings.secrets.get(name)
+        rows.append({"name": name, "value": "<redacted>" if secret else "(unset)",
+                     "source": settings.sources.get(name, "unset")})
+    return rows

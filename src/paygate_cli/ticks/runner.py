@@ -1,0 +1,249 @@
+"""The tick runner (DESIGN §3): one worker's lock for the whole process, ticks on a fixed-rate
+monotonic schedule, a heartbeat row per tick, signals finish the current tick first."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from paygate_cli.db.connect import connect
+from paygate_cli.db.locks import acquire_slot, describe_key
+from paygate_cli.errors import ExitCode, NeedsHuman, PaygateError, Unavailable, UsageError
+from paygate_cli.logs import get_logger
+from paygate_cli.secrets import scrub
+from paygate_cli.ticks.context import TickContext, TickResult
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from paygate_cli.env import Env
+    from paygate_cli.ticks.registry import WorkerSpec
+
+log = get_logger("ticks")
+
+INSTANCE_SEEN_SQL = """
+INSERT INTO paygate.instances (instance_id) VALUES (%s)
+ON CONFLICT (instance_id) DO UPDATE SET last_seen = now()
+"""
+# One round trip: open the heartbeat row and learn whether this instance is drained.
+HEARTBEAT_START_SQL = """
+WITH run AS (
+    INSERT INTO paygate.worker_runs (worker, instance_id, slot, pid) VALUES (%s, %s, %s, %s)
+    RETURNING id
+)
+SELECT run.id,
+       EXISTS (SELECT 1 FROM paygate.instances i WHERE i.instance_id = %s AND i.drained_at IS NOT NULL)
+FROM run
+"""
+HEARTBEAT_FINISH_SQL = """
+UPDATE paygate.worker_runs
+SET finished_at = clock_timestamp(), outcome = %s, processed = %s, failed = %s, error = %s
+WHERE id = %s
+"""
+LAST_SUCCESS_SQL = """
+SELECT extract(epoch FROM max(finished_at))::float8 FROM paygate.worker_runs
+WHERE worker = %s AND outcome = 'ok'
+"""
+# Heartbeats are kept a week; pruned by each process at start, bounded so it never stalls a start.
+PRUNE_RUNS_SQL = """
+DELETE FROM paygate.worker_runs WHERE id IN (
+    SELECT id FROM paygate.worker_runs
+    WHERE worker = %s AND started_at < now() - interval '7 days'
+    ORDER BY started_at LIMIT 5000
+)
+"""
+
+_SEVERITY = {"ok": ExitCode.OK, "failed": ExitCode.FAILED, "needs_human": ExitCode.NEEDS_HUMAN}
+
+
+@dataclass
+class RunOptions:
+    once: bool = True
+    every: float | None = None
+    for_seconds: float | None = None  # None with --every: until signalled
+    lock_wait: float = 10.0
+    batch: int | None = None
+    metrics_dir: str | None = None
+
+    def validate(self) -> None:
+        if self.once and self.every is not None:
+            raise UsageError("--once and --every are mutually exclusive")
+        if self.for_seconds is not None and self.every is None:
+            raise UsageError("--for needs --every")
+        if self.every is not None and self.every <= 0:
+            raise UsageError("--every must be positive")
+        if self.batch is not None and self.batch <= 0:
+            raise UsageError("--batch must be positive")
+
+
+@dataclass
+class RunSummary:
+    worker: str
+    slot: int
+    ticks: int = 0
+    processed: int = 0
+    failed: int = 0
+    needs_human: int = 0
+    drained_ticks: int = 0
+    exit_code: int = ExitCode.OK
+    stopped_by: str | None = None
+    last_details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+class _Stop:
+    """First SIGTERM/SIGINT: finish the tick, then stop. Second: abort now (exit 128+N)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self.in_tick = False
+
+    def handle(self, signum: int, _frame: object) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+        self.signum = signum
+        self.event.set()
+
+    def install(self) -> dict[int, Any]:
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, self.handle)
+        return previous
+
+
+def _heartbeat_start(conn: psycopg.Connection, spec: WorkerSpec, instance: str, slot: int) -> tuple[int, bool]:
+    row = conn.execute(HEARTBEAT_START_SQL, (spec.name, instance, slot, os.getpid(), instance)).fetchone()
+    return int(row[0]), bool(row[1])
+
+
+def _run_one_tick(ctx: TickContext, spec: WorkerSpec) -> TickResult:
+    return spec.load()(ctx)
+
+
+def run_worker(env: Env, spec: WorkerSpec, opts: RunOptions) -> RunSummary:
+    import psycopg
+
+    opts.validate()
+    settings = env.settings
+    instance = settings.effective_instance_id()
+    lock_conn = connect(settings, f"lock:{spec.name}")
+    try:
+        key = acquire_slot(lock_conn, spec.lock_keys(), opts.lock_wait, what=f"run-tick {spec.name}")
+        slot = describe_key(key)[1]
+        summary = RunSummary(worker=spec.name, slot=slot)
+        work = connect(settings, f"tick:{spec.name}:{slot}")
+        try:
+            work.execute(INSTANCE_SEEN_SQL, (instance,))
+            work.execute(PRUNE_RUNS_SQL, (spec.name,))
+            _loop(env, spec, opts, lock_conn, work, instance, slot, summary)
+        finally:
+            work.close()
+        return summary
+    except psycopg.OperationalError as exc:
+        raise Unavailable(f"lost the database during run-tick {spec.name}: {str(exc).strip()}") from None
+    finally:
+        lock_conn.close()  # closing the session releases the advisory lock
+
+
+def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Connection,
+          work: psycopg.Connection, instance: str, slot: int, summary: RunSummary) -> None:
+    stop = _Stop()
+    previous = stop.install() if threading.current_thread() is threading.main_thread() else {}
+    worst = ExitCode.OK
+    started = env.monotonic()
+    try:
+        while True:
+            lock_conn.execute("SELECT 1")  # lost lock session = lost exclusivity: stop (69)
+            outcome = _tick_once(env, spec, opts, work, instance, slot, summary)
+            worst = max(worst, _SEVERITY[outcome])
+            if opts.once or stop.event.is_set():
+                break
+            assert opts.every is not None
+            now = env.monotonic()
+            if opts.for_seconds is not None and now - started >= opts.for_seconds:
+                break
+            # Fixed rate: the next slot strictly after now; overrun slots are skipped, never burst.
+            next_at = started + (int((now - started) // opts.every) + 1) * opts.every
+            if opts.for_seconds is not None and next_at - started >= opts.for_seconds:
+                break
+            stop.event.wait(max(0.0, next_at - now))
+            if stop.event.is_set():
+                break
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stop.signum is not None:
+        summary.stopped_by = signal.Signals(stop.signum).name
+    summary.exit_code = int(worst)
+
+
+def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Connection, instance: str,
+               slot: int, summary: RunSummary) -> str:
+    import psycopg
+
+    tick_started = time.monotonic()
+    run_id, drained = _heartbeat_start(work, spec, instance, slot)
+    summary.ticks += 1
+    result = TickResult()
+    error: str | None = None
+    try:
+        if drained:
+            summary.drained_ticks += 1
+            result.details = {"skipped": "instance drained"}
+        else:
+            ctx = TickContext(conn=work, settings=env.settings, worker=spec.name, instance_id=instance,
+                              slot=slot, batch=opts.batch or spec.batch or 1, log=get_logger(spec.name))
+            result = _run_one_tick(ctx, spec)
+        outcome = result.outcome
+    except NeedsHuman as exc:
+        outcome, error = "needs_human", str(exc)
+        result.needs_human += 1
+        log.error(str(exc), extra={"msgid": exc.msgid, "worker": spec.name})
+    except psycopg.OperationalError:
+        raise  # the database is gone: the caller maps it to 69; the tick's transaction rolled back
+    except PaygateError as exc:
+        outcome, error = "failed", str(exc)
+        result.failed += 1
+        log.error(str(exc), extra={"msgid": exc.msgid, "worker": spec.name})
+    except Exception as exc:
+        # A bug: record it on the heartbeat row, then let it end the process (exit 70).
+        _finish(work, run_id, "error", result, scrub(f"{type(exc).__name__}: {exc}"))
+        log.error("tick crashed: %s", scrub("".join(traceback.format_exception_only(exc)).strip()),
+                  extra={"msgid": "tick.bug", "worker": spec.name})
+        raise
+    _finish(work, run_id, outcome, result, error)
+    summary.processed += result.processed
+    summary.failed += result.failed
+    summary.needs_human += result.needs_human
+    summary.last_details = result.details
+    duration = time.monotonic() - tick_started
+    level = 20 if result.processed or result.failed else 10
+    log.log(level, "tick %s: %s processed=%d failed=%d in %.1f ms", spec.name, outcome, result.processed,
+            result.failed, duration * 1000,
+            extra={"msgid": "tick.done", "worker": spec.name, "slot": slot, "outcome": outcome})
+    if opts.metrics_dir:
+        _write_metrics(work, spec, instance, opts.metrics_dir, duration, result, outcome)
+    return outcome
+
+
+def _finish(work: psycopg.Connection, run_id: int, outcome: str, result: TickResult, error: str | None) -> None:
+    work.execute(HEARTBEAT_FINISH_SQL, (outcome, result.processed, result.failed,
+                                        error[:2000] if error else None, run_id))
+
+
+def _write_metrics(work: psycopg.Connection, spec: WorkerSpec, instance: str, directory: str,
+                   duration: float, result: TickResult, outcome: str) -> None:
+    from paygate_cli.metrics import TickMetrics, write_textfile
+
+    last_success = work.execute(LAST_SUCCESS_SQL, (spec.name,)).fetchone()[0]
+    write_textfile(directory, TickMetrics(worker=spec.name, instance=instance, last_run=time.time(),
+                                          last_success=last_success, duration=duration,
+                                          processed=result.processed, exit_code=int(_SEVERITY[outcome])))

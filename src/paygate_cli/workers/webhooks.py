@@ -1,0 +1,290 @@
+"""Outbox -> customer HTTP endpoints.
+
+Claim due rows under a lease (SKIP LOCKED, attempt counted at claim so a row that kills its worker
+still runs out of attempts), POST with no transaction open, then settle each row by CAS on its lease
+token. Deliveries run in parallel, each bounded by a hard deadline, so a hung endpoint never holds up
+another endpoint's events. Delivery is at-least-once: receivers dedupe on `Paygate-Event-Id`."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import http.client
+import ipaddress
+import json
+import random
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from paygate_cli.db.connect import assert_not_in_transaction
+from paygate_cli.ticks.context import TickContext, TickResult
+from paygate_cli.ticks.crash import crashpoint
+
+# Two CTEs, because FOR UPDATE cannot sit under a UNION: fresh due rows, and rows whose lease lapsed
+# (their worker died mid-delivery). Each walks its own partial index.
+CLAIM_SQL = """
+WITH due AS (
+    SELECT id FROM paygate.webhook_outbox
+    WHERE status = 'pending' AND next_attempt_at <= now()
+    ORDER BY next_attempt_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), lapsed AS (
+    SELECT id FROM paygate.webhook_outbox
+    WHERE status = 'delivering' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id FROM (SELECT id FROM lapsed UNION ALL SELECT id FROM due) both_kinds LIMIT %(batch)s
+), claimed AS (
+    UPDATE paygate.webhook_outbox o
+    SET status = 'delivering', lease_token = gen_random_uuid(),
+        lease_expires_at = now() + make_interval(secs => %(lease)s),
+        claimed_by = %(instance)s, attempts = o.attempts + 1, updated_at = now()
+    FROM picked
+    WHERE o.id = picked.id
+    RETURNING o.id, o.event_id, o.endpoint_id, o.event_type, o.payload, o.attempts, o.max_attempts,
+              o.lease_token, o.created_at
+)
+SELECT c.id, c.event_id, c.endpoint_id, c.event_type, c.payload, c.attempts, c.max_attempts,
+       c.lease_token, c.created_at, e.url, e.secret, e.enabled
+FROM claimed c LEFT JOIN paygate.webhook_endpoints e ON e.id = c.endpoint_id
+"""
+
+# CAS on the lease token: a delivery whose lease lapsed and was re-claimed cannot overwrite its successor.
+SETTLE_SQL = """
+UPDATE paygate.webhook_outbox
+SET status = %(status)s,
+    lease_token = NULL, lease_expires_at = NULL, claimed_by = NULL,
+    last_status_code = %(code)s, last_error = %(error)s,
+    delivered_at = CASE WHEN %(status)s = 'delivered' THEN now() END,
+    dead_at = CASE WHEN %(status)s = 'dead' THEN now() END,
+    dead_reason = %(dead_reason)s,
+    next_attempt_at = CASE WHEN %(status)s = 'pending' THEN now() + make_interval(secs => %(delay)s)
+                           ELSE next_attempt_at END,
+    updated_at = now()
+WHERE id = %(id)s AND status = 'delivering' AND lease_token = %(token)s
+"""
+
+USER_AGENT = "paygate-webhooks/1"
+MAX_RESPONSE_BYTES = 64 * 1024
+
+
+@dataclass
+class Claimed:
+    id: int
+    event_id: str
+    endpoint_id: int | None
+    event_type: str
+    payload: Any
+    attempts: int
+    max_attempts: int | None
+    lease_token: Any
+    created_at: Any
+    url: str | None
+    secret: str | None
+    enabled: bool | None
+
+
+@dataclass
+class Delivery:
+    """What happened to one claimed row; becomes the parameters of SETTLE_SQL."""
+
+    row: Claimed
+    status: str  # delivered | pending | dead
+    code: int | None = None
+    error: str | None = None
+    dead_reason: str | None = None
+    delay: float = 0.0
+
+
+class TargetRefused(Exception):
+    """The URL can never be delivered to as configured (malformed, or a forbidden address)."""
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    """Paygate-Signature: t=<unix>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def _allowed(host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address, allow: list[str]) -> bool:
+    for entry in allow:
+        if entry.lower() == host.lower():
+            return True
+        try:
+            if ip in ipaddress.ip_network(entry, strict=False):
+                return True
+        except ValueError:
+            continue
+    return False
+
+
+def resolve_target(url: str, allow: list[str]) -> tuple[str, str, int, str, str]:
+    """-> (scheme, host, port, path, pinned ip). Raises TargetRefused for URLs that can never work,
+    OSError (transient) when DNS fails. Private, loopback, link-local and other non-global addresses
+    are refused unless the host or a CIDR covering the address is allow-listed; the connection is
+    then made to the checked address, so a DNS answer cannot change between check and connect."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise TargetRefused(f"malformed URL: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise TargetRefused(f"malformed URL: scheme {parts.scheme or '(none)'!r} is not http or https")
+    if not parts.hostname:
+        raise TargetRefused("malformed URL: no host")
+    if parts.username or parts.password:
+        raise TargetRefused("malformed URL: credentials in the URL are not allowed")
+    host = parts.hostname
+    port = port or (443 if parts.scheme == "https" else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    pinned: str | None = None
+    for info in infos:
+        address = str(info[4][0])
+        ip = ipaddress.ip_address(address.split("%")[0])
+        mapped = getattr(ip, "ipv4_mapped", None)
+        effective = mapped or ip
+        if (not effective.is_global or effective.is_multicast) and not _allowed(host, effective, allow):
+            raise TargetRefused(f"refused: {host} resolves to non-public address {effective} "
+                                "(add it to webhook_allow_hosts to allow)")
+        pinned = pinned or address
+    if pinned is None:
+        raise OSError(f"{host}: no address")
+    return parts.scheme, host, port, path, pinned
+
+
+class _PinnedHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, host: str, port: int, pinned_ip: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._pinned_ip = pinned_ip
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self._pinned_ip, self.port), self.timeout)
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, host: str, port: int, pinned_ip: str, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._pinned_ip = pinned_ip
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self._pinned_ip, self.port), self.timeout)
+        # SNI and certificate checks use the hostname, not the pinned address.
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+
+
+def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allow: list[str]) -> int:
+    """POST and return the status code. A watchdog shuts the socket at the deadline, so a server that
+    drips bytes cannot hold a delivery longer than `timeout`."""
+    scheme, host, port, path, ip = resolve_target(url, allow)
+    cls = _PinnedHTTPSConnection if scheme == "https" else _PinnedHTTPConnection
+    conn = cls(host, port, ip, timeout)
+    watchdog = threading.Timer(timeout, _shutdown, args=(conn,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        response.read(MAX_RESPONSE_BYTES)
+        return response.status
+    finally:
+        watchdog.cancel()
+        conn.close()
+
+
+def _shutdown(conn: http.client.HTTPConnection) -> None:
+    sock = conn.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+def backoff_seconds(attempts: int, base: float, cap: float) -> float:
+    """Exponential with equal jitter: half fixed, half random, so retries of many rows spread out."""
+    delay = min(cap, base * (2 ** max(0, attempts - 1)))
+    return delay / 2 + random.uniform(0, delay / 2)
+
+
+def body_for(row: Claimed) -> bytes:
+    created = row.created_at.isoformat() if hasattr(row.created_at, "isoformat") else str(row.created_at)
+    document = {"id": str(row.event_id), "type": row.event_type, "created_at": created, "data": row.payload}
+    return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
+
+
+def deliver(row: Claimed, ctx_settings: Any) -> Delivery:
+    max_attempts = row.max_attempts or ctx_settings.webhook_max_attempts
+    if row.endpoint_id is None or row.url is None:
+        return Delivery(row, "dead", error="endpoint missing", dead_reason="endpoint missing (deleted?)")
+    if not row.enabled:
+        return Delivery(row, "dead", error="endpoint disabled", dead_reason="endpoint disabled")
+    if row.attempts > max_attempts:  # its worker died mid-delivery on the last attempt
+        return Delivery(row, "dead", error="attempts exhausted", dead_reason=f"no success in {max_attempts} attempts")
+    body = body_for(row)
+    timestamp = int(time.time())  # the receiver compares this with its own clock, so wall time it is
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "Paygate-Event-Id": str(row.event_id),
+        "Paygate-Event-Type": row.event_type,
+        "Paygate-Delivery-Attempt": str(row.attempts),
+        "Paygate-Signature": sign(row.secret or "", timestamp, body),
+    }
+    try:
+        code = post(row.url, body, headers, timeout=ctx_settings.webhook_timeout,
+                    allow=ctx_settings.webhook_allow_hosts)
+    except TargetRefused as exc:
+        return Delivery(row, "dead", error=str(exc), dead_reason=str(exc))
+    except (OSError, http.client.HTTPException) as exc:
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return _retry_or_dead(row, max_attempts, None, error[:500], ctx_settings)
+    if 200 <= code < 300:
+        return Delivery(row, "delivered", code=code)
+    return _retry_or_dead(row, max_attempts, code, f"HTTP {code}", ctx_settings)
+
+
+def _retry_or_dead(row: Claimed, max_attempts: int, code: int | None, error: str, settings: Any) -> Delivery:
+    if row.attempts >= max_attempts:
+        return Delivery(row, "dead", code=code, error=error,
+                        dead_reason=f"no success in {max_attempts} attempts; last: {error}")
+    delay = backoff_seconds(row.attempts, settings.webhook_backoff_base, settings.webhook_backoff_max)
+    return Delivery(row, "pending", code=code, error=error, delay=delay)
+
+
+def tick(ctx: TickContext) -> TickResult:
+    settings = ctx.settings
+    with ctx.conn.transaction():
+        cursor = ctx.conn.execute(CLAIM_SQL, {"batch": ctx.batch, "lease": settings.webhook_lease,
+                                              "instance": f"{ctx.instance_id}:{ctx.slot}"})
+        rows = [Claimed(*record) for record in cursor.fetchall()]
+    if not rows:
+        return TickResult()
+    crashpoint("webhooks.after_claim")
+    assert_not_in_transaction(ctx.conn, "webhook delivery")
+    with ThreadPoolExecutor(max_workers=min(16, len(rows)), thread_name_prefix="webhook") as pool:
+        deliveries = list(pool.map(lambda row: deliver(row, settings), rows))
+    crashpoint("webhooks.after_post")
+    lost = 0
+    with ctx.conn.transaction():
+        for d in deliveries:
+            params = {"status": d.status, "code": d.code, "error": d.error, "dead_reason": d.dead_reason,
+                      "delay": d.delay, "id": d.row.id, "token": d.row.lease_token}
+            if ctx.conn.execute(SETTLE_SQL, params).rowcount != 1:
+                lost += 1  # lease lapsed and someone else owns the row now: their result stands
+    counts = {status: sum(1 for d in deliveries if d.status == status) for status in ("delivered", "pending", "dead")}
+    for d in deliveries:
+        if d.status == "dead":
+            ctx.log.warning("webhook %s dead: %s", d.row.event_id, d.dead_reason,
+                            extra={"msgid": "webhooks.dead", "outbox_id": d.row.id})
+    # A customer's failing endpoint is the customer's incident, not this worker's failure: it is
+    # counted in the details and the queue depths; `failed` means our own side went wrong.
+    return TickResult(processed=len(rows), failed=lost,
+                      details={**counts, "retrying": counts["pending"], "lease_lost": lost})
