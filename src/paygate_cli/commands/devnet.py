@@ -1,7 +1,124 @@
-"""`paygate devnet …`: the local Stellar RPC stand-in (owned by the devnet work)."""
+"""`paygate devnet …`: the local Stellar RPC stand-in. Parses and renders; the logic lives in
+`paygate_cli.devnet` (imported lazily so `paygate --help` stays fast)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
 
+from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode
+from paygate_cli.errors import UsageError
+from paygate_cli.output import emit
+
 app = typer.Typer(help="Run and steer the local Stellar RPC stand-in.", no_args_is_help=True)
+
+UrlOpt = Annotated[str, typer.Option("--url", help="URL of a running devnet (from its genesis line).",
+                                     envvar="PAYGATE_DEVNET_URL")]
+
+
+@app.command("start")
+def start(
+    ctx: typer.Context,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one.")] = 8000,
+    ledger_interval: Annotated[str, typer.Option(
+        "--ledger-interval", help="Close a ledger every DURATION (5s, 500ms) or only on devnet_closeLedger (manual).")
+    ] = "5s",
+    state: Annotated[Path | None, typer.Option("--state", help="Keep state in FILE across restarts.")] = None,
+    retention: Annotated[int, typer.Option("--retention", help="Ledgers of transactions/events kept.")] = 120_960,
+    seed: Annotated[str, typer.Option("--seed", help="Seed of the deterministic genesis keys.")] = "paygate",
+    lanes: Annotated[int, typer.Option("--lanes", help="Lane accounts (billing operators).")] = 8,
+    users: Annotated[int, typer.Option("--users", help="Sample users funded with XLM and USDC.")] = 4,
+) -> None:
+    """Serve a devnet: prints the genesis as one JSON line on stdout, logs to stderr, runs until
+    SIGTERM/SIGINT. The keys it prints are throwaway devnet keys."""
+    from paygate_cli.devnet.runner import start as run
+
+    if not 0 <= port <= 65535:
+        raise UsageError("--port must be between 0 and 65535")
+    run(host=host, port=port, ledger_interval=ledger_interval, state=state, retention=retention, seed=seed,
+        lanes=lanes, users=users, out=get_env(ctx).stdout)
+
+
+def _show(ctx: typer.Context, result: dict[str, Any], json_flag: bool, plain_flag: bool) -> None:
+    env = get_env(ctx)
+    emit(env, output_mode(json_flag, plain_flag), result)
+
+
+def _call(url: str, method: str, params: dict[str, Any]) -> Any:
+    from paygate_cli.devnet.runner import call
+
+    return call(url, method, params)
+
+
+@app.command("fund")
+def fund(
+    ctx: typer.Context,
+    account: Annotated[str, typer.Argument(help="G… account (created if missing) or C… contract.")],
+    url: UrlOpt = "http://127.0.0.1:8000",
+    xlm: Annotated[int, typer.Option("--xlm", help="Stroops of XLM to add.")] = 0,
+    usdc: Annotated[int, typer.Option("--usdc", help="USDC base units (7 decimals) to mint.")] = 0,
+    json_flag: JsonFlag = False,
+    plain_flag: PlainFlag = False,
+) -> None:
+    """Give an account XLM and/or USDC."""
+    if xlm < 0 or usdc < 0:
+        raise UsageError("--xlm and --usdc must be >= 0")
+    _show(ctx, _call(url, "devnet_fund", {"account": account, "xlm": xlm, "usdc": usdc}), json_flag, plain_flag)
+
+
+@app.command("close")
+def close(
+    ctx: typer.Context,
+    url: UrlOpt = "http://127.0.0.1:8000",
+    n: Annotated[int, typer.Option("-n", "--count", help="Ledgers to close.")] = 1,
+    advance: Annotated[int | None, typer.Option("--advance-seconds", help="Close time step per ledger.")] = None,
+    json_flag: JsonFlag = False,
+    plain_flag: PlainFlag = False,
+) -> None:
+    """Close ledgers now (applies the queued transactions)."""
+    if n < 1:
+        raise UsageError("--count must be >= 1")
+    params: dict[str, Any] = {"n": n}
+    if advance is not None:
+        params["advanceSeconds"] = advance
+    _show(ctx, _call(url, "devnet_closeLedger", params), json_flag, plain_flag)
+
+
+@app.command("fault")
+def fault(
+    ctx: typer.Context,
+    kind: Annotated[str, typer.Argument(help="Fault kind (see docs/devnet.md), or 'clear'.")],
+    url: UrlOpt = "http://127.0.0.1:8000",
+    count: Annotated[int | None, typer.Option("--count", help="Uses before it clears itself.")] = None,
+    ms: Annotated[int, typer.Option("--ms", help="Delay for 'slow'.")] = 0,
+    ledgers: Annotated[int, typer.Option("--ledgers", help="Ledgers for account_lag / hold_next.")] = 0,
+    method: Annotated[list[str] | None, typer.Option("--method", help="Limit to this RPC method (repeatable).")]
+    = None,
+    json_flag: JsonFlag = False,
+    plain_flag: PlainFlag = False,
+) -> None:
+    """Inject a fault (or `clear` them all)."""
+    if kind == "clear":
+        result = _call(url, "devnet_clearFaults", {})
+    else:
+        params: dict[str, Any] = {"kind": kind, "ms": ms, "ledgers": ledgers}
+        if count is not None:
+            params["count"] = count
+        if method:
+            params["methods"] = method
+        result = _call(url, "devnet_setFault", params)
+    _show(ctx, result, json_flag, plain_flag)
+
+
+@app.command("state")
+def state(
+    ctx: typer.Context,
+    url: UrlOpt = "http://127.0.0.1:8000",
+    json_flag: JsonFlag = False,
+    plain_flag: PlainFlag = False,
+) -> None:
+    """Summary of a running devnet: ledger, queue, bans, faults."""
+    _show(ctx, _call(url, "devnet_state", {}), json_flag, plain_flag)

@@ -1,0 +1,96 @@
+"""Fault injection for the devnet: the failure modes of a real RPC node that paygate must survive.
+
+Faults are set and cleared over JSON-RPC admin methods (`devnet_setFault`, `devnet_clearFaults`)
+on the same port; admin methods are never subject to faults, so a "down" devnet can be revived.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass
+
+KINDS = {
+    "http_503": "answer HTTP 503 (global backlog full) instead of processing",
+    "http_504": "answer HTTP 504 (request exceeded its execution limit) instead of processing",
+    "slow": "sleep `ms` milliseconds before answering",
+    "lose_send_answer": "sendTransaction is processed (queued) but the connection is closed unanswered",
+    "try_again_later": "sendTransaction answers TRY_AGAIN_LATER without queuing",
+    "account_lag": "getLedgerEntries serves ACCOUNT entries as of `ledgers` ledgers ago",
+    "hold_next": "the next accepted transaction stays queued `ledgers` ledgers before it lands",
+    "drop_next": "the next accepted transaction is never included: dropped after 4 ledgers and banned",
+    "down": "every non-admin request has its connection closed without an answer",
+}
+COUNTED = {"http_503", "http_504", "slow", "lose_send_answer", "try_again_later", "hold_next", "drop_next"}
+
+
+class FaultError(ValueError):
+    pass
+
+
+@dataclass
+class Fault:
+    kind: str
+    count: int | None = None  # remaining uses; None = until cleared
+    ms: int = 0
+    ledgers: int = 0
+    methods: list[str] | None = None  # only these RPC methods (None = every affected method)
+
+    def applies_to(self, method: str) -> bool:
+        return self.methods is None or method in self.methods
+
+
+class Faults:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._faults: list[Fault] = []
+
+    def set(self, kind: object, count: object = None, ms: object = 0, ledgers: object = 0,
+            methods: object = None) -> Fault:
+        if kind not in KINDS:
+            raise FaultError(f"unknown fault kind {kind!r}; known: {', '.join(sorted(KINDS))}")
+        for name, v in (("count", count), ("ms", ms), ("ledgers", ledgers)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise FaultError(f"{name} must be a non-negative integer")
+        if methods is not None and (not isinstance(methods, list) or not all(isinstance(m, str) for m in methods)):
+            raise FaultError("methods must be a list of method names")
+        if kind == "slow" and not ms:
+            raise FaultError("slow needs ms > 0")
+        if kind in ("account_lag", "hold_next") and not ledgers:
+            raise FaultError(f"{kind} needs ledgers > 0")
+        assert isinstance(kind, str)
+        if count is None and kind in ("hold_next", "drop_next"):
+            count = 1  # "the next" transaction
+        fault = Fault(kind=kind, count=count, ms=int(ms or 0), ledgers=int(ledgers or 0),  # type: ignore[arg-type]
+                      methods=methods)  # type: ignore[arg-type]
+        with self._lock:
+            if kind in ("down", "account_lag"):
+                self._faults = [f for f in self._faults if f.kind != kind]
+            self._faults.append(fault)
+        return fault
+
+    def clear(self, kind: str | None = None) -> None:
+        with self._lock:
+            self._faults = [f for f in self._faults if kind is not None and f.kind != kind]
+
+    def take(self, kind: str, method: str) -> Fault | None:
+        """The active fault of `kind` for `method`, consuming one use of a counted fault."""
+        with self._lock:
+            for f in self._faults:
+                if f.kind == kind and f.applies_to(method):
+                    if f.count is not None:
+                        f.count -= 1
+                        if f.count <= 0:
+                            self._faults.remove(f)
+                    return f
+        return None
+
+    def peek(self, kind: str, method: str = "") -> Fault | None:
+        with self._lock:
+            for f in self._faults:
+                if f.kind == kind and (not method or f.applies_to(method)):
+                    return f
+        return None
+
+    def describe(self) -> list[dict]:
+        with self._lock:
+            return [asdict(f) for f in self._faults]

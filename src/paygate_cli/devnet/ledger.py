@@ -1,0 +1,582 @@
+"""Ledger state of the devnet: accounts, the ledger chain, the transaction queue, applied
+transactions and their events, hash bans. One `Devnet` object; callers hold `Devnet.lock`.
+
+Queue semantics follow stellar-core's TransactionQueue (stellar.md §1.1): one queued transaction
+per sequence source, DUPLICATE for a queued hash, TRY_AGAIN_LATER for a banned hash or a busy
+source, replace-by-fee at 10x the rate, drop after 4 ledgers without inclusion, bans of 10 ledgers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from typing import Literal
+
+from stellar_sdk import Keypair, StrKey, xdr
+
+from paygate_cli.devnet import fees
+from paygate_cli.devnet.host import ContractHost, InvokeOutcome
+from paygate_cli.devnet.validate import (
+    TRC,
+    Context,
+    Parsed,
+    Rejected,
+    check,
+    declared_resources,
+    min_fee,
+    parse_envelope,
+)
+from paygate_cli.devnet.xdrutil import (
+    event_id,
+    fee_bump_result,
+    g_to_account_id,
+    invoke_result,
+    muxed_to_g,
+    network_id,
+    tx_result,
+)
+
+PROTOCOL_VERSION = 23 + 5  # Protocol 28, what stellar-rpc v28 speaks (ADDRESS_V2 needs >= 27)
+QUEUE_TIMEOUT_LEDGERS = 4  # HerderImpl TRANSACTION_QUEUE_TIMEOUT_LEDGERS
+BAN_LEDGERS = 10  # HerderImpl TRANSACTION_QUEUE_BAN_LEDGERS
+RBF_MULTIPLIER = 10
+DEFAULT_RETENTION = 120_960
+ACCOUNT_HISTORY_DEPTH = 64  # ledgers of account versions kept for the account-lag fault
+TOTAL_COINS = 100_000_000_000 * 10_000_000
+MAX_EVENTS_BYTES = 16 * 1024  # events + return value per transaction
+
+
+@dataclass
+class Account:
+    balance: int
+    seq: int
+    last_modified: int
+    num_sub_entries: int = 0
+    thresholds: bytes = b"\x01\x00\x00\x00"  # master weight, low, medium, high
+
+    def entry_data(self, g: str) -> xdr.LedgerEntryData:
+        return xdr.LedgerEntryData(
+            type=xdr.LedgerEntryType.ACCOUNT,
+            account=xdr.AccountEntry(
+                account_id=g_to_account_id(g), balance=xdr.Int64(self.balance),
+                seq_num=xdr.SequenceNumber(xdr.Int64(self.seq)), num_sub_entries=xdr.Uint32(self.num_sub_entries),
+                inflation_dest=None, flags=xdr.Uint32(0), home_domain=xdr.String32(b""),
+                thresholds=xdr.Thresholds(self.thresholds), signers=[], ext=xdr.AccountEntryExt(0),
+            ),
+        )
+
+    def entry(self, g: str) -> xdr.LedgerEntry:
+        return xdr.LedgerEntry(
+            last_modified_ledger_seq=xdr.Uint32(self.last_modified), data=self.entry_data(g),
+            ext=xdr.LedgerEntryExt(0),
+        )
+
+    def copy(self) -> Account:
+        return Account(self.balance, self.seq, self.last_modified, self.num_sub_entries, self.thresholds)
+
+
+@dataclass
+class LedgerInfo:
+    seq: int
+    close_time: int
+    hash: bytes
+    header: xdr.LedgerHeader
+
+
+@dataclass
+class EventRecord:
+    id: str
+    ledger: int
+    tx_index: int  # 1-based application order
+    op_index: int
+    contract_id: str
+    topics: list[str]  # base64 SCVal
+    value: str  # base64 SCVal
+    tx_hash: str  # outer hash for fee bumps
+    event_b64: str  # the ContractEvent
+
+
+@dataclass
+class TxRecord:
+    status: Literal["SUCCESS", "FAILED"]
+    ledger: int
+    application_order: int
+    fee_bump: bool
+    full_hash: str
+    inner_hash: str
+    envelope_xdr: str
+    result_xdr: str
+    result_meta_xdr: str
+    contract_events: list[list[str]]  # base64 ContractEvent per operation
+    created_at: int  # ledger close time
+
+
+@dataclass
+class Queued:
+    p: Parsed
+    added_ledger: int  # latest ledger when it was accepted
+    hold_until: int = 0  # fault: not included before this ledger (and exempt from aging)
+    never: bool = False  # fault: never included; ages out and is banned like a starved tx
+
+
+@dataclass
+class Applied:
+    record: TxRecord
+    events: list[EventRecord] = field(default_factory=list)
+
+
+class Devnet:
+    def __init__(self, passphrase: str, host: ContractHost, *, retention: int = DEFAULT_RETENTION) -> None:
+        self.lock = threading.RLock()
+        self.passphrase = passphrase
+        self.net_id = network_id(passphrase)
+        self.host = host
+        self.retention = retention
+        self.accounts: dict[str, Account] = {}
+        # account → [(ledger, version)] of recent versions, oldest first, for the lag fault
+        self.account_history: dict[str, list[tuple[int, Account]]] = {}
+        self.ledgers: dict[int, LedgerInfo] = {}
+        self.latest = 0
+        self.queue: list[Queued] = []
+        self.bans: dict[bytes, int] = {}  # full hash → first ledger at which it is no longer banned
+        self.txs: dict[str, TxRecord] = {}  # inner and outer hash hex → record
+        self.txs_by_ledger: dict[int, list[TxRecord]] = {}
+        self.events_by_ledger: dict[int, list[EventRecord]] = {}
+        self.pending_consume: list[str] = []  # fault: accounts whose next sequence a competitor takes
+        self.secrets: dict[str, str] = {}  # devnet-generated throwaway keys, to sign competing txs
+        self.genesis: dict = {}
+
+    # ----- ledger chain -------------------------------------------------------------------------
+
+    @property
+    def latest_info(self) -> LedgerInfo:
+        return self.ledgers[self.latest]
+
+    @property
+    def oldest(self) -> int:
+        return max(1, self.latest - self.retention + 1)
+
+    def oldest_available(self) -> int:
+        """Oldest ledger still held (headers are pruned with the retention window)."""
+        return max(self.oldest, min(self.ledgers))
+
+    def _make_header(self, seq: int, close_time: int, prev: bytes, tx_set: bytes, results: bytes
+                     ) -> xdr.LedgerHeader:
+        return xdr.LedgerHeader(
+            ledger_version=xdr.Uint32(PROTOCOL_VERSION), previous_ledger_hash=xdr.Hash(prev),
+            scp_value=xdr.StellarValue(
+                tx_set_hash=xdr.Hash(tx_set), close_time=xdr.TimePoint(xdr.Uint64(close_time)), upgrades=[],
+                ext=xdr.StellarValueExt(xdr.StellarValueType.STELLAR_VALUE_BASIC),
+            ),
+            tx_set_result_hash=xdr.Hash(results), bucket_list_hash=xdr.Hash(hashlib.sha256(
+                b"bucketlist%d" % seq).digest()),
+            ledger_seq=xdr.Uint32(seq), total_coins=xdr.Int64(TOTAL_COINS), fee_pool=xdr.Int64(0),
+            inflation_seq=xdr.Uint32(0), id_pool=xdr.Uint64(0), base_fee=xdr.Uint32(fees.BASE_FEE),
+            base_reserve=xdr.Uint32(fees.BASE_RESERVE), max_tx_set_size=xdr.Uint32(1000),
+            skip_list=[xdr.Hash(bytes(32))] * 4, ext=xdr.LedgerHeaderExt(0),
+        )
+
+    def _add_ledger(self, seq: int, close_time: int, tx_set: bytes, results: bytes) -> None:
+        prev = self.ledgers[seq - 1].hash if seq - 1 in self.ledgers else bytes(32)
+        header = self._make_header(seq, close_time, prev, tx_set, results)
+        self.ledgers[seq] = LedgerInfo(seq, close_time, hashlib.sha256(header.to_xdr_bytes()).digest(), header)
+        self.latest = seq
+
+    def start_genesis(self, close_time: int) -> None:
+        self._add_ledger(1, close_time, bytes(32), bytes(32))
+
+    def close_meta(self, seq: int) -> xdr.LedgerCloseMeta:
+        """A header-only LedgerCloseMeta v0: the devnet does not re-serialise per-ledger tx processing."""
+        info = self.ledgers[seq]
+        return xdr.LedgerCloseMeta(v=0, v0=xdr.LedgerCloseMetaV0(
+            ledger_header=xdr.LedgerHeaderHistoryEntry(
+                hash=xdr.Hash(info.hash), header=info.header, ext=xdr.LedgerHeaderHistoryEntryExt(0)),
+            tx_set=xdr.TransactionSet(previous_ledger_hash=info.header.previous_ledger_hash, txs=[]),
+            tx_processing=[], upgrades_processing=[], scp_info=[],
+        ))
+
+    # ----- accounts -----------------------------------------------------------------------------
+
+    def _touch(self, g: str, acct: Account) -> None:
+        """Record a new version of an account (for the lag fault's per-ledger history)."""
+        acct.last_modified = max(acct.last_modified, self.latest)
+        hist = self.account_history.setdefault(g, [])
+        if hist and hist[-1][0] == acct.last_modified:
+            hist[-1] = (acct.last_modified, acct.copy())
+        else:
+            hist.append((acct.last_modified, acct.copy()))
+        if len(hist) > ACCOUNT_HISTORY_DEPTH:
+            del hist[0]
+
+    def account_at(self, g: str, ledger: int) -> Account | None:
+        """The account as it was at the end of `ledger` (None if it did not exist yet)."""
+        if g not in self.accounts:
+            return None
+        for seq, version in reversed(self.account_history.get(g, [])):
+            if seq <= ledger:
+                return version
+        hist = self.account_history.get(g)
+        if hist and len(hist) >= ACCOUNT_HISTORY_DEPTH:
+            return hist[0][1]  # older than we remember: the oldest version we kept
+        return None
+
+    def create_account(self, g: str, balance: int, *, ledger: int | None = None) -> Account:
+        seq_ledger = self.latest if ledger is None else ledger
+        # A new account's sequence number is (ledger it was created in) << 32, as on Stellar.
+        acct = Account(balance=balance, seq=seq_ledger << 32, last_modified=seq_ledger)
+        self.accounts[g] = acct
+        self._touch(g, acct)
+        return acct
+
+    def fund_xlm(self, g: str, amount: int) -> Account:
+        acct = self.accounts.get(g)
+        if acct is None:
+            return self.create_account(g, amount)
+        acct.balance += amount
+        self._touch(g, acct)
+        return acct
+
+    # ----- submission ---------------------------------------------------------------------------
+
+    def queued_fees(self, exclude: Queued | None = None) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for q in self.queue:
+            if q is not exclude:
+                out[q.p.fee_source] = out.get(q.p.fee_source, 0) + q.p.fee
+        return out
+
+    def submit(self, p: Parsed) -> tuple[str, xdr.TransactionResult | None]:
+        """stellar-core's TransactionQueue::tryAdd. Returns (status, errorResult)."""
+        if self.bans.get(p.full_hash, 0) > self.latest:
+            return "TRY_AGAIN_LATER", None
+        existing: Queued | None = None
+        for q in self.queue:
+            if q.p.full_hash == p.full_hash or q.p.inner_hash == p.full_hash:
+                # the same envelope, or a plain tx whose fee-bump wrapper is already queued
+                return "DUPLICATE", None
+            if q.p.source == p.source:
+                existing = q
+        if existing is not None:
+            old = existing.p
+            if p.seq != old.seq or not p.fee_bump:
+                return "TRY_AGAIN_LATER", None
+            # Replace-by-fee: the new inclusion fee rate must be >= 10x the queued one.
+            if p.inclusion_fee * old.fee_ops < RBF_MULTIPLIER * old.inclusion_fee * p.fee_ops:
+                needed = -(-RBF_MULTIPLIER * old.inclusion_fee * p.fee_ops // old.fee_ops) + p.resource_fee
+                return "ERROR", tx_result(needed, TRC.txINSUFFICIENT_FEE)
+        ctx = Context(self.accounts, self.latest + 1, self.latest_info.close_time,
+                      self.queued_fees(exclude=existing))
+        try:
+            check(p, ctx)
+        except Rejected as rej:
+            return "ERROR", rej.result
+        if existing is not None:
+            self.queue.remove(existing)
+        self.queue.append(Queued(p, self.latest))
+        return "PENDING", None
+
+    # ----- closing ------------------------------------------------------------------------------
+
+    def close_ledger(self, advance_seconds: int) -> list[TxRecord]:
+        seq = self.latest + 1
+        close_time = self.latest_info.close_time + advance_seconds
+        applied: list[Applied] = []
+        included: list[bytes] = []
+        for g in self.pending_consume:
+            a = self._apply_competitor(g, seq, close_time, len(applied) + 1)
+            if a is not None:
+                applied.append(a)
+                included.append(bytes.fromhex(a.record.full_hash))
+        self.pending_consume = []
+        remaining: list[Queued] = []
+        for q in self.queue:
+            if q.never or seq < q.hold_until:
+                if not q.hold_until and seq - q.added_ledger >= QUEUE_TIMEOUT_LEDGERS:
+                    self.bans[q.p.full_hash] = seq + BAN_LEDGERS  # starved: dropped and banned
+                else:
+                    remaining.append(q)
+                continue
+            ctx = Context(self.accounts, seq, close_time, {})
+            try:
+                # Invalid at this ledger (time bounds passed, sequence taken): trimmed from the tx set
+                # like core's trimInvalid does, never included, so no fee and no sequence consumed.
+                check(q.p, ctx, at_apply=True)
+            except Rejected:
+                self.bans[q.p.full_hash] = seq + BAN_LEDGERS
+                continue
+            a = self._apply(q.p, seq, close_time, len(applied) + 1)
+            applied.append(a)
+            included.append(q.p.full_hash)
+            self.bans[q.p.full_hash] = seq + BAN_LEDGERS
+        self.queue = remaining
+        tx_set = hashlib.sha256(b"".join(included)).digest()
+        results = hashlib.sha256("".join(a.record.result_xdr for a in applied).encode()).digest()
+        self._add_ledger(seq, close_time, tx_set, results)
+        records = [a.record for a in applied]
+        if records:
+            self.txs_by_ledger[seq] = records
+            for r in records:
+                self.txs[r.full_hash] = r
+                self.txs[r.inner_hash] = r
+        events = [e for a in applied for e in a.events]
+        if events:
+            self.events_by_ledger[seq] = events
+        self.bans = {h: until for h, until in self.bans.items() if until > seq}
+        self._prune()
+        return records
+
+    def _prune(self) -> None:
+        oldest = self.oldest
+        for seq in [s for s in self.ledgers if s < oldest]:
+            del self.ledgers[seq]
+            self.events_by_ledger.pop(seq, None)
+            for r in self.txs_by_ledger.pop(seq, []):
+                self.txs.pop(r.full_hash, None)
+                self.txs.pop(r.inner_hash, None)
+
+    def _charge(self, p: Parsed, fee: int, seq_ledger: int) -> list[xdr.LedgerEntryChange]:
+        """Charge the fee and consume the sequence number; returns txChangesBefore for the meta."""
+        changes: list[xdr.LedgerEntryChange] = []
+        for g in dict.fromkeys([p.fee_source, p.source]):
+            acct = self.accounts[g]
+            changes.append(xdr.LedgerEntryChange(type=xdr.LedgerEntryChangeType.LEDGER_ENTRY_STATE,
+                                                 state=acct.entry(g)))
+            if g == p.fee_source:
+                acct.balance -= min(fee, acct.balance)
+            if g == p.source:
+                acct.seq = p.seq
+            acct.last_modified = seq_ledger
+            self._touch(g, acct)
+            changes.append(xdr.LedgerEntryChange(type=xdr.LedgerEntryChangeType.LEDGER_ENTRY_UPDATED,
+                                                 updated=acct.entry(g)))
+        return changes
+
+    def _apply(self, p: Parsed, seq: int, close_time: int, order: int) -> Applied:
+        """Apply a valid transaction in ledger `seq`: the fee and sequence are consumed either way."""
+        inclusion = fees.BASE_FEE * p.fee_ops
+        op = p.tx.operations[0]
+        contract_events: list[list[xdr.ContractEvent]] = [[] for _ in p.tx.operations]
+        return_value: xdr.SCVal | None = None
+        if p.soroban is not None:
+            res = declared_resources(p.soroban)
+            non_refundable = fees.non_refundable_fee(res, p.inner_size)
+            code, outcome = self._apply_soroban(p, op, seq, close_time, non_refundable)
+            refundable_used = 0
+            if outcome is not None and code == xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_SUCCESS:
+                refundable_used = fees.refundable_fee(_events_size(outcome))
+                contract_events[0] = list(outcome.events)
+                return_value = outcome.return_value
+            fee_charged = inclusion + min(p.resource_fee, non_refundable + refundable_used)
+            ok = code == xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_SUCCESS
+            success_hash = None
+            if ok:
+                rv = return_value or xdr.SCVal(xdr.SCValType.SCV_VOID)
+                success_hash = hashlib.sha256(xdr.InvokeHostFunctionSuccessPreImage(
+                    return_value=rv, events=contract_events[0]).to_xdr_bytes()).digest()
+            if op.body.type != xdr.OperationType.INVOKE_HOST_FUNCTION:
+                op_results = [_footprint_op_result(op.body.type)]
+            else:
+                op_results = [invoke_result(code, success_hash)]
+        else:
+            fee_charged = inclusion
+            ok, op_results = self._apply_classic(p, seq)
+        before = self._charge(p, fee_charged, seq)
+        if ok and p.soroban is None:
+            self._commit_classic(p, seq)
+        code = TRC.txSUCCESS if ok else TRC.txFAILED
+        if p.fee_bump:
+            result = fee_bump_result(fee_charged, p.inner_hash, code, op_results)
+        else:
+            result = tx_result(fee_charged, code, op_results)
+        meta = xdr.TransactionMeta(v=4, v4=xdr.TransactionMetaV4(
+            ext=xdr.ExtensionPoint(0), tx_changes_before=xdr.LedgerEntryChanges(before),
+            operations=[xdr.OperationMetaV2(ext=xdr.ExtensionPoint(0), changes=xdr.LedgerEntryChanges([]),
+                                            events=evs if ok else []) for evs in contract_events],
+            tx_changes_after=xdr.LedgerEntryChanges([]),
+            soroban_meta=xdr.SorobanTransactionMetaV2(ext=xdr.SorobanTransactionMetaExt(0),
+                                                      return_value=return_value if ok else None)
+            if p.soroban is not None else None,
+            events=[], diagnostic_events=[],
+        ))
+        full_hex = p.full_hash.hex()
+        ev_b64 = [[e.to_xdr() for e in evs] if ok else [] for evs in contract_events]
+        record = TxRecord(
+            status="SUCCESS" if ok else "FAILED", ledger=seq, application_order=order, fee_bump=p.fee_bump,
+            full_hash=full_hex, inner_hash=p.inner_hash.hex(), envelope_xdr=p.b64,
+            result_xdr=result.to_xdr(), result_meta_xdr=meta.to_xdr(), contract_events=ev_b64,
+            created_at=close_time,
+        )
+        applied = Applied(record)
+        if ok:
+            for op_index, evs in enumerate(contract_events):
+                for i, ev in enumerate(evs):
+                    applied.events.append(_event_record(ev, ev_b64[op_index][i], seq, order, op_index, i,
+                                                        full_hex))
+        return applied
+
+    def _apply_soroban(self, p: Parsed, op: xdr.Operation, seq: int, close_time: int, non_refundable: int
+                       ) -> tuple[xdr.InvokeHostFunctionResultCode, InvokeOutcome | None]:
+        ihf = xdr.InvokeHostFunctionResultCode
+        if op.body.type != xdr.OperationType.INVOKE_HOST_FUNCTION:
+            # ExtendFootprintTTL / RestoreFootprint: nothing ever archives on the devnet, so both
+            # succeed without effect.
+            return ihf.INVOKE_HOST_FUNCTION_SUCCESS, None
+        assert p.soroban is not None and op.body.invoke_host_function_op is not None
+        fp = p.soroban.resources.footprint
+        footprint = (list(fp.read_only), list(fp.read_write))
+        call = op.body.invoke_host_function_op
+        kwargs = dict(host_function=call.host_function, auth=list(call.auth), source_account=p.op_source(op),
+                      ledger_seq=seq, ledger_close_time=close_time, footprint=footprint)
+        # A dry run first: the host interface commits writes on a successful "apply", so the
+        # declared-resource checks (which the host does not know about) must come before it.
+        dry = self.host.invoke(mode="enforce", **kwargs)  # type: ignore[arg-type]
+        if not dry.ok:
+            return _trap_code(dry), dry
+        declared = declared_resources(p.soroban)
+        if (dry.instructions > declared.instructions or dry.read_bytes > declared.disk_read_bytes
+                or dry.write_bytes > declared.write_bytes or _events_size(dry) > MAX_EVENTS_BYTES):
+            return ihf.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED, dry
+        if fees.refundable_fee(_events_size(dry)) > p.resource_fee - non_refundable:
+            return ihf.INVOKE_HOST_FUNCTION_INSUFFICIENT_REFUNDABLE_FEE, dry
+        outcome = self.host.invoke(mode="apply", **kwargs)  # type: ignore[arg-type]
+        if not outcome.ok:
+            return _trap_code(outcome), outcome
+        return ihf.INVOKE_HOST_FUNCTION_SUCCESS, outcome
+
+    # Classic operations: just enough for accounts and XLM (create account, native payment,
+    # bump sequence); anything else fails with opNOT_SUPPORTED.
+    def _apply_classic(self, p: Parsed, seq: int) -> tuple[bool, list[xdr.OperationResult]]:
+        ot = xdr.OperationType
+        staged: dict[str, int] = {}  # balance deltas
+        created: dict[str, int] = {}
+        results: list[xdr.OperationResult] = []
+        ok = True
+
+        def bal(g: str) -> int | None:
+            if g in created:
+                return created[g] + staged.get(g, 0)
+            a = self.accounts.get(g)
+            return None if a is None else a.balance + staged.get(g, 0)
+
+        for op in p.tx.operations:
+            src = p.op_source(op)
+            t = op.body.type
+            if t == ot.CREATE_ACCOUNT:
+                body = op.body.create_account_op
+                assert body is not None
+                dest = StrKey.encode_ed25519_public_key(body.destination.account_id.ed25519.uint256)
+                amount = body.starting_balance.int64
+                rc = xdr.CreateAccountResultCode
+                if amount < 2 * fees.BASE_RESERVE:
+                    code = rc.CREATE_ACCOUNT_LOW_RESERVE
+                elif bal(dest) is not None:
+                    code = rc.CREATE_ACCOUNT_ALREADY_EXIST
+                elif (bal(src) or 0) - amount < 2 * fees.BASE_RESERVE + p.fee:
+                    code = rc.CREATE_ACCOUNT_UNDERFUNDED
+                else:
+                    code = rc.CREATE_ACCOUNT_SUCCESS
+                    staged[src] = staged.get(src, 0) - amount
+                    created[dest] = amount
+                ok &= code == rc.CREATE_ACCOUNT_SUCCESS
+                results.append(xdr.OperationResult(code=xdr.OperationResultCode.opINNER, tr=xdr.OperationResultTr(
+                    type=t, create_account_result=xdr.CreateAccountResult(code))))
+            elif t == ot.PAYMENT and op.body.payment_op is not None and \
+                    op.body.payment_op.asset.type == xdr.AssetType.ASSET_TYPE_NATIVE:
+                body = op.body.payment_op
+                dest = muxed_to_g(body.destination)
+                amount = body.amount.int64
+                pc = xdr.PaymentResultCode
+                if amount <= 0:
+                    code = pc.PAYMENT_MALFORMED
+                elif bal(dest) is None:
+                    code = pc.PAYMENT_NO_DESTINATION
+                elif (bal(src) or 0) - amount < 2 * fees.BASE_RESERVE + p.fee:
+                    code = pc.PAYMENT_UNDERFUNDED
+                else:
+                    code = pc.PAYMENT_SUCCESS
+                    staged[src] = staged.get(src, 0) - amount
+                    staged[dest] = staged.get(dest, 0) + amount
+                ok &= code == pc.PAYMENT_SUCCESS
+                results.append(xdr.OperationResult(code=xdr.OperationResultCode.opINNER, tr=xdr.OperationResultTr(
+                    type=t, payment_result=xdr.PaymentResult(code))))
+            elif t == ot.BUMP_SEQUENCE:
+                results.append(xdr.OperationResult(code=xdr.OperationResultCode.opINNER, tr=xdr.OperationResultTr(
+                    type=t, bump_seq_result=xdr.BumpSequenceResult(xdr.BumpSequenceResultCode.BUMP_SEQUENCE_SUCCESS))))
+            else:
+                ok = False
+                results.append(xdr.OperationResult(code=xdr.OperationResultCode.opNOT_SUPPORTED))
+        self._staged = (staged, created)
+        return ok, results
+
+    def _commit_classic(self, p: Parsed, seq: int) -> None:
+        staged, created = self._staged
+        for g, amount in created.items():
+            self.create_account(g, amount, ledger=seq)
+        for g, delta in staged.items():
+            acct = self.accounts[g]
+            acct.balance += delta
+            acct.last_modified = seq
+            self._touch(g, acct)
+        for op in p.tx.operations:
+            if op.body.type == xdr.OperationType.BUMP_SEQUENCE and op.body.bump_sequence_op is not None:
+                g = p.op_source(op)
+                acct = self.accounts[g]
+                acct.seq = max(acct.seq, op.body.bump_sequence_op.bump_to.sequence_number.int64)
+                self._touch(g, acct)
+
+    def _apply_competitor(self, g: str, seq: int, close_time: int, order: int) -> Applied | None:
+        """Fault: another party's no-op transaction from `g` takes its next sequence number."""
+        from stellar_sdk import Account as SdkAccount
+        from stellar_sdk import TransactionBuilder
+
+        acct = self.accounts.get(g)
+        if acct is None:
+            return None
+        tb = TransactionBuilder(SdkAccount(g, acct.seq), self.passphrase, base_fee=fees.BASE_FEE)
+        tx = tb.append_bump_sequence_op(0).set_timeout(0).build()
+        secret = self.secrets.get(g)
+        if secret:
+            tx.sign(Keypair.from_secret(secret))
+        p = parse_envelope(tx.to_xdr(), self.net_id)
+        if acct.balance < p.fee:
+            acct.balance = p.fee  # the competitor's envelope must be payable; devnet tops it up
+        self.bans[p.full_hash] = seq + BAN_LEDGERS
+        return self._apply(p, seq, close_time, order)
+
+
+def _trap_code(outcome: InvokeOutcome) -> xdr.InvokeHostFunctionResultCode:
+    if outcome.error_kind == "resource_limit_exceeded":
+        return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED
+    return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_TRAPPED
+
+
+def _footprint_op_result(t: xdr.OperationType) -> xdr.OperationResult:
+    if t == xdr.OperationType.EXTEND_FOOTPRINT_TTL:
+        tr = xdr.OperationResultTr(type=t, extend_footprint_ttl_result=xdr.ExtendFootprintTTLResult(
+            xdr.ExtendFootprintTTLResultCode.EXTEND_FOOTPRINT_TTL_SUCCESS))
+    else:
+        tr = xdr.OperationResultTr(type=t, restore_footprint_result=xdr.RestoreFootprintResult(
+            xdr.RestoreFootprintResultCode.RESTORE_FOOTPRINT_SUCCESS))
+    return xdr.OperationResult(code=xdr.OperationResultCode.opINNER, tr=tr)
+
+
+def _events_size(outcome: InvokeOutcome) -> int:
+    size = sum(len(e.to_xdr_bytes()) for e in outcome.events)
+    if outcome.return_value is not None:
+        size += len(outcome.return_value.to_xdr_bytes())
+    return size
+
+
+def _event_record(ev: xdr.ContractEvent, b64: str, ledger: int, order: int, op_index: int, i: int,
+                  tx_hash: str) -> EventRecord:
+    assert ev.body.v0 is not None
+    cid = StrKey.encode_contract(ev.contract_id.contract_id.hash) if ev.contract_id is not None else ""
+    return EventRecord(
+        id=event_id(ledger, order, op_index, i), ledger=ledger, tx_index=order, op_index=op_index,
+        contract_id=cid, topics=[t.to_xdr() for t in ev.body.v0.topics], value=ev.body.v0.data.to_xdr(),
+        tx_hash=tx_hash, event_b64=b64,
+    )
+
+
+__all__ = ["Account", "Devnet", "EventRecord", "LedgerInfo", "Queued", "TxRecord", "min_fee"]
