@@ -63,7 +63,8 @@ def main(argv: Sequence[str] | None = None, env: Env | None = None) -> int:
             return code
         if env.environ.get("PAYGATE_DEBUG"):
             env.stderr.write(scrub("".join(traceback.format_exception(exc))))
-        _report(env, ExitCode.SOFTWARE, "bug", f"unexpected {type(exc).__name__}: {exc} "
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        _report(env, ExitCode.SOFTWARE, "bug", f"unexpected {type(exc).__name__}: {first_line} "
                 "(a bug; rerun with PAYGATE_DEBUG=1 for the traceback)")
         return ExitCode.SOFTWARE
 

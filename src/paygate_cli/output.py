@@ -1,4 +1,4 @@
-"""Render a command's result as human (rich) / --json / --plain (tabulate TSV).
+"""Render a command's result as human (rich) / --json / --plain (TSV).
 
 Every --json document carries `schema_version`. Human output goes to stdout through rich; logs
 never go to stdout."""
@@ -57,6 +57,10 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _tsv(text: str) -> str:
+    return text.replace("\t", " ").replace("\n", " ")
+
+
 def emit(
     env: Env,
     mode: Mode,
@@ -76,14 +80,14 @@ def emit(
     if rows is not None and columns is None:
         columns = list(rows[0].keys()) if rows else []
     if mode is Mode.PLAIN:
-        from tabulate import tabulate
-
+        # Plain TSV written directly: tabulate's "tsv" pads cells to align them, which breaks `cut -f`.
         if rows is not None:
-            table = [[_cell(row.get(c)) for c in columns or []] for row in rows]
-            env.stdout.write(tabulate(table, headers=list(columns or []), tablefmt="tsv") + "\n")
+            env.stdout.write("\t".join(columns or []) + "\n")
+            for row in rows:
+                env.stdout.write("\t".join(_tsv(_cell(row.get(c))) for c in columns or []) + "\n")
         else:
             for key, value in document.items():
-                env.stdout.write(f"{key}\t{_cell(value)}\n")
+                env.stdout.write(f"{key}\t{_tsv(_cell(value))}\n")
         env.stdout.flush()
         return
 

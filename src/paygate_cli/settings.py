@@ -299,6 +299,11 @@ def describe(settings: Settings) -> list[dict[str, str]]:
                      "source": settings.sources[field.name]})
     for name in SECRETS:
         secret = settings.secrets.get(name)
+        if name in FIELD_BY_NAME:  # the DSN: one row, whichever way it was given
+            if secret:
+                row = next(r for r in rows if r["name"] == name)
+                row.update(value="<redacted>", source=settings.sources[name])
+            continue
         rows.append({"name": name, "value": "<redacted>" if secret else "(unset)",
                      "source": settings.sources.get(name, "unset")})
     return rows

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from paygate_cli.errors import ExitCode, PaygateError, Unavailable
+from paygate_cli.errors import ConfigError, ExitCode, PaygateError, Unavailable
 
 if TYPE_CHECKING:
     import psycopg
@@ -31,15 +31,21 @@ def connect(settings: Settings, purpose: str, *, autocommit: bool = True,
     Connection failures are retried a bounded number of times with jitter, then surface as
     Unavailable (exit 69). Authentication failures are not retried."""
     import psycopg
-    from psycopg.conninfo import make_conninfo
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    options = " ".join([
+    dsn = settings.dsn()
+    try:
+        given_options = str(conninfo_to_dict(dsn).get("options") or "")
+    except psycopg.ProgrammingError:
+        raise ConfigError("the database URL is not a valid libpq connection string") from None
+    # Ours come after the DSN's own options, so an operator's -c role=… still applies.
+    options = " ".join([given_options,
         f"-c statement_timeout={_ms(settings.statement_timeout)}",
         f"-c lock_timeout={_ms(settings.lock_timeout)}",
         f"-c idle_in_transaction_session_timeout={_ms(settings.idle_in_transaction_timeout)}",
-    ])
+    ]).strip()
     conninfo = make_conninfo(
-        settings.dsn(),
+        dsn,
         application_name=f"{settings.application_name}:{purpose}"[:63],
         connect_timeout=max(1, int(settings.connect_timeout)),
         options=options,

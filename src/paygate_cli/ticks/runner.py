@@ -119,6 +119,12 @@ class _Stop:
         return previous
 
 
+def next_slot(started: float, now: float, every: float) -> float:
+    """Fixed rate: the first slot strictly after `now`. Slots a long tick overran are skipped, so a
+    slow tick is never followed by a burst of catch-up ticks."""
+    return started + (int((now - started) // every) + 1) * every
+
+
 def _heartbeat_start(conn: psycopg.Connection, spec: WorkerSpec, instance: str, slot: int) -> tuple[int, bool]:
     row = conn.execute(HEARTBEAT_START_SQL, (spec.name, instance, slot, os.getpid(), instance)).fetchone()
     return int(row[0]), bool(row[1])
@@ -170,8 +176,7 @@ def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Conne
             now = env.monotonic()
             if opts.for_seconds is not None and now - started >= opts.for_seconds:
                 break
-            # Fixed rate: the next slot strictly after now; overrun slots are skipped, never burst.
-            next_at = started + (int((now - started) // opts.every) + 1) * opts.every
+            next_at = next_slot(started, now, opts.every)
             if opts.for_seconds is not None and next_at - started >= opts.for_seconds:
                 break
             stop.event.wait(max(0.0, next_at - now))
