@@ -21,6 +21,7 @@ from ..storage import (
     SC_VOID,
     T_CONTRACT_DATA,
     sc_i128,
+    sc_map,
     sc_sym,
     sc_u32,
     tagged_key_prefix,
@@ -68,28 +69,35 @@ def _from_json(d: dict[str, Any]) -> dict[str, Any]:
 def _to_xdr(val: dict[str, Any]) -> xdr.SCContractInstance:
     issuer = StrKey.encode_ed25519_public_key(val["issuer"])
     code = val["code"]
-    storage = scval.to_map(
-        {
-            scval.to_symbol("METADATA"): scval.to_map(
-                {
-                    scval.to_symbol("decimal"): scval.to_uint32(DECIMALS),
-                    scval.to_symbol("name"): scval.to_string(val["name"]),
-                    scval.to_symbol("symbol"): scval.to_string(code),
-                }
+    # Vec keys are unhashable in the SDK, so build the map from pairs (sorted like the host sorts).
+    storage = sc_map(
+        [
+            (
+                scval.to_symbol("METADATA"),
+                scval.to_map(
+                    {
+                        scval.to_symbol("decimal"): scval.to_uint32(DECIMALS),
+                        scval.to_symbol("name"): scval.to_string(val["name"]),
+                        scval.to_symbol("symbol"): scval.to_string(code),
+                    }
+                ),
             ),
-            scval.to_vec([scval.to_symbol("Admin")]): scval.to_address(issuer),
-            scval.to_vec([scval.to_symbol("AssetInfo")]): scval.to_vec(
-                [
-                    scval.to_symbol("AlphaNum4" if len(code) <= 4 else "AlphaNum12"),
-                    scval.to_map(
-                        {
-                            scval.to_symbol("asset_code"): scval.to_string(code),
-                            scval.to_symbol("issuer"): scval.to_bytes(val["issuer"]),
-                        }
-                    ),
-                ]
+            (scval.to_vec([scval.to_symbol("Admin")]), scval.to_address(issuer)),
+            (
+                scval.to_vec([scval.to_symbol("AssetInfo")]),
+                scval.to_vec(
+                    [
+                        scval.to_symbol("AlphaNum4" if len(code) <= 4 else "AlphaNum12"),
+                        scval.to_map(
+                            {
+                                scval.to_symbol("asset_code"): scval.to_string(code),
+                                scval.to_symbol("issuer"): scval.to_bytes(val["issuer"]),
+                            }
+                        ),
+                    ]
+                ),
             ),
-        }
+        ]
     )
     return xdr.SCContractInstance(
         executable=xdr.ContractExecutable(xdr.ContractExecutableType.CONTRACT_EXECUTABLE_STELLAR_ASSET),
