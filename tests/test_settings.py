@@ -35,7 +35,8 @@ def test_config_file_discovery_order(tmp_path: Path) -> None:
     explicit = tmp_path / "explicit.toml"
     explicit.write_text('instance_id = "from-env-config"\n')
     assert load_settings({"XDG_CONFIG_HOME": str(xdg)}).instance_id == "from-xdg"
-    assert load_settings({"XDG_CONFIG_HOME": str(xdg), "PAYGATE_CONFIG": str(explicit)}).instance_id == "from-env-config"
+    both = {"XDG_CONFIG_HOME": str(xdg), "PAYGATE_CONFIG": str(explicit)}
+    assert load_settings(both).instance_id == "from-env-config"
 
 
 def test_secret_from_file_strips_one_newline(tmp_path: Path) -> None:

@@ -81,13 +81,27 @@ class Receiver:
         return server
 
 
+DEMO_DATABASE = "paygate_demo"
+
+
+def _fresh_database(cluster: Cluster) -> None:
+    """Each demo run starts from an empty database, so its report shows only this run."""
+    import psycopg
+
+    with psycopg.connect(cluster.dsn("postgres"), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {DEMO_DATABASE} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DEMO_DATABASE}")
+
+
 def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, Any]:
     from psycopg.types.json import Jsonb
 
     cluster = Cluster.at(data_dir)
     say(f"1. private Postgres in {cluster.datadir} (Unix socket only)")
     cluster.up()
-    env.override(database_url=cluster.dsn(), webhook_allow_hosts=["127.0.0.1/32"], webhook_backoff_base=0.2)
+    _fresh_database(cluster)
+    env.override(database_url=cluster.dsn(DEMO_DATABASE), webhook_allow_hosts=["127.0.0.1/32"],
+                 webhook_backoff_base=0.2)
     receiver = Receiver()
     server = receiver.serve()
     base = f"http://127.0.0.1:{server.server_address[1]}"
@@ -122,5 +136,5 @@ def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, 
             keys_left = conn.execute(KEYS_LEFT_SQL).fetchone()[0]
     finally:
         server.shutdown()
-    return {"dsn": cluster.dsn(), "ticks": ticks, "outbox": outbox, "received": receiver.received,
+    return {"dsn": cluster.dsn(DEMO_DATABASE), "ticks": ticks, "outbox": outbox, "received": receiver.received,
             "idempotency_keys_left": keys_left}

@@ -74,22 +74,22 @@ def queue_depths(conn: psycopg.Connection) -> list[dict[str, Any]]:
 
 def readiness(conn: psycopg.Connection) -> dict[str, Any]:
     schema = schema_state(conn)
-    halts = list_halts(conn)
     problems: list[str] = []
     if schema["pending"]:
         problems.append(f"schema behind: {len(schema['pending'])} migration(s) pending (run `paygate migrate`)")
-    for h in halts:
-        problems.append(f"{h['kind']} halt set by {h['set_by']}: {h['reason']}")
     server_version = conn.execute("SHOW server_version").fetchone()[0]
-    return {
-        "ready": not problems,
+    report: dict[str, Any] = {
+        "ready": False,
         "problems": problems,
         "database": {"reachable": True, "server_version": server_version,
                      "note": "advisory locks need a direct or session-pooled connection "
                              "(not PgBouncer transaction pooling)"},
         "schema": schema,
-        "halts": halts,
-        "locks": lock_holders(conn),
-        "queues": queue_depths(conn),
-        "workers": last_runs(conn),
+        "halts": [], "locks": lock_holders(conn), "queues": [], "workers": [],
     }
+    if schema["schema_version"] == 0:
+        return report  # nothing else exists to look at yet
+    report["halts"] = list_halts(conn)
+    problems += [f"{h['kind']} halt set by {h['set_by']}: {h['reason']}" for h in report["halts"]]
+    report.update(queues=queue_depths(conn), workers=last_runs(conn), ready=not problems)
+    return report

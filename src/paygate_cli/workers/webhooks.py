@@ -188,7 +188,8 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allo
     scheme, host, port, path, ip = resolve_target(url, allow)
     cls = _PinnedHTTPSConnection if scheme == "https" else _PinnedHTTPConnection
     conn = cls(host, port, ip, timeout)
-    watchdog = threading.Timer(timeout, _shutdown, args=(conn,))
+    fired = threading.Event()
+    watchdog = threading.Timer(timeout, _shutdown, args=(conn, fired))
     watchdog.daemon = True
     watchdog.start()
     try:
@@ -196,12 +197,17 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allo
         response = conn.getresponse()
         response.read(MAX_RESPONSE_BYTES)
         return response.status
+    except (OSError, http.client.HTTPException):
+        if fired.is_set():
+            raise TimeoutError(f"timed out: no complete answer within {timeout:g}s") from None
+        raise
     finally:
         watchdog.cancel()
         conn.close()
 
 
-def _shutdown(conn: http.client.HTTPConnection) -> None:
+def _shutdown(conn: http.client.HTTPConnection, fired: threading.Event) -> None:
+    fired.set()
     sock = conn.sock
     if sock is not None:
         with contextlib.suppress(OSError):
