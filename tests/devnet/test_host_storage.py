@@ -300,3 +300,39 @@ def test_snapshot_restore_round_trip() -> None:
     assert n1 == n2 and n1 != rec.auth[0].credentials.address_v2.nonce.int64  # type: ignore[union-attr]
     with pytest.raises(ValueError):
         ContractHost.restore(Network.TESTNET_NETWORK_PASSPHRASE, data)
+
+
+def test_commit_if_can_veto_an_apply() -> None:
+    host, _usdc, billing, _ = setup()
+    fn = credit_fn(billing, ALICE.public_key, 100, "d1")
+    rec = recorded(host, fn)
+    seen: list[InvokeOutcome] = []
+
+    def veto(outcome: InvokeOutcome) -> bool:
+        seen.append(outcome)
+        return False
+
+    out = host.invoke(
+        host_function=fn,
+        auth=rec.auth,
+        source_account=LANE.public_key,
+        ledger_seq=LEDGER,
+        ledger_close_time=0,
+        mode="apply",
+        footprint=(rec.read_only, rec.read_write),
+        commit_if=veto,
+    )
+    assert out.ok and seen == [out] and out.events  # the caller saw the full outcome …
+    balance = host_fn(billing, "balance", [scval.to_address(ALICE.public_key)])
+    assert scval.to_native(invoke(host, balance, [], mode="enforce").return_value) == 0  # … and nothing landed
+    out = host.invoke(
+        host_function=fn,
+        auth=rec.auth,
+        source_account=LANE.public_key,
+        ledger_seq=LEDGER,
+        ledger_close_time=0,
+        mode="apply",
+        commit_if=lambda o: True,
+    )
+    assert out.ok
+    assert scval.to_native(invoke(host, balance, [], mode="enforce").return_value) == 100

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -158,11 +159,15 @@ class ContractHost:
         mode: Literal["apply", "record", "enforce"],
         footprint: tuple[list[xdr.LedgerKey], list[xdr.LedgerKey]] | None = None,
         use_upgraded_auth: bool = True,
+        commit_if: Callable[[InvokeOutcome], bool] | None = None,
     ) -> InvokeOutcome:
         """Run one host function. Never raises: any failure is an outcome with ok=False.
 
-        `use_upgraded_auth` (extension of the fixed interface, default True like the SDK and RPC
-        v27.1+) selects ADDRESS_V2 vs legacy ADDRESS credentials for record mode.
+        Extensions of the fixed interface (both optional, defaults keep its behaviour):
+        `use_upgraded_auth` (default True, like the SDK and RPC v27.1+) selects ADDRESS_V2 vs legacy
+        ADDRESS credentials for record mode. `commit_if`, in apply mode, sees the successful outcome
+        before anything is committed and can veto the commit (e.g. when the transaction declared
+        fewer resources than the call used), so the caller needs no separate dry run.
         """
         with self._lock:
             staging: Staging | None = None
@@ -230,9 +235,10 @@ class ContractHost:
                             f"events and return value take {size} bytes",
                             kind="resource_limit_exceeded",
                         )
-                if mode == "apply":
+                outcome = self._outcome(staging, key_objs, actx, ctx, ok=True, ret=ret, mode=mode)
+                if mode == "apply" and (commit_if is None or commit_if(outcome)):
                     staging.commit()
-                return self._outcome(staging, key_objs, actx, ctx, ok=True, ret=ret, mode=mode)
+                return outcome
             except StorageTrap as trap:
                 return self._failure(staging, key_objs, actx, ctx, trap.kind, format_host_error(trap.code, trap.detail))
             except Exception as exc:  # a model bug must never take the RPC server down

@@ -38,6 +38,7 @@ DUR_PERSISTENT = b"\x00\x00\x00\x01"
 # SCAddress XDR prefixes: SC_ADDRESS_TYPE_ACCOUNT + PUBLIC_KEY_TYPE_ED25519, SC_ADDRESS_TYPE_CONTRACT.
 ADDR_ACCOUNT = b"\x00\x00\x00\x00\x00\x00\x00\x00"
 ADDR_CONTRACT = b"\x00\x00\x00\x01"
+_CD_CONTRACT = T_CONTRACT_DATA + ADDR_CONTRACT
 
 _SCV = xdr.SCValType
 
@@ -85,18 +86,33 @@ def enc_scaddress(a: xdr.SCAddress) -> bytes:
     return a.to_xdr_bytes()
 
 
+_SYM_CACHE: dict[bytes, bytes] = {}
+
+
 def enc_scval(v: xdr.SCVal) -> bytes:
     """SCVal XDR, hand-encoded for the common shapes (keys and contract args)."""
     t = v.type
-    if t == 15:  # SYMBOL
-        return b"\x00\x00\x00\x0f" + enc_opaque(v.sym.sc_symbol)  # type: ignore[union-attr]
     if t == 18:  # ADDRESS
-        return b"\x00\x00\x00\x12" + enc_scaddress(v.address)  # type: ignore[arg-type]
+        a = v.address
+        if a.type == 0:  # type: ignore[union-attr]
+            return b"\x00\x00\x00\x12" + ADDR_ACCOUNT + a.account_id.account_id.ed25519.uint256  # type: ignore[union-attr]
+        return b"\x00\x00\x00\x12" + enc_scaddress(a)  # type: ignore[arg-type]
+    if t == 15:  # SYMBOL: a handful of distinct names, so cache their encodings
+        sym = v.sym.sc_symbol  # type: ignore[union-attr]
+        enc = _SYM_CACHE.get(sym)
+        if enc is None:
+            enc = b"\x00\x00\x00\x0f" + enc_opaque(sym)
+            if len(_SYM_CACHE) < 4096:
+                _SYM_CACHE[sym] = enc
+        return enc
     if t == 13:  # BYTES
-        return b"\x00\x00\x00\x0d" + enc_opaque(v.bytes.sc_bytes)  # type: ignore[union-attr]
+        b = v.bytes.sc_bytes  # type: ignore[union-attr]
+        if len(b) == 32:
+            return b"\x00\x00\x00\x0d\x00\x00\x00\x20" + b
+        return b"\x00\x00\x00\x0d" + enc_opaque(b)
     if t == 16 and v.vec is not None:  # VEC (present)
         items = v.vec.sc_vec
-        return b"\x00\x00\x00\x10\x00\x00\x00\x01" + _U32(len(items)) + b"".join(map(enc_scval, items))
+        return b"\x00\x00\x00\x10\x00\x00\x00\x01" + _U32(len(items)) + b"".join([enc_scval(i) for i in items])
     if t == 10:  # I128
         p = v.i128
         return b"\x00\x00\x00\x0a" + _I64_U64(p.hi.int64, p.lo.uint64)  # type: ignore[union-attr]
@@ -116,8 +132,14 @@ def enc_ledger_key(k: xdr.LedgerKey) -> bytes:
     t = k.type
     if t == 6:
         cd = k.contract_data
-        assert cd is not None
-        return T_CONTRACT_DATA + enc_scaddress(cd.contract) + enc_scval(cd.key) + _U32(cd.durability)
+        c = cd.contract  # type: ignore[union-attr]
+        # Contract owners dominate (every modelled key but nonces), so skip the generic call for them.
+        head = (
+            _CD_CONTRACT + c.contract_id.contract_id.hash  # type: ignore[union-attr]
+            if c.type == 1
+            else T_CONTRACT_DATA + enc_scaddress(c)
+        )
+        return head + enc_scval(cd.key) + (DUR_PERSISTENT if cd.durability == 1 else DUR_TEMPORARY)  # type: ignore[union-attr]
     if t == 0:
         return T_ACCOUNT + b"\x00\x00\x00\x00" + k.account.account_id.account_id.ed25519.uint256  # type: ignore[union-attr]
     if t == 7:
