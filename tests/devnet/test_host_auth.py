@@ -341,3 +341,23 @@ def test_delegates_credentials_are_rejected(env: Env) -> None:
     )
     out = run(env, fn, [entry])
     assert not out.ok and "Error(Auth, InvalidAction)" in (out.error or "")
+
+
+def test_expired_nonce_entries_are_evicted(env: Env) -> None:
+    exp = LEDGER + 2
+    fn, entry = signed_buy(env, exp=exp)
+    assert run(env, fn, [entry]).ok
+    key = nonce_ledger_key(entry)
+
+    def stored_nonces() -> int:
+        return sum(1 for e in env.host.snapshot()["entries"] if e["kind"] == "void")
+
+    assert stored_nonces() == 1
+    _, later = signed_buy(env, exp=LEDGER + 100)
+    assert run(env, fn, [later], ledger=exp + 1).ok  # an apply at exp + 1: the old nonce is dead, not yet evicted
+    assert env.host.get_ledger_entry(key, exp + 1) is None
+    assert stored_nonces() == 2
+    _, third = signed_buy(env, exp=LEDGER + 100)
+    assert run(env, fn, [third], ledger=exp + 2).ok
+    assert stored_nonces() == 2  # the expired one is gone, the two live ones stay
+    assert env.host.get_ledger_entry(nonce_ledger_key(later), exp + 2) is not None

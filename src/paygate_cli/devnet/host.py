@@ -15,6 +15,7 @@ encoded once per call with the fast encoder.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -88,6 +89,9 @@ class ContractHost:
         self._nonce_seed = hashlib.sha256(b"paygate-devnet-nonce:" + network_passphrase.encode()).digest()
         self._nonce_counter = 0
         self._addr_cache: dict[str, bytes] = {}
+        # (liveUntil, key) of TEMPORARY entries, so expired ones (nonces) are evicted as in a real
+        # ledger instead of accumulating forever in memory and in --state files.
+        self._temp_heap: list[tuple[int, bytes]] = []
 
     # --- genesis ------------------------------------------------------------------------------------
 
@@ -238,6 +242,7 @@ class ContractHost:
                 outcome = self._outcome(staging, key_objs, actx, ctx, ok=True, ret=ret, mode=mode)
                 if mode == "apply" and (commit_if is None or commit_if(outcome)):
                     staging.commit()
+                    self._track_and_evict_temporaries(staging, ledger_seq)
                 return outcome
             except StorageTrap as trap:
                 return self._failure(staging, key_objs, actx, ctx, trap.kind, format_host_error(trap.code, trap.detail))
@@ -344,6 +349,9 @@ class ContractHost:
         for d in data["entries"]:
             k, e = entry_from_json(d)
             host._entries[k] = e
+            if is_temporary(k) and e.live_until is not None:
+                host._temp_heap.append((e.live_until, k))
+        heapq.heapify(host._temp_heap)
         return host
 
     # --- helpers ----------------------------------------------------------------------------------------
@@ -355,6 +363,19 @@ class ContractHost:
             if len(self._addr_cache) < 100_000:
                 self._addr_cache[s] = b
         return b
+
+    def _track_and_evict_temporaries(self, staging: Staging, ledger_seq: int) -> None:
+        heap = self._temp_heap
+        for k, e in staging.written_entries():
+            if e.live_until is not None and is_temporary(k):
+                heapq.heappush(heap, (e.live_until, k))
+        # Dead for every ledger a reader may still ask about (the latest closed one is ledger_seq - 1).
+        horizon = ledger_seq - 1
+        while heap and heap[0][0] < horizon:
+            _, k = heapq.heappop(heap)
+            e = self._entries.get(k)
+            if e is not None and e.live_until is not None and e.live_until < horizon:
+                del self._entries[k]
 
     def _next_nonce(self) -> int:
         self._nonce_counter += 1
