@@ -13,7 +13,7 @@ from stellar_sdk import Asset, Keypair, SorobanServer, TransactionBuilder
 from stellar_sdk.exceptions import BadResponseError, ConnectionError
 from stellar_sdk.soroban_rpc import GetTransactionStatus, SendTransactionStatus
 
-from tests.devnet.helpers import call, fee_bump, kp, raw
+from tests.devnet.helpers import call, fee_bump, kp, raw, result_code
 from tests.devnet_support import DevnetHandle
 
 S = SendTransactionStatus
@@ -29,9 +29,9 @@ def fresh(devnet: DevnetHandle) -> Keypair:
     return Keypair.from_secret(devnet.rpc("devnet_createAccount", {})["secret"])
 
 
-def payment(server: SorobanServer, devnet: DevnetHandle, src: Keypair):
+def payment(server: SorobanServer, devnet: DevnetHandle, src: Keypair, amount: str = "1"):
     tx = (TransactionBuilder(server.load_account(src.public_key), devnet.passphrase, base_fee=100)
-          .append_payment_op(devnet.genesis["issuer"]["public"], Asset.native(), "1").set_timeout(600).build())
+          .append_payment_op(devnet.genesis["issuer"]["public"], Asset.native(), amount).set_timeout(600).build())
     tx.sign(src)
     return tx
 
@@ -110,9 +110,9 @@ def test_account_reads_lag_by_k_ledgers(server: SorobanServer, devnet: DevnetHan
     devnet.set_fault("account_lag", ledgers=1)
     assert server.load_account(src.public_key).sequence == seq0  # the node has not caught up
     # a transaction built from the stale read gets txBAD_SEQ, the stellar-rpc#1019 symptom
-    stale = payment(server, devnet, src)
+    stale = payment(server, devnet, src, amount="2")  # a different envelope (the first one is banned)
     sent = server.send_transaction(stale)
-    assert sent.status == S.ERROR
+    assert sent.status == S.ERROR and result_code(sent.error_result_xdr) == "txBAD_SEQ"
     devnet.close_ledger()
     assert server.load_account(src.public_key).sequence == seq0 + 1  # one ledger later it shows
     devnet.clear_faults()
