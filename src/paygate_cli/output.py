@@ -91,6 +91,12 @@ def emit(
         env.stdout.flush()
         return
 
+    if rows is None and lines:  # plain sentences need no rich (and its ~70 ms import on every cron run)
+        for line in lines:
+            env.stdout.write(line + "\n")
+        env.stdout.flush()
+        return
+
     from rich.console import Console
     from rich.table import Table
 

@@ -18,10 +18,15 @@ def _ms(seconds: float) -> int:
     return max(0, int(seconds * 1000))
 
 
+# Worth retrying: no answer at all (no SQLSTATE), or the server saying "not now". A missing
+# database or a wrong password will not fix itself in 200 ms.
+_TRANSIENT_SQLSTATES = {None, "57P03", "53300", "08000", "08001", "08006"}
+
+
 def _is_transient(exc: BaseException) -> bool:
     import psycopg
 
-    return isinstance(exc, psycopg.OperationalError) and not isinstance(exc, PaygateError)
+    return isinstance(exc, psycopg.OperationalError) and exc.sqlstate in _TRANSIENT_SQLSTATES
 
 
 def connect(settings: Settings, purpose: str, *, autocommit: bool = True,

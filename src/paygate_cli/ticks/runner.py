@@ -125,8 +125,19 @@ def next_slot(started: float, now: float, every: float) -> float:
     return started + (int((now - started) // every) + 1) * every
 
 
+def _heartbeat_write(conn: psycopg.Connection, sql: str, params: tuple) -> tuple | None:
+    """Heartbeats are observability, not money: they commit without waiting for the WAL flush
+    (synchronous_commit off for this transaction only), in one pipelined round trip. A crash can
+    lose the last few heartbeats; it cannot lose or reorder any money-moving write."""
+    with conn.pipeline(), conn.transaction():
+        conn.execute("SET LOCAL synchronous_commit = off")
+        cursor = conn.execute(sql, params)
+    return cursor.fetchone() if cursor.description else None
+
+
 def _heartbeat_start(conn: psycopg.Connection, spec: WorkerSpec, instance: str, slot: int) -> tuple[int, bool]:
-    row = conn.execute(HEARTBEAT_START_SQL, (spec.name, instance, slot, os.getpid(), instance)).fetchone()
+    row = _heartbeat_write(conn, HEARTBEAT_START_SQL, (spec.name, instance, slot, os.getpid(), instance))
+    assert row is not None
     return int(row[0]), bool(row[1])
 
 
@@ -240,8 +251,8 @@ def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Conne
 
 
 def _finish(work: psycopg.Connection, run_id: int, outcome: str, result: TickResult, error: str | None) -> None:
-    work.execute(HEARTBEAT_FINISH_SQL, (outcome, result.processed, result.failed,
-                                        error[:2000] if error else None, run_id))
+    _heartbeat_write(work, HEARTBEAT_FINISH_SQL, (outcome, result.processed, result.failed,
+                                                  error[:2000] if error else None, run_id))
 
 
 def _write_metrics(work: psycopg.Connection, spec: WorkerSpec, instance: str, directory: str,

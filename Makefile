@@ -1,0 +1,32 @@
+# make demo  - run the system on a private Postgres (and, later, the devnet)
+# make test  - the whole suite (real Postgres, real processes, real HTTP)
+# make bench - benchmarks; they print figures, they assert nothing
+PYTHON ?= python3
+VENV   ?= .venv
+STAMP  := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
+
+.PHONY: demo test bench lint clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/paygate demo --data-dir $(CURDIR)/.demo/pg
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/idle_tick.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+
+clean:
+	-$(VENV)/bin/paygate dev db down --data-dir $(CURDIR)/.demo/pg
+	rm -rf .demo
