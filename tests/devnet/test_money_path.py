@@ -3,6 +3,8 @@ billing contract, `credit` for it, then `charge_batch` with good, insufficient a
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from stellar_sdk import Address, SorobanServer, StrKey, scval, xdr
 from stellar_sdk.soroban_rpc import GetTransactionStatus, SendTransactionStatus
@@ -65,6 +67,12 @@ def test_fee_bumped_user_authorised_transfer_lands_and_is_indexed_by_both_hashes
     assert result.result.inner_result_pair.transaction_hash.hash.hex() == deposit["inner"]
     meta = xdr.TransactionMeta.from_xdr(got.result_meta_xdr)
     assert meta.v == 4 and meta.v4.soroban_meta is not None
+    assert meta.to_xdr() == got.result_meta_xdr  # canonical XDR (the devnet assembles it by hand)
+    # the op result's success hash is sha256(InvokeHostFunctionSuccessPreImage{returnValue, events})
+    pre = xdr.InvokeHostFunctionSuccessPreImage(return_value=meta.v4.soroban_meta.return_value,
+                                                events=meta.v4.operations[0].events)
+    op_result = result.result.inner_result_pair.result.result.results[0].tr.invoke_host_function_result
+    assert op_result.success.hash == hashlib.sha256(pre.to_xdr_bytes()).digest()
     user = g["users"][0]["public"]
     [(cid, topics, data)] = _events(got)
     assert cid == g["contracts"]["usdc"]

@@ -8,7 +8,9 @@ source, replace-by-fee at 10x the rate, drop after 4 ledgers without inclusion, 
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Literal
@@ -17,6 +19,7 @@ from stellar_sdk import Keypair, StrKey, xdr
 
 from paygate_cli.devnet import fees
 from paygate_cli.devnet.host import ContractHost, InvokeOutcome
+from paygate_cli.devnet.storage import enc_scval  # the host's SCVal encoder: same bytes, much faster
 from paygate_cli.devnet.validate import (
     TRC,
     Context,
@@ -37,7 +40,7 @@ from paygate_cli.devnet.xdrutil import (
     tx_result,
 )
 
-PROTOCOL_VERSION = 23 + 5  # Protocol 28, what stellar-rpc v28 speaks (ADDRESS_V2 needs >= 27)
+PROTOCOL_VERSION = 28  # Protocol 28, what stellar-rpc v28 speaks (ADDRESS_V2 needs >= 27)
 QUEUE_TIMEOUT_LEDGERS = 4  # HerderImpl TRANSACTION_QUEUE_TIMEOUT_LEDGERS
 BAN_LEDGERS = 10  # HerderImpl TRANSACTION_QUEUE_BAN_LEDGERS
 RBF_MULTIPLIER = 10
@@ -356,27 +359,29 @@ class Devnet:
         """Apply a valid transaction in ledger `seq`: the fee and sequence are consumed either way."""
         inclusion = fees.BASE_FEE * p.fee_ops
         op = p.tx.operations[0]
-        contract_events: list[list[xdr.ContractEvent]] = [[] for _ in p.tx.operations]
-        return_value: xdr.SCVal | None = None
+        # Per operation: the encoded events (ContractEvent XDR) and their topics/data encodings.
+        op_events: list[list[_EncodedEvent]] = [[] for _ in p.tx.operations]
+        rv_bytes = _VOID
+        ok = True
         if p.soroban is not None:
             res = declared_resources(p.soroban)
             non_refundable = fees.non_refundable_fee(res, p.inner_size)
-            code, outcome = self._apply_soroban(p, op, seq, close_time, non_refundable)
-            refundable_used = 0
-            if outcome is not None and code == xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_SUCCESS:
-                refundable_used = fees.refundable_fee(_events_size(outcome))
-                contract_events[0] = list(outcome.events)
-                return_value = outcome.return_value
-            fee_charged = inclusion + min(p.resource_fee, non_refundable + refundable_used)
+            code, outcome, encoded = self._apply_soroban(p, op, seq, close_time, non_refundable)
             ok = code == xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_SUCCESS
-            success_hash = None
-            if ok:
-                rv = return_value or xdr.SCVal(xdr.SCValType.SCV_VOID)
-                success_hash = hashlib.sha256(xdr.InvokeHostFunctionSuccessPreImage(
-                    return_value=rv, events=contract_events[0]).to_xdr_bytes()).digest()
+            refundable_used = 0
+            if ok and outcome is not None:
+                op_events[0] = encoded
+                if outcome.return_value is not None:
+                    rv_bytes = enc_scval(outcome.return_value)
+                refundable_used = fees.refundable_fee(sum(len(e.raw) for e in encoded) + len(rv_bytes))
+            fee_charged = inclusion + min(p.resource_fee, non_refundable + refundable_used)
             if op.body.type != xdr.OperationType.INVOKE_HOST_FUNCTION:
                 op_results = [_footprint_op_result(op.body.type)]
             else:
+                # InvokeHostFunctionSuccessPreImage{returnValue, events}, hashed as in the real host
+                success_hash = hashlib.sha256(
+                    rv_bytes + _U32(len(op_events[0])) + b"".join(e.raw for e in op_events[0])
+                ).digest() if ok else None
                 op_results = [invoke_result(code, success_hash)]
         else:
             fee_charged = inclusion
@@ -389,39 +394,41 @@ class Devnet:
             result = fee_bump_result(fee_charged, p.inner_hash, code, op_results)
         else:
             result = tx_result(fee_charged, code, op_results)
-        meta = xdr.TransactionMeta(v=4, v4=xdr.TransactionMetaV4(
-            ext=xdr.ExtensionPoint(0), tx_changes_before=xdr.LedgerEntryChanges(before),
-            operations=[xdr.OperationMetaV2(ext=xdr.ExtensionPoint(0), changes=xdr.LedgerEntryChanges([]),
-                                            events=evs if ok else []) for evs in contract_events],
-            tx_changes_after=xdr.LedgerEntryChanges([]),
-            soroban_meta=xdr.SorobanTransactionMetaV2(ext=xdr.SorobanTransactionMetaExt(0),
-                                                      return_value=return_value if ok else None)
-            if p.soroban is not None else None,
-            events=[], diagnostic_events=[],
-        ))
+        # TransactionMeta v4, assembled from already-encoded parts (encoding events twice through
+        # the SDK's pure-Python XDR would cost more than the rest of applying the transaction).
+        meta = [_U32(4), _ZERO, xdr.LedgerEntryChanges(before).to_xdr_bytes(), _U32(len(op_events))]
+        for evs in op_events:
+            meta += [_ZERO, _ZERO, _U32(len(evs)), *(e.raw for e in evs)]
+        meta.append(_ZERO)  # txChangesAfter
+        if p.soroban is not None:
+            meta.append(_ONE + _ZERO + (_ONE + rv_bytes if ok and rv_bytes is not _VOID else _ZERO))
+        else:
+            meta.append(_ZERO)
+        meta += [_ZERO, _ZERO]  # transaction events, diagnostic events
         full_hex = p.full_hash.hex()
-        ev_b64 = [[e.to_xdr() for e in evs] if ok else [] for evs in contract_events]
+        ev_b64 = [[e.b64 for e in evs] for evs in op_events]
         record = TxRecord(
             status="SUCCESS" if ok else "FAILED", ledger=seq, application_order=order, fee_bump=p.fee_bump,
             full_hash=full_hex, inner_hash=p.inner_hash.hex(), envelope_xdr=p.b64,
-            result_xdr=result.to_xdr(), result_meta_xdr=meta.to_xdr(), contract_events=ev_b64,
-            created_at=close_time,
+            result_xdr=result.to_xdr(), result_meta_xdr=base64.b64encode(b"".join(meta)).decode(),
+            contract_events=ev_b64, created_at=close_time,
         )
         applied = Applied(record)
-        if ok:
-            for op_index, evs in enumerate(contract_events):
-                for i, ev in enumerate(evs):
-                    applied.events.append(_event_record(ev, ev_b64[op_index][i], seq, order, op_index, i,
-                                                        full_hex))
+        for op_index, evs in enumerate(op_events):
+            for i, e in enumerate(evs):
+                applied.events.append(EventRecord(
+                    id=event_id(seq, order, op_index, i), ledger=seq, tx_index=order, op_index=op_index,
+                    contract_id=e.contract_id, topics=[base64.b64encode(t).decode() for t in e.topics],
+                    value=base64.b64encode(e.data).decode(), tx_hash=full_hex, event_b64=e.b64))
         return applied
 
     def _apply_soroban(self, p: Parsed, op: xdr.Operation, seq: int, close_time: int, non_refundable: int
-                       ) -> tuple[xdr.InvokeHostFunctionResultCode, InvokeOutcome | None]:
+                       ) -> tuple[xdr.InvokeHostFunctionResultCode, InvokeOutcome | None, list[_EncodedEvent]]:
         ihf = xdr.InvokeHostFunctionResultCode
         if op.body.type != xdr.OperationType.INVOKE_HOST_FUNCTION:
             # ExtendFootprintTTL / RestoreFootprint: nothing ever archives on the devnet, so both
             # succeed without effect.
-            return ihf.INVOKE_HOST_FUNCTION_SUCCESS, None
+            return ihf.INVOKE_HOST_FUNCTION_SUCCESS, None, []
         assert p.soroban is not None and op.body.invoke_host_function_op is not None
         fp = p.soroban.resources.footprint
         footprint = (list(fp.read_only), list(fp.read_write))
@@ -432,17 +439,23 @@ class Devnet:
         # declared-resource checks (which the host does not know about) must come before it.
         dry = self.host.invoke(mode="enforce", **kwargs)  # type: ignore[arg-type]
         if not dry.ok:
-            return _trap_code(dry), dry
+            return _trap_code(dry), dry, []
         declared = declared_resources(p.soroban)
+        encoded = [_encode_event(e) for e in dry.events]
+        size = sum(len(e.raw) for e in encoded)
+        if dry.return_value is not None:
+            size += len(enc_scval(dry.return_value))
         if (dry.instructions > declared.instructions or dry.read_bytes > declared.disk_read_bytes
-                or dry.write_bytes > declared.write_bytes or _events_size(dry) > MAX_EVENTS_BYTES):
-            return ihf.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED, dry
-        if fees.refundable_fee(_events_size(dry)) > p.resource_fee - non_refundable:
-            return ihf.INVOKE_HOST_FUNCTION_INSUFFICIENT_REFUNDABLE_FEE, dry
+                or dry.write_bytes > declared.write_bytes or size > MAX_EVENTS_BYTES):
+            return ihf.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED, dry, []
+        if fees.refundable_fee(size) > p.resource_fee - non_refundable:
+            return ihf.INVOKE_HOST_FUNCTION_INSUFFICIENT_REFUNDABLE_FEE, dry, []
         outcome = self.host.invoke(mode="apply", **kwargs)  # type: ignore[arg-type]
         if not outcome.ok:
-            return _trap_code(outcome), outcome
-        return ihf.INVOKE_HOST_FUNCTION_SUCCESS, outcome
+            return _trap_code(outcome), outcome, []
+        if len(outcome.events) != len(dry.events):  # same state, same call: cannot differ, but be exact
+            encoded = [_encode_event(e) for e in outcome.events]
+        return ihf.INVOKE_HOST_FUNCTION_SUCCESS, outcome, encoded
 
     # Classic operations: just enough for accounts and XLM (create account, native payment,
     # bump sequence); anything else fails with opNOT_SUPPORTED.
@@ -561,22 +574,34 @@ def _footprint_op_result(t: xdr.OperationType) -> xdr.OperationResult:
     return xdr.OperationResult(code=xdr.OperationResultCode.opINNER, tr=tr)
 
 
-def _events_size(outcome: InvokeOutcome) -> int:
-    size = sum(len(e.to_xdr_bytes()) for e in outcome.events)
-    if outcome.return_value is not None:
-        size += len(outcome.return_value.to_xdr_bytes())
-    return size
+_U32 = struct.Struct(">I").pack
+_ZERO = b"\x00\x00\x00\x00"
+_ONE = b"\x00\x00\x00\x01"
+_VOID = b"\x00\x00\x00\x01"  # SCVal SCV_VOID
 
 
-def _event_record(ev: xdr.ContractEvent, b64: str, ledger: int, order: int, op_index: int, i: int,
-                  tx_hash: str) -> EventRecord:
+@dataclass
+class _EncodedEvent:
+    raw: bytes  # ContractEvent XDR
+    b64: str
+    contract_id: str
+    topics: list[bytes]
+    data: bytes
+
+
+def _encode_event(ev: xdr.ContractEvent) -> _EncodedEvent:
+    """ContractEvent XDR from its parts: ext, contractID*, type, body v0 {topics<>, data}."""
     assert ev.body.v0 is not None
-    cid = StrKey.encode_contract(ev.contract_id.contract_id.hash) if ev.contract_id is not None else ""
-    return EventRecord(
-        id=event_id(ledger, order, op_index, i), ledger=ledger, tx_index=order, op_index=op_index,
-        contract_id=cid, topics=[t.to_xdr() for t in ev.body.v0.topics], value=ev.body.v0.data.to_xdr(),
-        tx_hash=tx_hash, event_b64=b64,
-    )
+    topics = [enc_scval(t) for t in ev.body.v0.topics]
+    data = enc_scval(ev.body.v0.data)
+    if ev.contract_id is not None:
+        cid_raw = ev.contract_id.contract_id.hash
+        head = _ZERO + _ONE + cid_raw
+        cid = StrKey.encode_contract(cid_raw)
+    else:
+        head, cid = _ZERO + _ZERO, ""
+    raw = head + _U32(ev.type.value) + _ZERO + _U32(len(topics)) + b"".join(topics) + data
+    return _EncodedEvent(raw, base64.b64encode(raw).decode(), cid, topics, data)
 
 
 __all__ = ["Account", "Devnet", "EventRecord", "LedgerInfo", "Queued", "TxRecord", "min_fee"]

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 from stellar_sdk import StrKey, xdr
+from xdrlib3 import Unpacker
 
 from paygate_cli.devnet import fees
-from paygate_cli.devnet.xdrutil import fee_bump_hash, fee_bump_result, muxed_to_g, tx_hash, tx_result
+from paygate_cli.devnet.storage import enc_ledger_key  # the host's fast LedgerKey encoder
+from paygate_cli.devnet.xdrutil import fee_bump_result, muxed_to_g, tx_result
 
 if TYPE_CHECKING:
     from paygate_cli.devnet.ledger import Account
@@ -38,7 +41,6 @@ class InvalidXdr(ValueError):
 class Parsed:
     """A decoded envelope with what validation and application need, computed once."""
 
-    env: xdr.TransactionEnvelope
     b64: str
     fee_bump: bool
     full_hash: bytes  # the envelope's hash (outer for fee bumps): sendTransaction.hash
@@ -87,33 +89,68 @@ def decode_b64(b64: object, cls: type) -> object:
 
 
 def parse_envelope(b64: object, net_id: bytes) -> Parsed:
-    env = decode_b64(b64, xdr.TransactionEnvelope)
-    assert isinstance(env, xdr.TransactionEnvelope) and isinstance(b64, str)
+    """Decode an envelope once, slicing the raw bytes for the hashes and the size.
+
+    The Transaction / FeeBumpTransaction bytes inside the envelope are exactly what is hashed, so
+    slicing them avoids re-encoding (pure-Python XDR encoding costs as much as decoding).
+    """
+    if not isinstance(b64, str):
+        raise InvalidXdr("expected a base64 string")
+    try:
+        raw = base64.b64decode(b64, validate=True)
+        return _parse_raw(raw, b64, net_id)
+    except InvalidXdr:
+        raise
+    except Exception as exc:  # xdrlib3 raises assorted errors on garbage; all of them mean "invalid"
+        raise InvalidXdr(str(exc) or type(exc).__name__) from exc
+
+
+def _sigs(u: Unpacker) -> list[xdr.DecoratedSignature]:
+    n = u.unpack_uint()
+    if n > 20:
+        raise InvalidXdr("more than 20 signatures")
+    return [xdr.DecoratedSignature.unpack(u) for _ in range(n)]
+
+
+def _parse_raw(raw: bytes, b64: str, net_id: bytes) -> Parsed:
     et = xdr.EnvelopeType
-    if env.type == et.ENVELOPE_TYPE_TX:
-        assert env.v1 is not None
-        tx, inner_sigs, outer_sigs = env.v1.tx, env.v1.signatures, []
-        inner_hash = tx_hash(net_id, tx)
+    u = Unpacker(raw)
+    etype = et.unpack(u)
+    if etype == et.ENVELOPE_TYPE_TX:
+        t0 = u.get_position()
+        tx = xdr.Transaction.unpack(u)
+        t1 = u.get_position()
+        inner_sigs, outer_sigs = _sigs(u), []
+        inner_hash = hashlib.sha256(net_id + raw[:4] + raw[t0:t1]).digest()
         full_hash, fee_bump = inner_hash, False
         fee_source = muxed_to_g(tx.source_account)
         fee = tx.fee.uint32
-        inner_size = len(env.v1.to_xdr_bytes()) + 4
-    elif env.type == et.ENVELOPE_TYPE_TX_FEE_BUMP:
-        assert env.fee_bump is not None
-        fb = env.fee_bump.tx
-        if fb.inner_tx.type != et.ENVELOPE_TYPE_TX or fb.inner_tx.v1 is None:
+        inner_size = len(raw)
+    elif etype == et.ENVELOPE_TYPE_TX_FEE_BUMP:
+        f0 = u.get_position()
+        fee_source = muxed_to_g(xdr.MuxedAccount.unpack(u))
+        fee = xdr.Int64.unpack(u).int64
+        i0 = u.get_position()
+        if et.unpack(u) != et.ENVELOPE_TYPE_TX:
             raise InvalidXdr("fee bump inner transaction must be ENVELOPE_TYPE_TX")
-        tx, inner_sigs, outer_sigs = fb.inner_tx.v1.tx, fb.inner_tx.v1.signatures, env.fee_bump.signatures
-        inner_hash = tx_hash(net_id, tx)
-        full_hash, fee_bump = fee_bump_hash(net_id, fb), True
-        fee_source = muxed_to_g(fb.fee_source)
-        fee = fb.fee.int64
-        inner_size = len(fb.inner_tx.v1.to_xdr_bytes()) + 4
+        t0 = u.get_position()
+        tx = xdr.Transaction.unpack(u)
+        t1 = u.get_position()
+        inner_sigs = _sigs(u)
+        i1 = u.get_position()
+        xdr.FeeBumpTransactionExt.unpack(u)
+        f1 = u.get_position()
+        outer_sigs = _sigs(u)
+        inner_hash = hashlib.sha256(net_id + raw[i0:i0 + 4] + raw[t0:t1]).digest()
+        full_hash, fee_bump = hashlib.sha256(net_id + raw[:4] + raw[f0:f1]).digest(), True
+        inner_size = i1 - i0
     else:
         # ENVELOPE_TYPE_TX_V0 predates protocol 13; no current SDK builds it.
         raise InvalidXdr("unsupported envelope type (only ENVELOPE_TYPE_TX and ENVELOPE_TYPE_TX_FEE_BUMP)")
+    if u.get_position() != len(raw):
+        raise InvalidXdr(f"unexpected trailing {len(raw) - u.get_position()} bytes")
     return Parsed(
-        env=env, b64=b64, fee_bump=fee_bump, full_hash=full_hash, inner_hash=inner_hash, tx=tx,
+        b64=b64, fee_bump=fee_bump, full_hash=full_hash, inner_hash=inner_hash, tx=tx,
         inner_sigs=inner_sigs, outer_sigs=outer_sigs, source=muxed_to_g(tx.source_account),
         fee_source=fee_source, seq=tx.seq_num.sequence_number.int64, fee=fee, inner_fee=tx.fee.uint32,
         n_ops=len(tx.operations), soroban=tx.ext.soroban_data if tx.ext.v == 1 else None,
@@ -165,7 +202,7 @@ def _structure_code(p: Parsed) -> tuple[xdr.TransactionResultCode, str] | None:
     if why:
         return TRC.txSOROBAN_INVALID, why
     keys = list(p.soroban.resources.footprint.read_only) + list(p.soroban.resources.footprint.read_write)
-    raw = [k.to_xdr_bytes() for k in keys]
+    raw = [enc_ledger_key(k) for k in keys]
     if len(set(raw)) != len(raw):
         return TRC.txSOROBAN_INVALID, "duplicate footprint key"
     if any(k.type == xdr.LedgerEntryType.TTL for k in keys):
@@ -314,7 +351,7 @@ def _check_outer(p: Parsed, ctx: Context, at_apply: bool) -> None:
 
 
 def _check_inner(p: Parsed, ctx: Context, at_apply: bool) -> tuple[xdr.TransactionResultCode, str] | None:
-    code = _structure_code(p)
+    code = None if at_apply else _structure_code(p)  # the envelope cannot change after admission
     if code:
         return code
     code = _bounds_code(p.tx, ctx.ledger_seq, ctx.close_time)
