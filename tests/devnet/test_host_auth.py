@@ -361,3 +361,13 @@ def test_expired_nonce_entries_are_evicted(env: Env) -> None:
     assert run(env, fn, [third], ledger=exp + 2).ok
     assert stored_nonces() == 2  # the expired one is gone, the two live ones stay
     assert env.host.get_ledger_entry(nonce_ledger_key(later), exp + 2) is not None
+
+
+def test_address_credentials_of_a_missing_account_fail_when_the_rpc_layer_says_so(env: Env) -> None:
+    known = {LANE.public_key}
+    env.host.account_exists = known.__contains__
+    fn, entry = signed_buy(env)
+    out = run(env, fn, [entry])
+    assert not out.ok and "Error(Auth, InvalidAction)" in (out.error or "") and "does not exist" in (out.error or "")
+    known.add(USER.public_key)
+    assert run(env, fn, [entry]).ok

@@ -112,8 +112,10 @@ class AuthContext:
         staging: Staging,
         next_nonce: Callable[[], int],
         use_upgraded_auth: bool = True,
+        account_exists: Callable[[bytes], bool] | None = None,
     ) -> None:
         self.passphrase = network_passphrase
+        self.account_exists = account_exists
         self.source = source_address
         self.mode = mode
         self.staging = staging
@@ -179,6 +181,8 @@ class AuthContext:
         ed = cand.address[8:]
         # The real host loads the account entry to read its signers and thresholds.
         self.staging.touch_read(account_key(ed))
+        if self.account_exists is not None and not self.account_exists(ed):
+            raise AuthTrap(f"account {_strkey(cand.address)} does not exist")
         self._consume_nonce(cand.address, creds.nonce.int64, exp)
         self._verify_signature(cand.entry, creds, ed, exp)
 

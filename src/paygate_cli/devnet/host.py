@@ -92,6 +92,9 @@ class ContractHost:
         # (liveUntil, key) of TEMPORARY entries, so expired ones (nonces) are evicted as in a real
         # ledger instead of accumulating forever in memory and in --state files.
         self._temp_heap: list[tuple[int, bytes]] = []
+        # Accounts belong to the RPC layer; when it sets this hook (G… strkey -> exists), ADDRESS
+        # credentials of a missing account fail as on a real network. Unset: accounts are assumed.
+        self.account_exists: Callable[[str], bool] | None = None
 
     # --- genesis ------------------------------------------------------------------------------------
 
@@ -195,6 +198,7 @@ class ContractHost:
                     staging=staging,
                     next_nonce=self._next_nonce,
                     use_upgraded_auth=use_upgraded_auth,
+                    account_exists=self._account_exists_raw if self.account_exists is not None else None,
                 )
                 if host_function.type != xdr.HostFunctionType.HOST_FUNCTION_TYPE_INVOKE_CONTRACT:
                     raise StorageTrap(
@@ -376,6 +380,10 @@ class ContractHost:
             e = self._entries.get(k)
             if e is not None and e.live_until is not None and e.live_until < horizon:
                 del self._entries[k]
+
+    def _account_exists_raw(self, ed25519: bytes) -> bool:
+        assert self.account_exists is not None
+        return self.account_exists(StrKey.encode_ed25519_public_key(ed25519))
 
     def _next_nonce(self) -> int:
         self._nonce_counter += 1
