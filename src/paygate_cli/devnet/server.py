@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import secrets as pysecrets
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -159,7 +160,7 @@ class DevnetServer:
                     q.hold_until = self.dev.latest + 1 + hold.ledgers
                 if self.faults.take("drop_next", "sendTransaction") is not None:
                     q.never = True
-            log.info("sendTransaction %s → %s", result["hash"], result["status"])
+            log.debug("sendTransaction %s → %s", result["hash"], result["status"])
         lose = self.faults.take("lose_send_answer", "sendTransaction")
         return _result(rid, result), "lose" if lose else None
 
@@ -282,6 +283,12 @@ def _handler_class(server: DevnetServer) -> type[BaseHTTPRequestHandler]:
         timeout = READ_TIMEOUT
         server_version = "paygate-devnet"
         sys_version = ""
+
+        def setup(self) -> None:
+            super().setup()
+            # Headers and body go out in separate writes; without TCP_NODELAY, Nagle plus the
+            # client's delayed ACK stalls every keep-alive answer by ~40 ms.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.client_address[0], *args)
