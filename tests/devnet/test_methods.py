@@ -151,3 +151,12 @@ def test_sdk_surfaces_json_rpc_errors(server: SorobanServer) -> None:
         assert exc.code == -32602
     else:
         raise AssertionError("expected an error")
+
+
+def test_get_ledgers_pages_headers(devnet: DevnetHandle, server: SorobanServer) -> None:
+    devnet.close_ledger(n=2)
+    page = server.get_ledgers(start_ledger=1, limit=2)
+    assert [entry.sequence for entry in page.ledgers] == [1, 2]
+    assert xdr.LedgerHeader.from_xdr(page.ledgers[1].header_xdr).ledger_seq.uint32 == 2
+    nxt = server.get_ledgers(cursor=page.cursor, limit=1)
+    assert [entry.sequence for entry in nxt.ledgers] == [3]

@@ -152,3 +152,11 @@ def test_credit_then_charge_batch_with_good_insufficient_and_duplicate_ids(
     rv = xdr.TransactionMeta.from_xdr(got.result_meta_xdr).v4.soroban_meta.return_value
     assert scval.to_native(rv)[0] == 0
     assert _balance(server, devnet, billing, user) == AMOUNT - 10
+
+
+def test_fee_stats_reflect_applied_soroban_bids(devnet: DevnetHandle, deposit: dict) -> None:
+    from tests.devnet.helpers import call
+
+    fs = call(devnet.url, "getFeeStats")["result"]["sorobanInclusionFee"]
+    assert int(fs["transactionCount"]) >= 1
+    assert fs["max"] == "200"  # the fee bumps bid 200 per operation (ops + 1)

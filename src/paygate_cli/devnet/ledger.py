@@ -113,6 +113,8 @@ class TxRecord:
     result_meta_xdr: str
     contract_events: list[list[str]]  # base64 ContractEvent per operation
     created_at: int  # ledger close time
+    fee_rate: int = 0  # inclusion fee bid per operation, for getFeeStats
+    soroban: bool = False
 
 
 @dataclass
@@ -412,6 +414,7 @@ class Devnet:
             full_hash=full_hex, inner_hash=p.inner_hash.hex(), envelope_xdr=p.b64,
             result_xdr=result.to_xdr(), result_meta_xdr=base64.b64encode(b"".join(meta)).decode(),
             contract_events=ev_b64, created_at=close_time,
+            fee_rate=p.inclusion_fee // max(1, p.fee_ops), soroban=p.soroban is not None,
         )
         applied = Applied(record)
         for op_index, evs in enumerate(op_events):

@@ -175,12 +175,10 @@ class Methods:
             if d.latest - seq < CLASSIC_FEE_WINDOW:
                 classic_ledgers += 1
             for r in recs:
-                p = parse_envelope(r.envelope_xdr, d.net_id)
-                rate = p.inclusion_fee // max(1, p.fee_ops)
-                if p.soroban is not None:
-                    soroban.append(rate)
+                if r.soroban:
+                    soroban.append(r.fee_rate)
                 elif d.latest - seq < CLASSIC_FEE_WINDOW:
-                    classic.append(rate)
+                    classic.append(r.fee_rate)
         return {"sorobanInclusionFee": _distribution(soroban, soroban_ledgers),
                 "inclusionFee": _distribution(classic, classic_ledgers), "latestLedger": d.latest}
 
