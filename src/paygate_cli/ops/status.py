@@ -14,6 +14,15 @@ if TYPE_CHECKING:
 
 # Each queue: depth and the age of its oldest item. Add a queue here when its worker lands.
 QUEUE_SQL: dict[str, str] = {
+    "funding.pending": """
+        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
+        FROM paygate.pending_credits WHERE status = 'pending'""",
+    "funding.needs_human": """
+        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
+        FROM paygate.pending_credits WHERE status = 'needs_human'""",
+    "lineages.live": """
+        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
+        FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')""",
     "webhooks.pending": """
         SELECT count(*), extract(epoch FROM now() - min(next_attempt_at))::float8
         FROM paygate.webhook_outbox WHERE status = 'pending' AND next_attempt_at <= now()""",

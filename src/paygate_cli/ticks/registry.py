@@ -49,6 +49,9 @@ class WorkerSpec:
 WORKERS: dict[str, WorkerSpec] = {
     spec.name: spec
     for spec in (
+        WorkerSpec("funding", cadence=2, batch=16, single_writer=False, concurrency=4,
+                   target="paygate_cli.workers.funding:tick",
+                   description="pending deposits -> SAC transfer (user-signed auth) -> credit on the billing contract"),
         WorkerSpec("idempotency_sweep", cadence=3600, batch=1000, single_writer=True, concurrency=1,
                    target="paygate_cli.workers.idempotency_sweep:tick",
                    description="deletes expired idempotency keys in bounded batches"),

@@ -1,0 +1,155 @@
+"""Contract bindings: build the SAC and billing invocations, check a user's deposit authorisation,
+build + simulate + sign + fee-bump an invocation, decode events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stellar_sdk import Account, Address, Keypair, StrKey, TransactionBuilder, scval, xdr
+from stellar_sdk.auth import authorization_payload_hash, build_authorization_preimage
+from stellar_sdk.exceptions import BadSignatureError
+
+from paygate_cli.chain.rpc import ChainClient
+from paygate_cli.errors import PaygateError
+
+
+class BadAuthorization(PaygateError):
+    """The user's signed authorisation can never work; the deposit is quarantined with the reason."""
+
+    msgid = "funding.bad_authorization"
+
+
+class SimulationFailed(PaygateError):
+    msgid = "chain.simulation_failed"
+
+
+@dataclass(frozen=True)
+class DepositAuth:
+    entry: xdr.SorobanAuthorizationEntry
+    nonce: int
+    expiration_ledger: int
+
+
+def check_deposit_auth(entry_b64: str, *, account: str, amount: int, usdc: str, billing: str,
+                       passphrase: str) -> DepositAuth:
+    """The authorisation must be the user's own signature over exactly
+    USDC.transfer(account, billing, amount) on this network, and nothing else."""
+    try:
+        entry = xdr.SorobanAuthorizationEntry.from_xdr(entry_b64)
+    except Exception as exc:  # any decode failure: the bytes are not an authorisation entry
+        raise BadAuthorization(f"auth entry is not a SorobanAuthorizationEntry ({type(exc).__name__})") from None
+    creds = entry.credentials.address_v2 or entry.credentials.address
+    if creds is None:
+        raise BadAuthorization("auth entry must carry address credentials signed by the depositor")
+    signer = Address.from_xdr_sc_address(creds.address).address
+    if signer != account:
+        raise BadAuthorization(f"auth entry is signed for {signer}, not the depositing account {account}")
+    function = entry.root_invocation.function
+    if function.contract_fn is None:
+        raise BadAuthorization("auth entry does not authorise a contract call")
+    contract = Address.from_xdr_sc_address(function.contract_fn.contract_address).address
+    if contract != usdc:
+        raise BadAuthorization(f"auth entry authorises contract {contract}, not the USDC contract {usdc}")
+    if function.contract_fn.function_name.sc_symbol != b"transfer":
+        raise BadAuthorization("auth entry does not authorise transfer")
+    if entry.root_invocation.sub_invocations:
+        raise BadAuthorization("auth entry authorises more than the transfer")
+    try:
+        args = [scval.to_native(a) for a in function.contract_fn.args]
+        src, dst, value = args
+        src, dst = src.address, dst.address
+    except (ValueError, TypeError, AttributeError):
+        raise BadAuthorization("auth entry's transfer arguments are not (from, to, amount)") from None
+    if src != account or dst != billing:
+        raise BadAuthorization(f"auth entry transfers {src} -> {dst}, not {account} -> the billing contract")
+    if value != amount:
+        raise BadAuthorization(f"auth entry is for amount {value}, the deposit is for {amount}")
+    expiration = int(creds.signature_expiration_ledger.uint32)
+    try:
+        payload = authorization_payload_hash(build_authorization_preimage(entry, expiration, passphrase))
+        signatures = scval.to_native(creds.signature)
+        valid = any(
+            Keypair.from_raw_ed25519_public_key(sig["public_key"]).public_key == account
+            and _verifies(sig["public_key"], payload, sig["signature"])
+            for sig in signatures
+        )
+    except (ValueError, TypeError, KeyError):
+        raise BadAuthorization("auth entry's signature is not Vec<Map{public_key, signature}>") from None
+    if not valid:
+        raise BadAuthorization("auth entry's signature does not verify for this network and account")
+    return DepositAuth(entry, int(creds.nonce.int64), expiration)
+
+
+def _verifies(public_key: bytes, payload: bytes, signature: bytes) -> bool:
+    try:
+        Keypair.from_raw_ed25519_public_key(public_key).verify(payload, signature)
+        return True
+    except BadSignatureError:
+        return False
+
+
+def nonce_key(account: str, nonce: int) -> xdr.LedgerKey:
+    """Where the host records a consumed authorisation nonce (CAP-46-11)."""
+    return xdr.LedgerKey(type=xdr.LedgerEntryType.CONTRACT_DATA, contract_data=xdr.LedgerKeyContractData(
+        contract=Address(account).to_xdr_sc_address(),
+        key=xdr.SCVal(type=xdr.SCValType.SCV_LEDGER_KEY_NONCE, nonce_key=xdr.SCNonceKey(nonce=xdr.Int64(nonce))),
+        durability=xdr.ContractDataDurability.TEMPORARY))
+
+
+def nonce_consumed(chain: ChainClient, account: str, nonce: int) -> tuple[bool, int]:
+    """(consumed?, latest ledger of the read)."""
+    answer = chain.ledger_entries([nonce_key(account, nonce)])
+    return bool(answer.entries), int(answer.latest_ledger)
+
+
+@dataclass(frozen=True)
+class Invocation:
+    contract: str
+    function: str
+    args: list[xdr.SCVal]
+    auth: list[xdr.SorobanAuthorizationEntry]
+
+
+def sac_transfer(usdc: str, source: str, destination: str, amount: int,
+                 auth: xdr.SorobanAuthorizationEntry) -> Invocation:
+    return Invocation(usdc, "transfer", [scval.to_address(source), scval.to_address(destination),
+                                         scval.to_int128(amount)], [auth])
+
+
+def billing_credit(billing: str, operator: str, account: str, amount: int, deposit_tx: bytes) -> Invocation:
+    return Invocation(billing, "credit", [scval.to_address(operator), scval.to_address(account),
+                                          scval.to_int128(amount), scval.to_bytes(deposit_tx)], [])
+
+
+@dataclass(frozen=True)
+class SignedTransaction:
+    envelope_xdr: str  # the fee-bump envelope
+    inner_hash: bytes
+    outer_hash: bytes
+    max_time: int
+
+
+def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq: int, call: Invocation,
+                 max_time: int, base_fee: int, fee_bump_base_fee: int) -> SignedTransaction:
+    """Build the invocation from `lane` at `seq`, simulate (enforce mode when the call carries auth),
+    assemble, sign, fee-bump. No database transaction may be open: the guard in ChainClient checks."""
+    passphrase = chain.passphrase
+    builder = TransactionBuilder(Account(lane.public_key, seq - 1), passphrase, base_fee=base_fee)
+    builder.append_invoke_contract_function_op(call.contract, call.function, call.args, auth=call.auth or None)
+    builder.add_time_bounds(0, max_time)
+    tx = builder.build()
+    simulation = chain.simulate(tx)
+    if simulation.error:
+        raise SimulationFailed(f"simulation of {call.function} failed: {simulation.error}"[:500])
+    tx = chain.write.prepare_transaction(tx, simulation)
+    tx.sign(lane)
+    bumped = TransactionBuilder.build_fee_bump_transaction(fee_account.public_key, fee_bump_base_fee, tx, passphrase)
+    bumped.sign(fee_account)
+    return SignedTransaction(bumped.to_xdr(), tx.hash(), bumped.hash(), max_time)
+
+
+def decode_event(event: xdr.ContractEvent) -> tuple[str, list[Any], Any]:
+    contract = StrKey.encode_contract(event.contract_id.contract_id.hash)
+    topics = [scval.to_native(t) for t in event.body.v0.topics]
+    return contract, topics, scval.to_native(event.body.v0.data)

@@ -1,0 +1,105 @@
+"""Resolving a live lineage (DESIGN §4), one function for workers, recovery and the CLI.
+
+Each read endpoint is probed (sequence first, then the transaction by hash) and judged on its own;
+a decision needs a majority of endpoints to reach the same verdict. A NOT_FOUND counts only from an
+answer that covers the ledgers where the transaction could have landed, so a lagging node can never
+turn "not seen yet" into "dead"."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from paygate_cli.journal import lineage as lineages
+from paygate_cli.journal.lineage import Lineage
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from paygate_cli.chain.rpc import ChainClient, Probe
+    from paygate_cli.journal.keyring import Keyring
+
+
+def judge(probe: Probe, lineage: Lineage) -> str:
+    """One endpoint's verdict: applied | failed | superseded | expired | pending | unknown."""
+    if probe.error or probe.tx_status is None:
+        return "unknown"
+    if probe.tx_status == "SUCCESS":
+        return "applied"
+    if probe.tx_status == "FAILED":
+        return "failed"
+    assert lineage.signed_at_ledger is not None and lineage.max_time is not None and lineage.source_seq is not None
+    covered = (probe.seq_ledger is not None and probe.latest_ledger is not None and probe.oldest_ledger is not None
+               and probe.latest_ledger >= probe.seq_ledger and probe.oldest_ledger <= lineage.signed_at_ledger)
+    if not covered:
+        return "unknown"
+    # Both prove it dead; a consumed sequence is checked first because it also tells us whether
+    # someone else used the lane's key (which expiry alone would hide).
+    if probe.account_seq is not None and probe.account_seq >= lineage.source_seq:
+        return "superseded"
+    if probe.latest_close_time is not None and probe.latest_close_time > lineage.max_time:
+        return "expired"
+    return "pending"
+
+
+def decide(verdicts: list[str]) -> str:
+    """Quorum over per-endpoint verdicts: applied | failed | superseded | expired | pending | wait."""
+    majority = len(verdicts) // 2 + 1
+    counts = Counter(verdicts)
+    for found in ("applied", "failed"):
+        if counts[found] >= majority:
+            return found
+    if counts["applied"] or counts["failed"]:
+        return "wait"  # some node has it: never call it dead, wait for the others to agree
+    if counts["superseded"] >= majority:
+        return "superseded"
+    if counts["expired"] + counts["superseded"] >= majority:
+        return "expired"
+    return "pending" if counts["pending"] else "wait"
+
+
+@dataclass
+class Resolution:
+    state: str  # the lineage's state after this call
+    verdicts: list[str] = field(default_factory=list)
+    resent: str | None = None  # status of the resend, when one happened
+    foreign_sequence_use: bool = False  # superseded by a transaction we never journaled
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, lineage: Lineage) -> Resolution:
+    """Advance one live, signed lineage as far as the chain proves. `conn` must be outside a
+    transaction (the chain client refuses otherwise); each terminal write is its own CAS."""
+    if not lineage.live or lineage.state == "allocated":
+        return Resolution(lineage.state)
+    assert lineage.inner_hash is not None
+    probes = chain.probe(lineage.lane, lineage.inner_hash.hex())
+    verdicts = [judge(p, lineage) for p in probes]
+    decision = decide(verdicts)
+    evidence = {"verdicts": dict(zip(chain.read_urls, verdicts, strict=True)), "decision": decision}
+    if decision in ("applied", "failed"):
+        probe = next(p for p, v in zip(probes, verdicts, strict=True) if v == decision)
+        with conn.transaction():
+            lineages.finish(conn, lineage.id, decision, ledger=probe.tx_ledger, fee=probe.fee_charged,
+                            code=probe.result_code, resolution=f"receipt {probe.tx_status} in ledger {probe.tx_ledger}")
+        return Resolution(decision, verdicts, evidence={**evidence, "ledger": probe.tx_ledger})
+    if decision in ("expired", "superseded"):
+        foreign = False
+        if decision == "superseded":
+            others = conn.execute(lineages.OTHER_AT_SEQ_SQL, (lineage.lane, lineage.source_seq, lineage.id)).fetchall()
+            foreign = not others
+        probe = next(p for p, v in zip(probes, verdicts, strict=True) if v in ("expired", "superseded"))
+        why = (f"NOT_FOUND through ledger {probe.latest_ledger}; " +
+               (f"lane sequence {probe.account_seq} >= {lineage.source_seq}" if decision == "superseded"
+                else f"ledger close time {probe.latest_close_time} > maxTime {lineage.max_time}"))
+        with conn.transaction():
+            lineages.finish(conn, lineage.id, decision, resolution=why)
+        return Resolution(decision, verdicts, foreign_sequence_use=foreign, evidence={**evidence, "why": why})
+    # Not proven either way: resend the identical bytes (always safe) and wait.
+    envelope = keyring.decrypt(lineage.envelope or b"", key_id=lineage.key_id or "", lineage_id=lineage.id,
+                               source=lineage.lane, seq=lineage.source_seq or 0)
+    outcome = chain.send(envelope.decode())
+    with conn.transaction():
+        lineages.mark_sent(conn, lineage.id, outcome.label)
+    return Resolution("sent", verdicts, resent=outcome.status, evidence=evidence)
