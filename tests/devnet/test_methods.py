@@ -160,3 +160,61 @@ def test_get_ledgers_pages_headers(devnet: DevnetHandle, server: SorobanServer) 
     assert xdr.LedgerHeader.from_xdr(page.ledgers[1].header_xdr).ledger_seq.uint32 == 2
     nxt = server.get_ledgers(cursor=page.cursor, limit=1)
     assert [entry.sequence for entry in nxt.ledgers] == [3]
+
+
+def test_mangled_envelopes_never_crash_the_server(devnet: DevnetHandle, server: SorobanServer) -> None:
+    """Truncated and bit-flipped copies of a real fee-bumped Soroban envelope: each gets a JSON-RPC
+    answer that is a status or -32602, never an internal error or a dropped connection."""
+    import base64
+    import random
+
+    from tests.devnet.helpers import fee_bump, invoke_tx, kp
+
+    g = devnet.genesis
+    lane = kp(g["lanes"][6])
+    env = fee_bump(devnet, invoke_tx(server, devnet, lane, g["contracts"]["billing"], "balance",
+                                     [scval_address(lane.public_key)]))
+    good = base64.b64decode(env.to_xdr())
+    rng = random.Random(7)
+    for i in range(150):
+        b = bytearray(good)
+        if i % 3 == 0:
+            b = b[: rng.randrange(len(b))]
+        else:
+            for _ in range(rng.randint(1, 4)):
+                b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+        for method in ("sendTransaction", "simulateTransaction"):
+            body = call(devnet.url, method, {"transaction": base64.b64encode(bytes(b)).decode()})
+            if "error" in body:
+                assert body["error"]["code"] == -32602, (i, method, body)
+            else:
+                assert "status" in body["result"] or "latestLedger" in body["result"]
+    assert call(devnet.url, "getHealth")["result"]["status"] == "healthy"
+
+
+def scval_address(g: str) -> xdr.SCVal:
+    from stellar_sdk import scval
+
+    return scval.to_address(g)
+
+
+def test_get_events_scans_at_most_10000_ledgers_per_call(devnet: DevnetHandle, server: SorobanServer) -> None:
+    from stellar_sdk import scval
+
+    from tests.devnet.helpers import invoke_tx, kp
+
+    g = devnet.genesis
+    start = server.get_latest_ledger().sequence
+    devnet.close_ledger(n=10_005)
+    user = kp(g["users"][0])
+    tx = invoke_tx(server, devnet, user, g["contracts"]["usdc"], "transfer",
+                   [scval.to_address(user.public_key), scval.to_address(g["users"][1]["public"]),
+                    scval.to_int128(3)], timeout=10**7)  # 10k closes moved close time ~14 h ahead
+    sent = server.send_transaction(tx)
+    assert sent.status.value == "PENDING", sent
+    landed = devnet.close_ledger()["latestLedger"]
+    assert server.get_transaction(sent.hash).status.value == "SUCCESS"
+    first = server.get_events(start_ledger=start, limit=10)
+    assert first.events == [] and int(first.cursor[:19]) >> 32 == start + 10_000 - 1
+    second = server.get_events(cursor=first.cursor, limit=10)
+    assert [e.ledger for e in second.events] == [landed]

@@ -387,10 +387,10 @@ class Devnet:
                 op_results = [invoke_result(code, success_hash)]
         else:
             fee_charged = inclusion
-            ok, op_results = self._apply_classic(p, seq)
+            ok, op_results, staged = self._apply_classic(p)
         before = self._charge(p, fee_charged, seq)
         if ok and p.soroban is None:
-            self._commit_classic(p, seq)
+            self._commit_classic(p, seq, *staged)
         code = TRC.txSUCCESS if ok else TRC.txFAILED
         if p.fee_bump:
             result = fee_bump_result(fee_charged, p.inner_hash, code, op_results)
@@ -462,7 +462,8 @@ class Devnet:
 
     # Classic operations: just enough for accounts and XLM (create account, native payment,
     # bump sequence); anything else fails with opNOT_SUPPORTED.
-    def _apply_classic(self, p: Parsed, seq: int) -> tuple[bool, list[xdr.OperationResult]]:
+    def _apply_classic(self, p: Parsed) -> tuple[bool, list[xdr.OperationResult], tuple[dict, dict]]:
+        """Run the classic operations against staged balances; nothing is written here."""
         ot = xdr.OperationType
         staged: dict[str, int] = {}  # balance deltas
         created: dict[str, int] = {}
@@ -522,11 +523,9 @@ class Devnet:
             else:
                 ok = False
                 results.append(xdr.OperationResult(code=xdr.OperationResultCode.opNOT_SUPPORTED))
-        self._staged = (staged, created)
-        return ok, results
+        return ok, results, (staged, created)
 
-    def _commit_classic(self, p: Parsed, seq: int) -> None:
-        staged, created = self._staged
+    def _commit_classic(self, p: Parsed, seq: int, staged: dict[str, int], created: dict[str, int]) -> None:
         for g, amount in created.items():
             self.create_account(g, amount, ledger=seq)
         for g, delta in staged.items():
