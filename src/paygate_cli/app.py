@@ -15,6 +15,7 @@ from paygate_cli.commands import (
     devnet,
     halts,
     migrate,
+    nonce,
     run_tick,
     status,
     workers,
@@ -69,6 +70,7 @@ migrate.register(app)
 status.register(app)
 workers.register(app)
 halts.register(app)
+nonce.register(app)
 app.add_typer(config.app, name="config")
 app.add_typer(dev.app, name="dev")
 app.add_typer(devnet.app, name="devnet")

@@ -1,0 +1,49 @@
+"""`paygate nonce-inspect`: lanes (journal vs chain sequence) and deposit authorisations."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode
+from paygate_cli.errors import ExitCode
+from paygate_cli.output import emit
+
+
+def nonce_inspect_command(
+    ctx: typer.Context,
+    lane: Annotated[str | None, typer.Option("--lane", help="One lane (default: every lane).")] = None,
+    credit: Annotated[int | None, typer.Option("--credit", help="A pending credit (deposit) id.")] = None,
+    json_flag: JsonFlag = False, plain_flag: PlainFlag = False,
+) -> int:
+    """Journal vs chain: lane sequences, in-flight lineages and what resolve would do, deposit nonces.
+    Read-only. Exit 3 when something needs a human (a sequence gap, a nonce spent elsewhere)."""
+    from paygate_cli.ops.nonce_inspect import nonce_inspect
+
+    env = get_env(ctx)
+    mode = output_mode(json_flag, plain_flag)
+    report = nonce_inspect(env.settings, lane=lane, credit_id=credit)
+    if "credit" in report:
+        credit_report = report["credit"]
+        auth = credit_report["authorisation"]
+        rows = [{"lineage": lin["id"], "purpose": lin["purpose"], "state": lin["state"], "lane": lin["lane"],
+                 "seq": lin["source_seq"], "inner_hash": lin["inner_hash"], "would": lin["resolution"]["would"]}
+                for lin in credit_report["lineages"]]
+        lines = [f"deposit {credit}: {credit_report['pending_credit']['status']}; nonce {auth['nonce']} "
+                 f"{'consumed' if auth['consumed_on_chain'] else 'not consumed'} on chain; expires at ledger "
+                 f"{auth['expiration_ledger']} (latest {auth['latest_ledger']})"]
+        emit(env, mode, report, rows=rows, lines=lines)
+    else:
+        rows = [{"lane": r["lane"], "status": r["status"], "chain_seq": r["chain_seq"],
+                 "journal_seq": r["journal_last_consumed_seq"],
+                 "in_flight": (f"lineage {r['in_flight']['id']} {r['in_flight']['state']} seq "
+                               f"{r['in_flight']['source_seq']}: {r['in_flight']['resolution']['would']}"
+                               if r["in_flight"] else ""),
+                 "finding": r["finding"]} for r in report["lanes"]]
+        emit(env, mode, report, rows=rows)
+    return ExitCode.NEEDS_HUMAN if report["needs_human"] else ExitCode.OK
+
+
+def register(app: typer.Typer) -> None:
+    app.command("nonce-inspect")(nonce_inspect_command)

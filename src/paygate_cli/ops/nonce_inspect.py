@@ -1,0 +1,119 @@
+"""`nonce-inspect`: per lane, the journal's view against the chain's sequence; per deposit, the
+authorisation nonce on chain. Read-only: it judges what `resolve` would do, but sends and writes
+nothing. Never returns envelopes or ciphertext."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from paygate_cli.errors import UsageError
+from paygate_cli.journal import lineage as lineages
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from paygate_cli.chain.rpc import ChainClient
+
+LANES_SQL = "SELECT address, status, drained_at FROM paygate.lanes WHERE %(lane)s::text IS NULL OR address = %(lane)s"
+LANE_JOURNAL_SQL = """
+SELECT max(source_seq) FILTER (WHERE state IN ('applied', 'failed')),
+       count(*) FILTER (WHERE state IN ('applied', 'failed')),
+       (SELECT id FROM paygate.lineages l WHERE l.lane = %(lane)s AND l.state IN ('allocated', 'signed', 'sent'))
+FROM paygate.lineages WHERE lane = %(lane)s
+"""
+CREDIT_SQL = """
+SELECT id, account, amount::text, auth_nonce, auth_expiration_ledger, status, reason, deposit_lineage_id,
+       credit_lineage_id, encode(deposit_tx, 'hex'), attempts, lease_expires_at
+FROM paygate.pending_credits WHERE id = %s
+"""
+CREDIT_LINEAGES_SQL = "SELECT id FROM paygate.lineages WHERE entitlement LIKE %s ORDER BY id"
+
+
+def preview(chain: ChainClient, lineage: lineages.Lineage) -> dict[str, Any]:
+    """What resolve() would conclude right now, without resending or writing."""
+    from paygate_cli.journal.resolve import decide, judge
+
+    if lineage.state == "allocated":
+        return {"would": "abandon (never anchored; nothing can land)"}
+    if not lineage.live:
+        return {"would": "nothing (terminal)"}
+    assert lineage.inner_hash is not None
+    probes = chain.probe(lineage.lane, lineage.inner_hash.hex())
+    verdicts = [judge(p, lineage) for p in probes]
+    decision = decide(verdicts)
+    would = {"applied": "record applied", "failed": "record failed", "expired": "record expired (dead)",
+             "superseded": "record superseded (dead)", "pending": "resend the same envelope and wait",
+             "wait": "wait (no majority of covering answers)"}[decision]
+    return {"would": would, "decision": decision,
+            "endpoints": [{"endpoint": p.endpoint, "verdict": v, "error": p.error, "account_seq": p.account_seq,
+                           "tx_status": p.tx_status, "latest_ledger": p.latest_ledger, "oldest_ledger": p.oldest_ledger}
+                          for p, v in zip(probes, verdicts, strict=True)]}
+
+
+def inspect_lanes(conn: psycopg.Connection, chain: ChainClient, lane: str | None) -> list[dict[str, Any]]:
+    rows = conn.execute(LANES_SQL, {"lane": lane}).fetchall()
+    if lane and not rows:
+        raise UsageError(f"lane {lane} is not in the journal")
+    report = []
+    for address, status, drained_at in rows:
+        max_seq, consumed, live_id = conn.execute(LANE_JOURNAL_SQL, {"lane": address}).fetchone()
+        chain_seq = chain.account_sequence(address)
+        live = lineages.load(conn, live_id) if live_id else None
+        finding = "ok"
+        if max_seq is not None and chain_seq > max_seq:
+            # The chain is ahead of what we journaled: fine only if our in-flight lineage is the one
+            # that may just have landed.
+            if not (live and live.source_seq == chain_seq):
+                finding = "gap: chain sequence ahead of the journal (a transaction we never journaled) — needs a human"
+        elif max_seq is not None and chain_seq < max_seq:
+            finding = "chain behind the journal (lagging read endpoint?)"
+        elif max_seq is None:
+            finding = "no journaled use yet"
+        report.append({
+            "lane": address, "status": status, "drained_at": drained_at, "chain_seq": chain_seq,
+            "journal_last_consumed_seq": max_seq, "journal_consumed_count": consumed,
+            "in_flight": live.public() | {"resolution": preview(chain, live)} if live else None,
+            "finding": finding, "needs_human": finding.startswith("gap"),
+        })
+    return report
+
+
+def inspect_credit(conn: psycopg.Connection, chain: ChainClient, credit_id: int) -> dict[str, Any]:
+    from paygate_cli.chain.contracts import nonce_consumed
+
+    row = conn.execute(CREDIT_SQL, (credit_id,)).fetchone()
+    if row is None:
+        raise UsageError(f"pending credit {credit_id} does not exist")
+    (cid, account, amount, nonce, expiration, status, reason, deposit_lineage, credit_lineage, deposit_tx,
+     attempts, lease) = row
+    consumed, latest = nonce_consumed(chain, account, nonce)
+    history = [lineages.load(conn, i) for (i,) in conn.execute(CREDIT_LINEAGES_SQL, (f"pending_credit:{cid}:%",))]
+    return {
+        "pending_credit": {"id": cid, "account": account, "amount": amount, "status": status, "reason": reason,
+                           "attempts": attempts, "lease_expires_at": lease, "deposit_tx": deposit_tx,
+                           "deposit_lineage_id": deposit_lineage, "credit_lineage_id": credit_lineage},
+        "authorisation": {"nonce": nonce, "expiration_ledger": expiration, "latest_ledger": latest,
+                          "consumed_on_chain": consumed, "expired": latest > expiration and not consumed},
+        "lineages": [lin.public() | {"resolution": preview(chain, lin)} for lin in history],
+        "needs_human": status == "needs_human" or (consumed and not any(
+            lin.state == "applied" or lin.live for lin in history if lin.purpose == "deposit")),
+    }
+
+
+def nonce_inspect(settings: Any, *, lane: str | None = None, credit_id: int | None = None) -> dict[str, Any]:
+    """The whole command: {"lanes": [...]} or {"credit": {...}}, plus "needs_human"."""
+    from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.db.connect import connect
+
+    if lane and credit_id is not None:
+        raise UsageError("--lane and --credit are mutually exclusive")
+    with connect(settings, "nonce-inspect") as conn:
+        chain = ChainClient(settings, guard_conn=conn)
+        try:
+            if credit_id is not None:
+                report = inspect_credit(conn, chain, credit_id)
+                return {"credit": report, "needs_human": report["needs_human"]}
+            lanes = inspect_lanes(conn, chain, lane)
+            return {"lanes": lanes, "needs_human": any(r["needs_human"] for r in lanes)}
+        finally:
+            chain.close()
