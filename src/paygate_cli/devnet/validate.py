@@ -18,6 +18,7 @@ from stellar_sdk import StrKey, xdr
 from xdrlib3 import Unpacker
 
 from paygate_cli.devnet import fees
+from paygate_cli.devnet.fastxdr import decode_transaction
 from paygate_cli.devnet.storage import enc_ledger_key  # the host's fast LedgerKey encoder
 from paygate_cli.devnet.xdrutil import fee_bump_result, muxed_to_g, tx_result
 
@@ -112,13 +113,25 @@ def _sigs(u: Unpacker) -> list[xdr.DecoratedSignature]:
     return [xdr.DecoratedSignature.unpack(u) for _ in range(n)]
 
 
+def _transaction(raw: bytes, u: Unpacker) -> xdr.Transaction:
+    """The fast decoder where it applies, else the SDK's (which also decides what is invalid)."""
+    start = u.get_position()
+    try:
+        tx, end = decode_transaction(raw, start)
+    except Exception:
+        u.set_position(start)
+        return xdr.Transaction.unpack(u)
+    u.set_position(end)
+    return tx
+
+
 def _parse_raw(raw: bytes, b64: str, net_id: bytes) -> Parsed:
     et = xdr.EnvelopeType
     u = Unpacker(raw)
     etype = et.unpack(u)
     if etype == et.ENVELOPE_TYPE_TX:
         t0 = u.get_position()
-        tx = xdr.Transaction.unpack(u)
+        tx = _transaction(raw, u)
         t1 = u.get_position()
         inner_sigs, outer_sigs = _sigs(u), []
         inner_hash = hashlib.sha256(net_id + raw[:4] + raw[t0:t1]).digest()
@@ -134,7 +147,7 @@ def _parse_raw(raw: bytes, b64: str, net_id: bytes) -> Parsed:
         if et.unpack(u) != et.ENVELOPE_TYPE_TX:
             raise InvalidXdr("fee bump inner transaction must be ENVELOPE_TYPE_TX")
         t0 = u.get_position()
-        tx = xdr.Transaction.unpack(u)
+        tx = _transaction(raw, u)
         t1 = u.get_position()
         inner_sigs = _sigs(u)
         i1 = u.get_position()
