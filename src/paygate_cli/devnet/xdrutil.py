@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 
@@ -37,7 +38,10 @@ def account_id_to_g(a: xdr.AccountID) -> str:
     return StrKey.encode_ed25519_public_key(a.account_id.ed25519.uint256)
 
 
+@functools.lru_cache(maxsize=4096)
 def g_to_account_id(g: str) -> xdr.AccountID:
+    """Cached: strkey decoding (base32 + CRC in pure Python) is hot in ledger closing.
+    Callers must not mutate the returned object."""
     return Keypair.from_public_key(g).xdr_account_id()
 
 
