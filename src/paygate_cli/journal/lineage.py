@@ -73,6 +73,16 @@ SELECT id, purpose, entitlement, lane, state, source_seq, key_id, envelope, inne
 FROM paygate.lineages WHERE id = %s
 """
 
+# A lane whose sequence was consumed by a transaction we never journaled: someone else holds its
+# key. Fence it (no new allocations) until a human has looked; a retired lane stays retired.
+FENCE_LANE_SQL = """
+UPDATE paygate.lanes SET status = 'drained', drained_at = now(), drained_by = %(by)s
+WHERE address = %(lane)s AND status = 'active'
+"""
+FENCE_AUDIT_SQL = """
+INSERT INTO paygate.audit_log (actor, action, target, details) VALUES (%(by)s, 'lane.fence', %(lane)s, %(details)s)
+"""
+
 OTHER_AT_SEQ_SQL = """
 SELECT id, state FROM paygate.lineages
 WHERE lane = %s AND source_seq = %s AND id <> %s AND state IN ('applied', 'failed')
@@ -149,6 +159,15 @@ def finish(conn: psycopg.Connection, lineage_id: int, state: str, *, ledger: int
            fee: int | None = None, code: str | None = None, resolution: str) -> bool:
     return conn.execute(FINISH_SQL, {"id": lineage_id, "state": state, "ledger": ledger, "fee": fee,
                                      "code": code, "resolution": resolution}).rowcount == 1
+
+
+def fence_lane(conn: psycopg.Connection, lane: str, *, by: str, details: dict[str, Any]) -> bool:
+    """Inside the caller's transaction: drain the lane and record why in the audit log."""
+    from psycopg.types.json import Jsonb
+
+    fenced = conn.execute(FENCE_LANE_SQL, {"lane": lane, "by": by}).rowcount == 1
+    conn.execute(FENCE_AUDIT_SQL, {"by": by, "lane": lane, "details": Jsonb(details)})
+    return fenced
 
 
 def abandon(conn: psycopg.Connection, lineage_id: int, why: str) -> bool:

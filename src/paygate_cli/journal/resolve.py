@@ -93,8 +93,16 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
         why = (f"NOT_FOUND through ledger {probe.latest_ledger}; " +
                (f"lane sequence {probe.account_seq} >= {lineage.source_seq}" if decision == "superseded"
                 else f"ledger close time {probe.latest_close_time} > maxTime {lineage.max_time}"))
+        if foreign:
+            why += "; no lineage of ours holds that sequence: consumed by a transaction this gateway never journaled"
+            evidence.update(lane=lineage.lane, source_seq=lineage.source_seq, chain_seq=probe.account_seq,
+                            lineage_id=lineage.id)
         with conn.transaction():
-            lineages.finish(conn, lineage.id, decision, resolution=why)
+            # The superseded row and the lane fence commit together: after this, nothing allocates
+            # on a lane whose key someone else is using, until a human undrains it.
+            if lineages.finish(conn, lineage.id, decision, resolution=why) and foreign:
+                lineages.fence_lane(conn, lineage.lane, by="paygate:foreign_sequence_use",
+                                    details={"why": why, **evidence})
         return Resolution(decision, verdicts, foreign_sequence_use=foreign, evidence={**evidence, "why": why})
     # Not proven either way: resend the identical bytes (always safe) and wait.
     envelope = keyring.decrypt(lineage.envelope or b"", key_id=lineage.key_id or "", lineage_id=lineage.id,

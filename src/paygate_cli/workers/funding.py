@@ -121,6 +121,7 @@ class Deps:
     chain: ChainClient
     signer: Signer
     keyring: Keyring
+    lanes_needing_a_human: int = 0
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -167,6 +168,9 @@ def tick(ctx: TickContext) -> TickResult:
     finally:
         deps.chain.close()
     _release_all(deps, rows)
+    result.needs_human += deps.lanes_needing_a_human
+    if deps.lanes_needing_a_human:
+        outcomes["lane_fenced"] = deps.lanes_needing_a_human
     result.details = outcomes
     return result
 
@@ -294,9 +298,16 @@ def _drive(deps: Deps, row: Deposit, lineage: lineages.Lineage) -> str:
         return lineage.state
     resolution = resolve(deps.conn, deps.chain, deps.keyring, lineage)
     if resolution.foreign_sequence_use:
-        raise NeedsHuman(f"deposit {row.id}: lane {lineage.lane} sequence {lineage.source_seq} was consumed by a "
-                         "transaction this gateway never journaled (someone else is using the lane's key)",
-                         msgid="journal.foreign_sequence_use")
+        # DESIGN §4 step 3 / rule 10: the lineage is proven dead (superseded) and resolve fenced the
+        # lane; the human is asked about the lane (exit 3). The deposit is not in doubt: its own
+        # transaction can never land, and the nonce is checked again before a fresh lineage.
+        deps.lanes_needing_a_human += 1
+        deps.ctx.log.error("lane %s sequence %s was consumed by a transaction this gateway never journaled "
+                           "(someone else is using the lane's key); lineage %s superseded, lane fenced (drained)",
+                           lineage.lane, lineage.source_seq, lineage.id,
+                           extra={"msgid": "journal.foreign_sequence_use", "pending_credit_id": row.id,
+                                  "lineage_id": lineage.id, "lane": lineage.lane,
+                                  "chain_seq": resolution.evidence.get("chain_seq")})
     return resolution.state
 
 
