@@ -53,15 +53,19 @@ def test_dev_db_up_in_a_private_directory_explains_itself(tmp_path: Path) -> Non
 def test_demo_runs_end_to_end(public_tmp: Path) -> None:
     data = str(public_tmp / "demo-pg")
     try:
-        result = run_proc("demo", "--data-dir", data, "--json", timeout=120)
+        result = run_proc("demo", "--data-dir", data, "--json", timeout=180)
         assert result.code == 0, result.err
         report = json.loads(result.out)["demo"]
-        statuses = {row["endpoint"]: row["status"] for row in report["outbox"]}
-        assert statuses["shop (healthy)"] == "delivered" and statuses["shop (flaky)"] == "delivered"
-        assert statuses["internal address (refused)"] == "dead"
+        statuses = sorted(d["status"] for d in report["deposits"])
+        assert statuses == ["failed", "settled", "settled", "settled"]
+        assert all(b["cached"] == b["on_chain"] for b in report["balances"])
+        assert sum(b["on_chain"] for b in report["balances"]) == 150_000_000
+        outbox = {(row["event"], row["endpoint"]): row["status"] for row in report["outbox"]}
+        assert outbox[("demo.hello", "internal address (refused)")] == "dead"
+        assert outbox[("credit.settled", "shop (healthy)")] == "delivered"
         assert report["received"] and all(r["signature_ok"] for r in report["received"])
         assert report["idempotency_keys_left"] == 5
-        rerun = json.loads(run_proc("demo", "--data-dir", data, "--json", timeout=120).out)["demo"]
-        assert len(rerun["outbox"]) == len(report["outbox"])  # a second run starts from scratch
+        rerun = json.loads(run_proc("demo", "--data-dir", data, "--json", timeout=180).out)["demo"]
+        assert len(rerun["deposits"]) == len(report["deposits"])  # a second run starts from scratch
     finally:
         run_proc("dev", "db", "down", "--data-dir", data)

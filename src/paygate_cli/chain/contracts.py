@@ -153,3 +153,18 @@ def decode_event(event: xdr.ContractEvent) -> tuple[str, list[Any], Any]:
     contract = StrKey.encode_contract(event.contract_id.contract_id.hash)
     topics = [scval.to_native(t) for t in event.body.v0.topics]
     return contract, topics, scval.to_native(event.body.v0.data)
+
+
+def read_contract(chain: ChainClient, *, source: str, contract: str, function: str, args: list[xdr.SCVal]) -> Any:
+    """A read-only contract call by simulation (nothing is sent), decoded to Python."""
+    builder = TransactionBuilder(Account(source, chain.account_sequence(source)), chain.passphrase, base_fee=100)
+    tx = builder.append_invoke_contract_function_op(contract, function, args).set_timeout(300).build()
+    simulation = chain.simulate(tx)
+    if simulation.error:
+        raise SimulationFailed(f"{function} read failed: {simulation.error}"[:500])
+    return scval.to_native(xdr.SCVal.from_xdr(simulation.results[0].xdr))
+
+
+def billing_balance(chain: ChainClient, *, billing: str, account: str, source: str) -> int:
+    return int(read_contract(chain, source=source, contract=billing, function="balance",
+                             args=[scval.to_address(account)]))

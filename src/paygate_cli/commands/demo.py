@@ -1,4 +1,4 @@
-"""`paygate demo`: run the system on a private Postgres and show what happened."""
+"""`paygate demo`: run the system on a private Postgres and the devnet, and show what happened."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def demo_command(ctx: typer.Context,
                  data_dir: Annotated[str, typer.Option("--data-dir", help="Where the demo's Postgres lives.")]
                  = ".demo/pg",
                  json_flag: JsonFlag = False) -> int:
-    """Start a private Postgres, migrate, admit sample work, run the ticks, report."""
+    """Start a private Postgres and the devnet, admit deposits and webhook work, run the ticks, report."""
     from paygate_cli.ops.demo import run_demo
 
     env = get_env(ctx)
@@ -27,10 +27,17 @@ def demo_command(ctx: typer.Context,
             env.stdout.flush()
 
     report = run_demo(env, Path(data_dir), say)
-    emit(env, mode, {"demo": report}, rows=report["outbox"], title="webhook outbox after the ticks",
-         lines=[f"receiver got {len(report['received'])} POST(s), all signatures valid: "
-                f"{all(r['signature_ok'] for r in report['received'])}; "
-                f"idempotency keys left: {report['idempotency_keys_left']} (the 5 live ones)"])
+    if mode is Mode.JSON:
+        emit(env, mode, {"demo": report})
+        return 0
+    emit(env, mode, {}, rows=report["deposits"], title="deposits (admitted -> settled on the devnet)")
+    emit(env, mode, {}, rows=report["balances"], title="billing balances: paygate's cache vs the chain")
+    emit(env, mode, {}, rows=report["outbox"], title="webhook outbox")
+    received = report["received"]
+    emit(env, mode, {}, lines=[
+        f"receiver got {len(received)} POST(s); all signatures valid: {all(r['signature_ok'] for r in received)}; "
+        f"idempotency keys left: {report['idempotency_keys_left']} (the 5 live ones)",
+        f"database: {report['dsn']}"])
     return 0
 
 

@@ -1,15 +1,23 @@
-"""`paygate demo`: the system end to end on a private Postgres, so anyone can watch it work.
+"""`paygate demo`: the system end to end on a private Postgres and the devnet, so anyone can watch
+it work in a minute with no setup.
 
-It plays the API service's part (inserting webhook events and idempotency keys, as admission would),
-runs the workers' ticks, and reports what happened. A local receiver on 127.0.0.1 stands in for a
-customer's webhook endpoint and checks every signature."""
+It plays the API service's part (admitting deposits through `paygate.admit_deposit`, registering
+webhook endpoints, writing idempotency keys) and the users' wallets (signing deposit
+authorisations with the devnet's throwaway sample keys), runs the workers' ticks, and reports what
+happened. A local receiver on 127.0.0.1 stands in for a customer's webhook endpoint and checks
+every signature."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
+import os
+import selectors
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,10 +28,13 @@ from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.connect import connect
 from paygate_cli.db.migrate import migrate
 from paygate_cli.env import Env
+from paygate_cli.errors import Unavailable
 from paygate_cli.ticks.registry import get_worker
 from paygate_cli.ticks.runner import RunOptions, run_worker
 
 DEMO_SECRET = "whsec_demo_0123456789abcdef"  # the demo receiver's own HMAC key, not a real secret
+DEMO_DATABASE = "paygate_demo"
+DEPOSIT = 25_000_000  # 2.5 USDC at 7 decimals
 
 INSERT_ENDPOINT_SQL = """
 INSERT INTO paygate.webhook_endpoints (url, secret, description) VALUES (%s, %s, %s) RETURNING id
@@ -36,12 +47,22 @@ INSERT INTO paygate.idempotency_keys (scope, key, request_hash, expires_at)
 VALUES ('demo', %s, %s, now() + make_interval(secs => %s))
 ON CONFLICT DO NOTHING
 """
+ADMIT_DEPOSIT_SQL = "SELECT pending_credit_id FROM paygate.admit_deposit(%s, %s, %s, %s, %s, %s)"
+OPEN_DEPOSITS_SQL = "SELECT count(*) FROM paygate.pending_credits WHERE status = 'pending'"
+DEPOSITS_REPORT_SQL = """
+SELECT p.id, left(p.account, 8) || '…', p.amount::text, p.status, coalesce(p.settled_by, ''),
+       coalesce(p.reason, ''), (SELECT count(*) FROM paygate.lineages l
+                                WHERE l.entitlement LIKE 'pending_credit:' || p.id || ':%%')
+FROM paygate.pending_credits p ORDER BY p.id
+"""
+BALANCES_SQL = "SELECT address, cached_balance FROM paygate.accounts ORDER BY address"
 OUTBOX_REPORT_SQL = """
 SELECT o.id, o.event_type, coalesce(e.description, '(deleted)'), o.status, o.attempts,
-       o.last_status_code, coalesce(o.dead_reason, o.last_error, '')
+       left(coalesce(o.dead_reason, o.last_error, ''), 60)
 FROM paygate.webhook_outbox o LEFT JOIN paygate.webhook_endpoints e ON e.id = o.endpoint_id
 ORDER BY o.id
 """
+DISABLE_ENDPOINT_SQL = "UPDATE paygate.webhook_endpoints SET enabled = false WHERE id = %s"
 KEYS_LEFT_SQL = "SELECT count(*) FROM paygate.idempotency_keys WHERE scope = 'demo'"
 
 
@@ -54,8 +75,8 @@ class Receiver:
 
     def verify(self, headers: Any, body: bytes) -> bool:
         parts = dict(p.split("=", 1) for p in headers.get("Paygate-Signature", "").split(","))
-        expected = hmac.new(DEMO_SECRET.encode(), f"{parts.get('t')}.".encode() + body, hashlib.sha256).hexdigest()
-        return hmac.compare_digest(expected, parts.get("v1", ""))
+        mac = hmac.new(DEMO_SECRET.encode(), f"{parts.get('t')}.".encode() + body, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(mac, parts.get("v1", ""))
 
     def serve(self) -> ThreadingHTTPServer:
         receiver = self
@@ -63,11 +84,10 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                ok_signature = receiver.verify(self.headers, body)
                 failing = self.path == "/flaky" and receiver.flaky_failures > 0
                 if failing:
                     receiver.flaky_failures -= 1
-                receiver.received.append({"path": self.path, "signature_ok": ok_signature,
+                receiver.received.append({"path": self.path, "signature_ok": receiver.verify(self.headers, body),
                                           "event": json.loads(body)["type"], "answered": 500 if failing else 200})
                 self.send_response(500 if failing else 200)
                 self.send_header("Content-Length", "0")
@@ -81,9 +101,6 @@ class Receiver:
         return server
 
 
-DEMO_DATABASE = "paygate_demo"
-
-
 def _fresh_database(cluster: Cluster) -> None:
     """Each demo run starts from an empty database, so its report shows only this run."""
     import psycopg
@@ -93,48 +110,132 @@ def _fresh_database(cluster: Cluster) -> None:
         conn.execute(f"CREATE DATABASE {DEMO_DATABASE}")
 
 
+def _start_devnet(log_path: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """The devnet as a child process closing a ledger every second; its genesis is its first line."""
+    command = [sys.executable, "-m", "paygate_cli", "devnet", "start", "--port", "0", "--ledger-interval", "1s",
+               "--seed", "demo", "--lanes", "4", "--users", "4"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    line, deadline = b"", time.monotonic() + 30
+    while not line.endswith(b"\n"):
+        if time.monotonic() > deadline or not selector.select(max(0.0, deadline - time.monotonic())):
+            proc.kill()
+            raise Unavailable(f"the devnet did not start (log: {log_path})")
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        if not chunk:
+            raise Unavailable(f"the devnet exited before its genesis (log: {log_path})")
+        line += chunk
+    return proc, json.loads(line)
+
+
+def _write_keys(directory: Path, genesis: dict[str, Any]) -> dict[str, str]:
+    """The devnet's throwaway keys as secret files, the way production keys are given to paygate."""
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {
+        "PAYGATE_LANE_SECRETS_FILE": ("lane-secrets", "".join(p["secret"] + "\n" for p in genesis["lanes"])),
+        "PAYGATE_FEE_SECRET_FILE": ("fee-secret", genesis["fee_account"]["secret"] + "\n"),
+        "PAYGATE_JOURNAL_KEYS_FILE": ("journal-keys", json.dumps({"demo-1": os.urandom(32).hex()})),
+    }
+    environ = {}
+    for variable, (name, content) in files.items():
+        path = directory / name
+        path.write_text(content)
+        path.chmod(0o600)
+        environ[variable] = str(path)
+    return environ
+
+
+def _tick(env: Env, worker: str) -> None:
+    run_worker(env, get_worker(worker), RunOptions(once=True, lock_wait=5))
+
+
 def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, Any]:
     from psycopg.types.json import Jsonb
+
+    from paygate_cli.chain.contracts import billing_balance
+    from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.devnet.wallet import sign_deposit
 
     cluster = Cluster.at(data_dir)
     say(f"1. private Postgres in {cluster.datadir} (Unix socket only)")
     cluster.up()
     _fresh_database(cluster)
+    devnet, genesis = _start_devnet(data_dir.parent / "devnet.log")
+    say(f"2. devnet (local Stellar RPC) at {genesis['url']}, a ledger every second")
+    contracts = genesis["contracts"]
+    env.environ = {**env.environ, **_write_keys(data_dir.parent / "keys", genesis)}
     env.override(database_url=cluster.dsn(DEMO_DATABASE), webhook_allow_hosts=["127.0.0.1/32"],
-                 webhook_backoff_base=0.2)
+                 webhook_backoff_base=0.2, rpc_url=genesis["url"], network_passphrase=genesis["passphrase"],
+                 billing_contract=contracts["billing"], usdc_contract=contracts["usdc"],
+                 journal_active_key_id="demo-1", funding_lease=2.0)
     receiver = Receiver()
     server = receiver.serve()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         with connect(env.settings, "demo") as conn:
             result = migrate(conn)
-            say(f"2. schema migrated to version {result['schema_version']}")
+            say(f"3. schema migrated to version {result['schema_version']}")
+            chain = ChainClient(env.settings, guard_conn=conn)
+            latest = chain.latest_ledger().sequence
+            signed = []
+            for i, user in enumerate(genesis["users"][:3]):
+                entry, nonce = sign_deposit(user_secret=user["secret"], amount=DEPOSIT * (i + 1),
+                                            usdc=contracts["usdc"], billing=contracts["billing"],
+                                            passphrase=genesis["passphrase"], expiration_ledger=latest + 200)
+                signed.append((user["public"], DEPOSIT * (i + 1), entry, nonce))
+            # A tampered request: the wallet signed 2.5 USDC, the request claims 5.
+            bad_user = genesis["users"][3]
+            entry, nonce = sign_deposit(user_secret=bad_user["secret"], amount=DEPOSIT, usdc=contracts["usdc"],
+                                        billing=contracts["billing"], passphrase=genesis["passphrase"],
+                                        expiration_ledger=latest + 200)
+            signed.append((bad_user["public"], DEPOSIT * 2, entry, nonce))
             with conn.transaction():
                 def endpoint(url: str, description: str) -> int:
                     return conn.execute(INSERT_ENDPOINT_SQL, (url, DEMO_SECRET, description)).fetchone()[0]
 
-                ok_id = endpoint(f"{base}/ok", "shop (healthy)")
+                endpoint(f"{base}/ok", "shop (healthy)")
                 flaky_id = endpoint(f"{base}/flaky", "shop (flaky)")
                 private_id = endpoint("http://[::1]:9/hook", "internal address (refused)")
-                for event in ("credit.settled", "charge.settled", "charge.failed"):
-                    conn.execute(INSERT_EVENT_SQL, (ok_id, event, Jsonb({"demo": True, "event": event}), None))
-                conn.execute(INSERT_EVENT_SQL, (flaky_id, "subscription.past_due", Jsonb({"demo": True}), 5))
-                conn.execute(INSERT_EVENT_SQL, (private_id, "charge.settled", Jsonb({"demo": True}), None))
+                conn.execute(INSERT_EVENT_SQL, (flaky_id, "demo.hello", Jsonb({"demo": True}), 5))
+                conn.execute(INSERT_EVENT_SQL, (private_id, "demo.hello", Jsonb({"demo": True}), None))
                 for i in range(5):
                     conn.execute(INSERT_KEY_SQL, (f"expired-{i}", b"\x00" * 32, -60))
                     conn.execute(INSERT_KEY_SQL, (f"live-{i}", b"\x00" * 32, 3600))
-            say("3. admitted 5 webhook events (3 endpoints) and 10 idempotency keys (5 expired)")
-        ticks = []
-        for worker, opts in (("webhooks", RunOptions(once=False, every=0.5, for_seconds=4.0, lock_wait=5)),
-                             ("idempotency_sweep", RunOptions(once=True, lock_wait=5))):
-            summary = run_worker(env, get_worker(worker), opts)
-            ticks.append(summary.as_dict())
-            say(f"4. run-tick {worker}: {summary.ticks} tick(s), processed {summary.processed}")
-        with connect(env.settings, "demo") as conn:
-            outbox = [dict(zip(("id", "event", "endpoint", "status", "attempts", "http", "note"), row, strict=True))
+            _tick(env, "webhooks")  # the refused endpoint shows its refusal once, then is switched off
+            conn.execute(DISABLE_ENDPOINT_SQL, (private_id,))
+            with conn.transaction():
+                for n, (account, amount, entry, nonce) in enumerate(signed):
+                    conn.execute(ADMIT_DEPOSIT_SQL, (account, amount, entry, nonce, latest + 200, f"demo-deposit-{n}"))
+            say("4. admitted 4 deposits (one with a tampered amount), 3 webhook endpoints, 10 idempotency keys")
+            deadline = time.monotonic() + 90
+            ticks = 0
+            while conn.execute(OPEN_DEPOSITS_SQL).fetchone()[0] and time.monotonic() < deadline:
+                _tick(env, "funding")
+                _tick(env, "webhooks")
+                ticks += 1
+                time.sleep(0.5)
+            for _ in range(6):  # let the last webhook retries run out
+                _tick(env, "webhooks")
+                time.sleep(0.3)
+            _tick(env, "idempotency_sweep")
+            say(f"5. ran funding and webhooks ticks {ticks} times, then the idempotency sweep")
+            deposits = [dict(zip(("id", "account", "amount", "status", "settled_by", "reason", "lineages"), row,
+                                 strict=True)) for row in conn.execute(DEPOSITS_REPORT_SQL)]
+            lane = genesis["lanes"][0]["public"]
+            balances = [{"account": address, "cached": int(cached),
+                         "on_chain": billing_balance(chain, billing=contracts["billing"], account=address, source=lane)}
+                        for address, cached in conn.execute(BALANCES_SQL)]
+            chain.close()
+            outbox = [dict(zip(("id", "event", "endpoint", "status", "attempts", "note"), row, strict=True))
                       for row in conn.execute(OUTBOX_REPORT_SQL)]
             keys_left = conn.execute(KEYS_LEFT_SQL).fetchone()[0]
     finally:
         server.shutdown()
-    return {"dsn": cluster.dsn(DEMO_DATABASE), "ticks": ticks, "outbox": outbox, "received": receiver.received,
+        devnet.terminate()
+        devnet.wait(10)
+    return {"dsn": cluster.dsn(DEMO_DATABASE), "devnet": genesis["url"], "deposits": deposits,
+            "balances": balances, "outbox": outbox, "received": receiver.received,
             "idempotency_keys_left": keys_left}

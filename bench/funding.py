@@ -1,0 +1,169 @@
+"""Funding throughput: deposits admitted -> settled against the devnet in manual mode with 8 lanes.
+
+paygate: N deposits admitted through paygate.admit_deposit, then `run-tick funding` (in-process,
+batch N) and a ledger close, repeated until every deposit is settled. Reported: deposits/s end to
+end, paygate's own (non-chain) time per deposit = tick wall time minus time spent waiting on RPC
+(target <= 5 ms), and the Postgres round-trip time per deposit.
+Baseline, same run, same devnet: the same deposits (SAC transfer + credit per deposit, 8 lanes) done
+by bare stellar-sdk calls with no journal and no database: what a user would get without paygate's
+at-most-once machinery. Prints figures; asserts nothing.
+
+    .venv/bin/python bench/funding.py [--deposits 64] [--lanes 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+from stellar_sdk import Keypair, SorobanServer, TransactionBuilder, scval
+from stellar_sdk.client.requests_client import RequestsClient
+
+from paygate_cli.chain.rpc import ChainClient
+from paygate_cli.db.cluster import Cluster
+from paygate_cli.db.migrate import migrate
+from tests.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
+from tests.devnet_support import DevnetHandle, start_devnet
+
+AMOUNT = 1_000_000
+
+
+class Meter:
+    """Accumulates wall time spent inside wrapped callables (RPC calls, SQL round trips)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+    def wrap(self, owner: Any, name: str) -> None:
+        original: Callable[..., Any] = getattr(owner, name)
+        meter = self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                meter.seconds += time.perf_counter() - started
+                meter.calls += 1
+
+        setattr(owner, name, timed)
+
+
+def run_paygate(chain: ChainEnv, db: psycopg.Connection, deposits: int) -> dict[str, float]:
+    users = chain.genesis["users"]
+    for i in range(deposits):
+        user = users[i % len(users)]
+        entry, nonce, expiration = sign_deposit(chain.devnet, user["secret"], AMOUNT, valid_ledgers=500)
+        admit_deposit(db, user["public"], AMOUNT, entry, nonce, expiration, f"bench-{i}")
+    rpc, sql = Meter(), Meter()
+    for name in ("send", "probe", "simulate", "ledger_entries", "latest_ledger", "account_sequence"):
+        rpc.wrap(ChainClient, name)
+    sql.wrap(psycopg.Connection, "execute")
+    tick_seconds = 0.0
+    started = time.perf_counter()
+    ledgers = 0
+    while db.execute("SELECT count(*) FROM paygate.pending_credits WHERE status = 'pending'").fetchone()[0]:
+        before = time.perf_counter()
+        result = chain.tick("funding", "--batch", str(deposits))
+        tick_seconds += time.perf_counter() - before
+        if result.code not in (0, 1):
+            raise SystemExit(f"tick failed: {result.err}")
+        chain.devnet.close_ledger()
+        ledgers += 1
+        if ledgers > 40 + deposits:
+            raise SystemExit("funding did not finish")
+    elapsed = time.perf_counter() - started
+    settled = db.execute("SELECT count(*) FROM paygate.pending_credits WHERE status = 'settled'").fetchone()[0]
+    # psycopg's execute also covers the nested round trips of RPC-free SQL only; RPC calls never nest SQL.
+    own = tick_seconds - rpc.seconds
+    return {"seconds": elapsed, "settled": settled, "ledgers": ledgers, "own_ms": own * 1000 / deposits,
+            "sql_ms": sql.seconds * 1000 / deposits, "rpc_ms": rpc.seconds * 1000 / deposits}
+
+
+def run_bare_sdk(devnet: DevnetHandle, deposits: int, lanes: int) -> dict[str, float]:
+    """The same chain work with bare stellar-sdk calls: no journal, no database, no proofs."""
+    g = devnet.genesis
+    passphrase = g["passphrase"]
+    lane_keys = [Keypair.from_secret(p["secret"]) for p in g["lanes"][:lanes]]
+    fee = Keypair.from_secret(g["fee_account"]["secret"])
+    users = g["users"]
+    server = SorobanServer(devnet.url, client=RequestsClient(num_retries=0))
+    from stellar_sdk import xdr
+
+    def submit(lane: Keypair, contract: str, fn: str, args: list, auth: list | None) -> str:
+        account = server.load_account(lane.public_key)
+        tx = (TransactionBuilder(account, passphrase, base_fee=100)
+              .append_invoke_contract_function_op(contract, fn, args, auth=auth).set_timeout(300).build())
+        tx = server.prepare_transaction(tx, server.simulate_transaction(tx))
+        tx.sign(lane)
+        bumped = TransactionBuilder.build_fee_bump_transaction(fee.public_key, 200, tx, passphrase)
+        bumped.sign(fee)
+        server.send_transaction(bumped)
+        return tx.hash_hex()
+
+    started = time.perf_counter()
+    work = []
+    for i in range(deposits):
+        user = users[i % len(users)]
+        entry, _, _ = sign_deposit(devnet, user["secret"], AMOUNT, valid_ledgers=500)
+        work.append((user["public"], xdr.SorobanAuthorizationEntry.from_xdr(entry)))
+    credits: list[tuple[str, bytes]] = []
+    while work or credits:
+        for lane in lane_keys:
+            if credits:
+                account, deposit_tx = credits.pop(0)
+                submit(lane, g["contracts"]["billing"], "credit", [scval.to_address(lane.public_key),
+                       scval.to_address(account), scval.to_int128(AMOUNT), scval.to_bytes(deposit_tx)], None)
+            elif work:
+                account, auth = work.pop(0)
+                inner = submit(lane, g["contracts"]["usdc"], "transfer", [scval.to_address(account),
+                               scval.to_address(g["contracts"]["billing"]), scval.to_int128(AMOUNT)], [auth])
+                credits.append((account, bytes.fromhex(inner)))
+        devnet.close_ledger()
+    return {"seconds": time.perf_counter() - started}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--deposits", type=int, default=64)
+    parser.add_argument("--lanes", type=int, default=8)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="pgf-", dir="/tmp"))
+    tmp.chmod(0o755)
+    cluster = Cluster.at(tmp / "pg")
+    cluster.init(fast=True)
+    cluster.start()
+    devnet = start_devnet(tmp / "devnet", lanes=args.lanes, users=8)
+    try:
+        dsn = cluster.dsn()
+        with psycopg.connect(dsn, autocommit=True) as db:
+            migrate(db)
+            chain = ChainEnv(devnet, dsn, chain_environ(devnet, dsn, tmp / "keys"))
+            ours = run_paygate(chain, db, args.deposits)
+        bare = run_bare_sdk(devnet, args.deposits, args.lanes)
+    finally:
+        devnet.stop()
+        cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"funding: {args.deposits} deposits, {args.lanes} lanes, devnet in manual mode")
+    print(f"  paygate   : {ours['settled']} settled in {ours['seconds']:.2f} s over {ours['ledgers']} ledgers "
+          f"= {args.deposits / ours['seconds']:.1f} deposits/s")
+    print(f"  own (non-RPC) time per deposit   : {ours['own_ms']:6.2f} ms  (target <= 5; includes XDR build+sign)")
+    print(f"  Postgres round trips per deposit : {ours['sql_ms']:6.2f} ms")
+    print(f"  waiting on RPC per deposit       : {ours['rpc_ms']:6.2f} ms")
+    print(f"  baseline, bare stellar-sdk (no journal, no DB): {args.deposits / bare['seconds']:.1f} deposits/s")
+    print(f"  ratio paygate / bare             : {bare['seconds'] / ours['seconds']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
