@@ -27,7 +27,6 @@ from paygate_cli.devnet.validate import (
     Rejected,
     check,
     declared_resources,
-    min_fee,
     parse_envelope,
 )
 from paygate_cli.devnet.xdrutil import (
@@ -141,7 +140,8 @@ class Devnet:
         self.accounts: dict[str, Account] = {}
         # account → [(ledger, version)] of recent versions, oldest first, for the lag fault
         self.account_history: dict[str, list[tuple[int, Account]]] = {}
-        self.ledgers: dict[int, LedgerInfo] = {}
+        self.ledgers: dict[int, LedgerInfo] = {}  # contiguous: first_ledger … latest
+        self.first_ledger = 1
         self.latest = 0
         self.queue: list[Queued] = []
         self.bans: dict[bytes, int] = {}  # full hash → first ledger at which it is no longer banned
@@ -164,7 +164,7 @@ class Devnet:
 
     def oldest_available(self) -> int:
         """Oldest ledger still held (headers are pruned with the retention window)."""
-        return max(self.oldest, min(self.ledgers))
+        return max(self.oldest, self.first_ledger)
 
     def _make_header(self, seq: int, close_time: int, prev: bytes, tx_set: bytes, results: bytes
                      ) -> xdr.LedgerHeader:
@@ -333,8 +333,10 @@ class Devnet:
 
     def _prune(self) -> None:
         oldest = self.oldest
-        for seq in [s for s in self.ledgers if s < oldest]:
-            del self.ledgers[seq]
+        while self.first_ledger < oldest:
+            seq = self.first_ledger
+            self.first_ledger += 1
+            self.ledgers.pop(seq, None)
             self.events_by_ledger.pop(seq, None)
             for r in self.txs_by_ledger.pop(seq, []):
                 self.txs.pop(r.full_hash, None)
@@ -606,4 +608,4 @@ def _encode_event(ev: xdr.ContractEvent) -> _EncodedEvent:
     return _EncodedEvent(raw, base64.b64encode(raw).decode(), cid, topics, data)
 
 
-__all__ = ["Account", "Devnet", "EventRecord", "LedgerInfo", "Queued", "TxRecord", "min_fee"]
+__all__ = ["Account", "Devnet", "EventRecord", "LedgerInfo", "Queued", "TxRecord"]

@@ -51,6 +51,7 @@ def restore(data: dict[str, Any]) -> Devnet:
         dev.ledgers[seq] = LedgerInfo(seq, header.scp_value.close_time.time_point.uint64,
                                       hashlib.sha256(header.to_xdr_bytes()).digest(), header)
     dev.latest = data["latest"]
+    dev.first_ledger = min(dev.ledgers)
     for g, (bal, seq, lm, subs, thr) in data["accounts"].items():
         acct = Account(bal, seq, lm, subs, bytes.fromhex(thr))
         dev.accounts[g] = acct

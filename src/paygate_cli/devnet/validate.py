@@ -7,7 +7,6 @@ from real Stellar RPC for these failures is the one the devnet returns (stellar.
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -80,13 +79,9 @@ def decode_b64(b64: object, cls: type) -> object:
     if not isinstance(b64, str):
         raise InvalidXdr("expected a base64 string")
     try:
-        raw = base64.b64decode(b64, validate=True)
-        obj = cls.from_xdr_bytes(raw)
-    except (binascii.Error, ValueError, EOFError, IndexError, KeyError, TypeError, AttributeError) as exc:
+        return cls.from_xdr_bytes(base64.b64decode(b64, validate=True))
+    except Exception as exc:  # binascii, EOFError, ValueError, …: garbage raises assorted errors
         raise InvalidXdr(str(exc) or type(exc).__name__) from exc
-    except Exception as exc:  # xdrlib3 raises assorted errors on garbage; all of them mean "invalid"
-        raise InvalidXdr(str(exc) or type(exc).__name__) from exc
-    return obj
 
 
 def parse_envelope(b64: object, net_id: bytes) -> Parsed:

@@ -4,26 +4,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import struct
 
 from stellar_sdk import Keypair, StrKey, xdr
 
 TX_RESULT_EXT = xdr.TransactionResultExt(0)
-_ENVELOPE_TX = struct.pack(">i", xdr.EnvelopeType.ENVELOPE_TYPE_TX.value)
-_ENVELOPE_FEE_BUMP = struct.pack(">i", xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP.value)
 
 
 def network_id(passphrase: str) -> bytes:
     return hashlib.sha256(passphrase.encode()).digest()
-
-
-def tx_hash(net_id: bytes, tx: xdr.Transaction) -> bytes:
-    """sha256(network_id ‖ ENVELOPE_TYPE_TX ‖ Transaction): the hash signatures are made over."""
-    return hashlib.sha256(net_id + _ENVELOPE_TX + tx.to_xdr_bytes()).digest()
-
-
-def fee_bump_hash(net_id: bytes, fb: xdr.FeeBumpTransaction) -> bytes:
-    return hashlib.sha256(net_id + _ENVELOPE_FEE_BUMP + fb.to_xdr_bytes()).digest()
 
 
 def muxed_to_g(m: xdr.MuxedAccount) -> str:
@@ -43,12 +31,6 @@ def g_to_account_id(g: str) -> xdr.AccountID:
     """Cached: strkey decoding (base32 + CRC in pure Python) is hot in ledger closing.
     Callers must not mutate the returned object."""
     return Keypair.from_public_key(g).xdr_account_id()
-
-
-def account_key(g: str) -> xdr.LedgerKey:
-    return xdr.LedgerKey(
-        type=xdr.LedgerEntryType.ACCOUNT, account=xdr.LedgerKeyAccount(account_id=g_to_account_id(g))
-    )
 
 
 def toid(ledger: int, tx_index: int, op_index: int) -> int:
