@@ -43,6 +43,11 @@ PARSE_ERROR = -32700
 DEFAULT_MANUAL_ADVANCE = 5  # seconds of close time per manually closed ledger
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # the stdlib default of 5 refuses bursts of concurrent clients
+
+
 @dataclass
 class Config:
     host: str = "127.0.0.1"
@@ -69,8 +74,7 @@ class DevnetServer:
         }
         self._stop = threading.Event()
         self._closer: threading.Thread | None = None
-        self.httpd = ThreadingHTTPServer((config.host, config.port), _handler_class(self))
-        self.httpd.daemon_threads = True
+        self.httpd = _HTTPServer((config.host, config.port), _handler_class(self))
 
     @property
     def url(self) -> str:
@@ -102,8 +106,11 @@ class DevnetServer:
         next_at = time.monotonic() + self.config.interval
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
             next_at += self.config.interval
-            with self.dev.lock:
-                self._close(1, step)
+            try:
+                with self.dev.lock:
+                    self._close(1, step)
+            except Exception:  # e.g. the state file became unwritable: keep closing, say so
+                log.exception("automatic ledger close failed")
 
     def _close(self, n: int, advance: int) -> list[dict]:
         applied = []
