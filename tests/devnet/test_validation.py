@@ -294,3 +294,72 @@ def test_failed_transaction_consumes_sequence_and_fee(server, devnet) -> None:
     assert server.load_account(src.public_key).sequence == before.sequence + 1
     assert devnet.fund(src.public_key)["xlm"] < xlm_before
     assert got.events.contract_events_xdr == [[]]
+
+
+def _prepared_buy(server, devnet, src: Keypair):
+    """A market buy by `src` for itself (SOURCE_ACCOUNT auth), prepared by simulation, unsigned."""
+    g = devnet.genesis
+    return invoke_tx(server, devnet, src, g["contracts"]["market"], "buy",
+                     [addr(src.public_key), scval.to_symbol("tea"), scval.to_int128(1)])
+
+
+def _resign(tx, src: Keypair):
+    tx.signatures = []
+    tx.sign(src)
+    return tx
+
+
+def _op_code(server, h: str) -> str:
+    got = server.get_transaction(h)
+    assert got.status == GetTransactionStatus.FAILED
+    r = xdr.TransactionResult.from_xdr(got.result_xdr)
+    return r.result.results[0].tr.invoke_host_function_result.code.name
+
+
+def test_under_declared_instructions_fail_with_resource_limit_exceeded(server, devnet) -> None:
+    src = Keypair.from_secret(devnet.genesis["users"][0]["secret"])
+    devnet.fund(src.public_key, usdc=100)
+    tx = _prepared_buy(server, devnet, src)
+    tx.transaction.soroban_data.resources.instructions = xdr.Uint32(1)
+    sent = send(server, _resign(tx, src))
+    assert sent.status == S.PENDING  # within limits and paid for: admitted
+    devnet.close_ledger()
+    assert _op_code(server, tx.hash_hex()) == "INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED"
+
+
+def test_footprint_missing_a_written_key_traps(server, devnet) -> None:
+    src = Keypair.from_secret(devnet.genesis["users"][1]["secret"])
+    tx = _prepared_buy(server, devnet, src)
+    fp = tx.transaction.soroban_data.resources.footprint
+    assert fp.read_write
+    fp.read_write = fp.read_write[1:]
+    sent = send(server, _resign(tx, src))
+    assert sent.status == S.PENDING
+    devnet.close_ledger()
+    assert _op_code(server, tx.hash_hex()) == "INVOKE_HOST_FUNCTION_TRAPPED"
+
+
+def test_fee_bump_outer_failures_are_not_wrapped(server, devnet) -> None:
+    src = fresh(devnet)
+    inner = signed(payment(server, devnet, src), src)
+    ghost = Keypair.random()
+    fb = TransactionBuilder.build_fee_bump_transaction(ghost.public_key, 200, inner, devnet.passphrase)
+    fb.sign(ghost)
+    assert result_code(send(server, fb).error_result_xdr) == "txNO_ACCOUNT"
+    fee_kp = kp(devnet.genesis["fee_account"])
+    fb = TransactionBuilder.build_fee_bump_transaction(fee_kp.public_key, 200, inner, devnet.passphrase)
+    fb.sign(src)  # signed by the wrong key
+    assert result_code(send(server, fb).error_result_xdr) == "txBAD_AUTH"
+
+
+def test_missing_operation(server, devnet) -> None:
+    src = fresh(devnet)
+    tx = signed(payment(server, devnet, src), src)
+    env = tx.to_xdr_object()
+    env.v1.tx.operations = []
+    env.v1.signatures = []
+    from stellar_sdk import TransactionEnvelope
+
+    empty = TransactionEnvelope.from_xdr(env.to_xdr(), devnet.passphrase)
+    empty.sign(src)
+    assert result_code(send(server, empty).error_result_xdr) == "txMISSING_OPERATION"
