@@ -218,3 +218,19 @@ def test_get_events_scans_at_most_10000_ledgers_per_call(devnet: DevnetHandle, s
     assert first.events == [] and int(first.cursor[:19]) >> 32 == start + 10_000 - 1
     second = server.get_events(cursor=first.cursor, limit=10)
     assert [e.ledger for e in second.events] == [landed]
+
+
+def test_trustline_and_sac_contract_balance_entries(devnet: DevnetHandle, server: SorobanServer) -> None:
+    from stellar_sdk import Asset
+
+    g = devnet.genesis
+    user = g["users"][2]["public"]
+    asset = Asset("USDC", g["issuer"]["public"])
+    key = xdr.LedgerKey(type=xdr.LedgerEntryType.TRUSTLINE, trust_line=xdr.LedgerKeyTrustLine(
+        account_id=Keypair.from_public_key(user).xdr_account_id(), asset=asset.to_trust_line_asset_xdr_object()))
+    [entry] = server.get_ledger_entries([key]).entries
+    assert xdr.LedgerEntryData.from_xdr(entry.xdr).trust_line.balance.int64 == 1_000 * 10_000_000
+    assert entry.live_until_ledger is None  # classic entries carry no TTL
+    devnet.fund(g["contracts"]["billing"], usdc=12)
+    bal = server.get_sac_balance(g["contracts"]["billing"], asset, devnet.passphrase)
+    assert bal.balance_entry is not None and int(bal.balance_entry.amount) >= 12
