@@ -88,6 +88,10 @@ def _opt_str(text: Any, name: str) -> str | None:
     return str(text) if text not in (None, "") else None
 
 
+def _opt_int(text: Any, name: str) -> int | None:
+    return None if text is None or text == "" else _parse_int(text, name)
+
+
 def _dur(text: Any, name: str) -> float:
     return parse_duration(text, name=name)
 
@@ -121,6 +125,11 @@ FIELDS: tuple[Field, ...] = (
     Field("webhook_backoff_max", 3600.0, _dur, "cap on the retry delay"),
     Field("webhook_allow_hosts", [], _parse_list, "hosts/CIDRs allowed despite being private/loopback"),
     Field("webhook_lease", 60.0, _dur, "lease on a claimed outbox row"),
+    Field("settlement_lease", 30.0, _dur, "lease on a charge batch being prepared or driven"),
+    Field("settlement_max_attempts", 5, _parse_int, "charge_batch lineages proven dead before a charge fails"),
+    Field("settlement_batches_per_tick", 4, _parse_int, "new charge_batch transactions one tick may start"),
+    Field("observer_start_ledger", None, _opt_int, "first ledger the observer reads when it has no cursor"),
+    Field("observer_max_pages", 20, _parse_int, "getEvents pages one observer tick may apply"),
 )
 
 # name -> help. Each is read from PAYGATE_<NAME>_FILE or $CREDENTIALS_DIRECTORY/<name with dashes>.

@@ -20,6 +20,18 @@ QUEUE_SQL: dict[str, str] = {
     "funding.needs_human": """
         SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
         FROM paygate.pending_credits WHERE status = 'needs_human'""",
+    "charges.authorized": """
+        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
+        FROM paygate.charges WHERE status = 'authorized'""",
+    "charges.submitted": """
+        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
+        FROM paygate.charges WHERE status = 'submitted'""",
+    "charge_batches.open": """
+        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
+        FROM paygate.charge_batches WHERE closed_at IS NULL""",
+    "observer.quarantined": """
+        SELECT count(*), extract(epoch FROM now() - min(observed_at))::float8
+        FROM paygate.chain_events WHERE quarantined""",
     "lineages.live": """
         SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
         FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')""",

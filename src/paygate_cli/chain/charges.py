@@ -1,0 +1,176 @@
+"""Billing-contract bindings for the charge side: the `charge_batch` invocation, the resource check
+that keeps a batch inside Soroban's per-transaction limits, and the `getEvents` reader + decoder
+the observer uses. (A separate module from contracts.py so the funding side stays untouched.)"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from stellar_sdk import Address, scval, xdr
+
+from paygate_cli.chain.contracts import Invocation, SignedTransaction
+from paygate_cli.chain.rpc import ChainClient
+from paygate_cli.errors import PaygateError
+
+# Soroban per-transaction limits (reference/stellar.md §2.5; the devnet enforces the same values).
+MAX_FOOTPRINT_KEYS = 100
+MAX_WRITE_ENTRIES = 50
+CONTRACT_MAX_BATCH = 100
+
+
+class BatchTooLarge(PaygateError):
+    """The prepared batch would exceed a network resource limit; split it and try again."""
+
+    msgid = "settlement.batch_too_large"
+
+
+class RetentionGap(PaygateError):
+    """The cursor is older than the RPC's oldest ledger: events in between may be lost."""
+
+    msgid = "observer.retention_gap"
+
+
+def charge_batch(billing: str, operator: str, accounts: list[str], amounts: list[int],
+                 charge_ids: list[bytes]) -> Invocation:
+    return Invocation(billing, "charge_batch", [
+        scval.to_address(operator),
+        scval.to_vec([scval.to_address(a) for a in accounts]),
+        scval.to_vec([scval.to_int128(a) for a in amounts]),
+        scval.to_vec([scval.to_bytes(c) for c in charge_ids]),
+    ], [])
+
+
+def fits_estimate(entries: int, distinct_accounts: int) -> bool:
+    """Before simulating: each entry writes its charge-id entry, each distinct account its balance
+    entry, so read-write keys = entries + distinct accounts (limit 50); the contract instance and
+    code are read-only (total limit 100)."""
+    return (entries <= CONTRACT_MAX_BATCH and entries + distinct_accounts <= MAX_WRITE_ENTRIES
+            and entries + distinct_accounts + 2 <= MAX_FOOTPRINT_KEYS)
+
+
+def check_resources(signed: SignedTransaction) -> None:
+    """After simulation: the footprint the network will see, checked against its limits (simulation
+    itself does not refuse an over-limit footprint; sendTransaction would, as txSOROBAN_INVALID)."""
+    envelope = xdr.TransactionEnvelope.from_xdr(signed.envelope_xdr)
+    inner = envelope.fee_bump.tx.inner_tx.v1.tx if envelope.fee_bump else envelope.v1.tx
+    data = inner.ext.soroban_data
+    if data is None:
+        return
+    footprint = data.resources.footprint
+    reads, writes = len(footprint.read_only), len(footprint.read_write)
+    if writes > MAX_WRITE_ENTRIES or reads + writes > MAX_FOOTPRINT_KEYS:
+        raise BatchTooLarge(f"footprint has {reads} read-only + {writes} read-write keys "
+                            f"(limits {MAX_FOOTPRINT_KEYS} total, {MAX_WRITE_ENTRIES} read-write)")
+
+
+def is_resource_failure(message: str) -> bool:
+    """A simulation error that a smaller batch would avoid (budget, events size, footprint)."""
+    lowered = message.lower()
+    return any(word in lowered for word in ("exceededlimit", "exceed", "resource", "footprint", "too large"))
+
+
+# -- events -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RawEvent:
+    id: str
+    ledger: int
+    tx_hash: str | None
+    contract_id: str | None
+    topic: list[str]
+    value: str
+
+
+@dataclass(frozen=True)
+class EventsPage:
+    events: list[RawEvent]
+    cursor: str
+    latest_ledger: int
+    oldest_ledger: int
+
+
+def get_events(chain: ChainClient, contract: str, *, cursor: str | None = None, start_ledger: int | None = None,
+               limit: int = 1000) -> EventsPage:
+    """One getEvents page for the billing contract (raw JSON: the observer decodes only what it
+    needs). A start before the RPC's retention window raises RetentionGap."""
+    chain._guard("getEvents")
+    params: dict[str, Any] = {"filters": [{"type": "contract", "contractIds": [contract]}],
+                              "pagination": {"limit": limit, **({"cursor": cursor} if cursor else {})}}
+    if cursor is None:
+        params["startLedger"] = start_ledger
+    session = _session(chain)
+
+    def call(srv: Any) -> dict[str, Any]:
+        answer = session.post(srv.server_url, json={"jsonrpc": "2.0", "id": 1, "method": "getEvents",
+                                                     "params": params}, timeout=30)
+        answer.raise_for_status()
+        body = answer.json()
+        if "error" in body:
+            error = body["error"]
+            message = str(error.get("message", ""))
+            if error.get("code") == -32600 and "ledger range" in message:
+                raise RetentionGap(f"getEvents refused the observer's position: {message}")
+            raise ValueError(f"getEvents error {error.get('code')}: {message}")
+        return body["result"]
+
+    result = chain._first_healthy("getEvents", call)
+    events = [RawEvent(e["id"], int(e["ledger"]), e.get("txHash"), e.get("contractId"), list(e.get("topic") or []),
+                       e.get("value") or "") for e in result.get("events") or []]
+    return EventsPage(events, str(result["cursor"]), int(result["latestLedger"]), int(result["oldestLedger"]))
+
+
+def _session(chain: ChainClient) -> requests.Session:
+    session = getattr(chain, "_events_session", None)
+    if session is None:
+        session = requests.Session()
+        chain._events_session = session  # type: ignore[attr-defined]
+    return session
+
+
+def cursor_ledger(cursor: str) -> int:
+    """The ledger a cursor points into: TOID(ledger, tx, op) >> 32 (reference/stellar.md §1.5)."""
+    return int(cursor.split("-")[0]) >> 32
+
+
+@dataclass(frozen=True)
+class BillingEvent:
+    kind: str  # charge | charge_failed | credit
+    account: str
+    amount: int
+    ref: bytes  # charge id (charge, charge_failed) or deposit tx hash (credit)
+    reason: str | None = None
+
+
+class UndecodableEvent(ValueError):
+    pass
+
+
+def decode_billing_event(event: RawEvent) -> BillingEvent:
+    """Decode from the verified event itself (never from call arguments). Anything that is not
+    exactly one of the three known shapes raises UndecodableEvent with the reason."""
+    try:
+        topics = [scval.to_native(xdr.SCVal.from_xdr(t)) for t in event.topic]
+        value = scval.to_native(xdr.SCVal.from_xdr(event.value))
+    except Exception as exc:  # any decode failure is poison, never a crash
+        raise UndecodableEvent(f"topic/value is not valid SCVal XDR ({type(exc).__name__})") from None
+    if len(topics) != 2 or not isinstance(topics[0], str) or not isinstance(topics[1], Address):
+        raise UndecodableEvent(f"unexpected topics shape {_short(topics)}")
+    kind, account = topics[0], topics[1].address
+    if kind not in ("charge", "charge_failed", "credit"):
+        raise UndecodableEvent(f"unknown billing event type {kind!r}")
+    expected = 3 if kind == "charge_failed" else 2
+    if not isinstance(value, list) or len(value) != expected:
+        raise UndecodableEvent(f"{kind} value is not a Vec of {expected}: {_short(value)}")
+    amount, ref = value[0], value[1]
+    if not isinstance(amount, int) or isinstance(amount, bool) or not isinstance(ref, bytes) or len(ref) != 32:
+        raise UndecodableEvent(f"{kind} value is not [i128, BytesN<32>, ...]: {_short(value)}")
+    reason = None
+    if kind == "charge_failed":
+        reason = value[2] if isinstance(value[2], str) else str(value[2])
+    return BillingEvent(kind, account, int(amount), ref, reason)
+
+
+def _short(value: Any) -> str:
+    return repr(value)[:200]

@@ -1,0 +1,303 @@
+"""Observer: the billing contract's events -> promotions (DESIGN §5). Single writer of the cursor.
+
+Per tick: read getEvents pages from the stored cursor (filtered to the billing contract); each page
+is applied in one transaction together with the cursor the RPC returned (even for an empty page):
+
+- `charge`        -> the charge settled (CAS from authorized/submitted) + `charge.settled`;
+- `charge_failed` -> the charge failed and its amount back on the cached balance, in the same
+                     statement + `charge.failed`;
+- `credit`        -> funding's settle CAS (by='observer'): whichever of funding and the observer
+                     wins pending -> settled applies the increment, once.
+
+Every event is inserted into chain_events first (event id unique): a page read twice applies
+nothing twice. An event that cannot be applied (undecodable, unknown charge id or deposit, account
+or amount differing from the row, a charge already terminal) is stored quarantined with the reason
+and alarmed (error log, exit 3); the cursor moves on regardless (an Anchor Platform lesson: one
+poison event must never stall the stream). A cursor older than the RPC's retention window stops the
+observer with exit 3: events in between may be lost and a human must reconcile."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from psycopg.types.json import Jsonb
+
+from paygate_cli.errors import ConfigError, NeedsHuman
+from paygate_cli.ticks.context import TickContext, TickResult
+from paygate_cli.ticks.crash import crashpoint
+from paygate_cli.workers.funding import SETTLE_SQL as FUNDING_SETTLE_SQL
+
+if TYPE_CHECKING:
+    import logging
+
+    import psycopg
+
+    from paygate_cli.chain.charges import EventsPage
+
+LOAD_CURSOR_SQL = "SELECT cursor, ledger FROM paygate.observer_cursor"
+INSERT_CURSOR_SQL = """
+INSERT INTO paygate.observer_cursor (cursor, ledger, latest_ledger, pages, events)
+VALUES (%(cursor)s, %(ledger)s, %(latest)s, 1, %(events)s)
+ON CONFLICT (singleton) DO NOTHING
+"""
+# CAS on the cursor this tick read: a second writer (which the advisory lock should make
+# impossible) changes nothing and is told so.
+ADVANCE_CURSOR_SQL = """
+UPDATE paygate.observer_cursor
+SET cursor = %(cursor)s, ledger = %(ledger)s, latest_ledger = %(latest)s, pages = pages + 1,
+    events = events + %(events)s, updated_at = now()
+WHERE singleton AND cursor = %(old)s
+"""
+
+INSERT_EVENTS_SQL = """
+INSERT INTO paygate.chain_events (event_id, ledger, tx_hash, contract_id, kind, payload, quarantined,
+                                  quarantine_reason)
+SELECT * FROM unnest(%(ids)s::text[], %(ledgers)s::integer[], %(txs)s::text[], %(contracts)s::text[],
+                     %(kinds)s::text[], %(payloads)s::jsonb[], %(quarantined)s::boolean[], %(reasons)s::text[])
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id
+"""
+
+# Set-based promotion of a page's `charge` events: only rows whose account and amount match the
+# event, and only from a non-terminal state; the rest are diagnosed one by one and quarantined.
+SETTLE_CHARGES_SQL = """
+WITH ev AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(refs)s::bytea[], %(accounts)s::text[], %(amounts)s::numeric[],
+                         %(ledgers)s::integer[]) AS e(event_id, charge_id, account, amount, ledger)
+), settled AS (
+    UPDATE paygate.charges c
+    SET status = 'settled', settled_at = now(), settled_ledger = ev.ledger, event_id = ev.event_id,
+        updated_at = now()
+    FROM ev
+    WHERE c.charge_id = ev.charge_id AND c.account = ev.account AND c.amount = ev.amount
+      AND c.status IN ('authorized', 'submitted')
+    RETURNING c.id, c.charge_id, c.account, c.amount, ev.event_id, ev.ledger
+), marked AS (
+    UPDATE paygate.chain_events x SET applied_to = 'charge:' || s.id, effect = 'settled'
+    FROM settled s WHERE x.event_id = s.event_id
+    RETURNING 1
+)
+SELECT s.event_id, paygate.emit_event('charge.settled', jsonb_build_object(
+           'charge_row_id', s.id, 'charge_id', encode(s.charge_id, 'hex'), 'account', s.account,
+           'amount', s.amount::text, 'ledger', s.ledger, 'event_id', s.event_id))
+FROM settled s
+"""
+
+# `charge_failed`: the failure and the balance restore in one statement (DESIGN §5).
+FAIL_CHARGES_SQL = """
+WITH ev AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(refs)s::bytea[], %(accounts)s::text[], %(amounts)s::numeric[],
+                         %(ledgers)s::integer[], %(reasons)s::text[])
+        AS e(event_id, charge_id, account, amount, ledger, reason)
+), failed AS (
+    UPDATE paygate.charges c
+    SET status = 'failed', failed_at = now(), failed_by = 'observer', settled_ledger = ev.ledger,
+        event_id = ev.event_id, reason = 'charge_failed on chain: ' || ev.reason, updated_at = now()
+    FROM ev
+    WHERE c.charge_id = ev.charge_id AND c.account = ev.account AND c.amount = ev.amount
+      AND c.status IN ('authorized', 'submitted')
+    RETURNING c.id, c.charge_id, c.account, c.amount, ev.event_id, ev.ledger, ev.reason
+), restored AS (
+    UPDATE paygate.accounts a SET cached_balance = a.cached_balance + f.total, updated_at = now()
+    FROM (SELECT account, sum(amount) AS total FROM failed GROUP BY account) f
+    WHERE a.address = f.account
+    RETURNING a.address, a.cached_balance
+), marked AS (
+    UPDATE paygate.chain_events x SET applied_to = 'charge:' || f.id, effect = 'failed'
+    FROM failed f WHERE x.event_id = f.event_id
+    RETURNING 1
+)
+SELECT f.event_id, paygate.emit_event('charge.failed', jsonb_build_object(
+           'charge_row_id', f.id, 'charge_id', encode(f.charge_id, 'hex'), 'account', f.account,
+           'amount', f.amount::text, 'reason', f.reason, 'ledger', f.ledger, 'event_id', f.event_id,
+           'balance', (SELECT r.cached_balance::text FROM restored r WHERE r.address = f.account)))
+FROM failed f
+"""
+
+CHARGE_ROW_SQL = "SELECT id, account, amount, status FROM paygate.charges WHERE charge_id = %s"
+DEPOSIT_ROW_SQL = "SELECT id, account, amount, status FROM paygate.pending_credits WHERE deposit_tx = %s"
+MARK_EVENT_SQL = "UPDATE paygate.chain_events SET applied_to = %s, effect = %s WHERE event_id = %s"
+QUARANTINE_SQL = """
+UPDATE paygate.chain_events SET quarantined = true, quarantine_reason = %s, applied_to = %s WHERE event_id = %s
+"""
+
+
+@dataclass
+class PageStats:
+    events: int = 0
+    new: int = 0
+    settled: int = 0
+    failed: int = 0
+    credited: int = 0
+    already: int = 0
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+
+
+def tick(ctx: TickContext) -> TickResult:
+    settings = ctx.settings
+    row = ctx.conn.execute(LOAD_CURSOR_SQL).fetchone()
+    cursor: str | None = row[0] if row else None
+    start_ledger: int | None = None
+    if cursor is None:
+        start_ledger = settings.observer_start_ledger
+        if not start_ledger:
+            raise ConfigError("the observer has no stored cursor and PAYGATE_OBSERVER_START_LEDGER is not set; "
+                              "refusing to read from genesis: set it to the first ledger to watch (the billing "
+                              "contract's deployment ledger)", msgid="observer.no_start_ledger")
+    if not settings.billing_contract:
+        raise ConfigError("PAYGATE_BILLING_CONTRACT is not set")
+    from paygate_cli.chain.charges import RetentionGap, cursor_ledger, get_events
+    from paygate_cli.chain.rpc import ChainClient
+
+    chain = ChainClient(settings, guard_conn=ctx.conn)
+    result = TickResult()
+    totals: dict[str, Any] = {"pages": 0, "events": 0, "settled": 0, "failed": 0, "credited": 0, "quarantined": 0}
+    limit = max(1, min(int(ctx.batch), 10000))
+    try:
+        for _ in range(max(1, int(settings.observer_max_pages))):
+            try:
+                page = get_events(chain, settings.billing_contract, cursor=cursor, start_ledger=start_ledger,
+                                  limit=limit)
+            except RetentionGap as exc:
+                where = f"cursor {cursor} (ledger {cursor_ledger(cursor)})" if cursor else f"ledger {start_ledger}"
+                raise NeedsHuman(f"observer stopped: its position {where} is older than the RPC's retention "
+                                 f"window; billing events may have been lost and must be reconciled by a human "
+                                 f"({exc})", msgid="observer.retention_gap") from None
+            if cursor is not None and cursor_ledger(cursor) < page.oldest_ledger:
+                raise NeedsHuman(f"observer stopped: cursor {cursor} (ledger {cursor_ledger(cursor)}) is older than "
+                                 f"the RPC's oldest ledger {page.oldest_ledger}; billing events may have been lost",
+                                 msgid="observer.retention_gap")
+            crashpoint("observer.after_fetch")
+            with ctx.conn.transaction():
+                stats = apply_page(ctx.conn, page, cursor, ctx.log)
+            crashpoint("observer.after_apply")
+            cursor, start_ledger = page.cursor, None
+            totals["pages"] += 1
+            for key in ("events", "settled", "failed", "credited"):
+                totals[key] += getattr(stats, key)
+            totals["quarantined"] += len(stats.quarantined)
+            result.processed += stats.new
+            result.needs_human += len(stats.quarantined)
+            if len(page.events) < limit:
+                break  # caught up with the RPC's latest ledger
+    finally:
+        chain.close()
+    totals["cursor"] = cursor
+    result.details = totals
+    return result
+
+
+def apply_page(conn: psycopg.Connection, page: EventsPage, old_cursor: str | None, log: logging.Logger) -> PageStats:
+    """Apply one page and store its cursor; the caller holds the transaction."""
+    from paygate_cli.chain.charges import UndecodableEvent, cursor_ledger, decode_billing_event
+
+    stats = PageStats(events=len(page.events))
+    decoded: dict[str, Any] = {}
+    rows: dict[str, list[Any]] = {k: [] for k in ("ids", "ledgers", "txs", "contracts", "kinds", "payloads",
+                                                   "quarantined", "reasons")}
+    for event in page.events:
+        try:
+            billing = decode_billing_event(event)
+            decoded[event.id] = billing
+            payload: dict[str, Any] = {"account": billing.account, "amount": str(billing.amount),
+                                       "ref": billing.ref.hex()}
+            if billing.reason is not None:
+                payload["reason"] = billing.reason
+            kind, quarantined, reason = billing.kind, False, None
+        except UndecodableEvent as exc:
+            payload = {"topic": event.topic, "value": event.value}
+            kind, quarantined, reason = None, True, f"undecodable: {exc}"
+        rows["ids"].append(event.id)
+        rows["ledgers"].append(event.ledger)
+        rows["txs"].append(event.tx_hash)
+        rows["contracts"].append(event.contract_id)
+        rows["kinds"].append(kind)
+        rows["payloads"].append(Jsonb(payload))
+        rows["quarantined"].append(quarantined)
+        rows["reasons"].append(reason)
+    new_ids: set[str] = set()
+    if page.events:
+        new_ids = {r[0] for r in conn.execute(INSERT_EVENTS_SQL, rows)}
+    stats.new = len(new_ids)
+    for event_id, reason in zip(rows["ids"], rows["reasons"], strict=True):
+        if reason is not None and event_id in new_ids:
+            stats.quarantined.append((event_id, reason))
+    ledgers = {e.id: e.ledger for e in page.events}
+    fresh = [(eid, ev) for eid, ev in decoded.items() if eid in new_ids]
+    passes = (("charge", SETTLE_CHARGES_SQL, "settled"), ("charge_failed", FAIL_CHARGES_SQL, "failed"))
+    for kind, sql, counter in passes:
+        group = [(eid, ev) for eid, ev in fresh if ev.kind == kind]
+        if not group:
+            continue
+        params: dict[str, Any] = {"ids": [g[0] for g in group], "refs": [g[1].ref for g in group],
+                                  "accounts": [g[1].account for g in group], "amounts": [g[1].amount for g in group],
+                                  "ledgers": [ledgers[g[0]] for g in group]}
+        if kind == "charge_failed":
+            params["reasons"] = [g[1].reason or "" for g in group]
+        applied = {r[0] for r in conn.execute(sql, params)}
+        setattr(stats, counter, len(applied))
+        for eid, ev in group:
+            if eid not in applied:
+                _quarantine(conn, stats, eid, _diagnose_charge(conn, ev))
+    for eid, ev in fresh:
+        if ev.kind == "credit":
+            _apply_credit(conn, stats, eid, ev)
+    new_cursor = page.cursor
+    params = {"cursor": new_cursor, "ledger": cursor_ledger(new_cursor), "latest": page.latest_ledger,
+              "events": stats.new, "old": old_cursor}
+    if old_cursor is None:
+        if conn.execute(INSERT_CURSOR_SQL, params).rowcount != 1:
+            raise NeedsHuman("observer cursor appeared while this tick held none: a second observer is writing",
+                             msgid="observer.second_writer")
+    elif conn.execute(ADVANCE_CURSOR_SQL, params).rowcount != 1:
+        raise NeedsHuman("observer cursor changed under this tick: a second observer is writing",
+                         msgid="observer.second_writer")
+    for event_id, reason in stats.quarantined:
+        log.error("billing event %s quarantined: %s", event_id, reason,
+                  extra={"msgid": "observer.quarantined", "event_id": event_id})
+    return stats
+
+
+def _quarantine(conn: psycopg.Connection, stats: PageStats, event_id: str, reason: str,
+                applied_to: str | None = None) -> None:
+    conn.execute(QUARANTINE_SQL, (reason, applied_to, event_id))
+    stats.quarantined.append((event_id, reason))
+
+
+def _diagnose_charge(conn: psycopg.Connection, ev: Any) -> str:
+    row = conn.execute(CHARGE_ROW_SQL, (ev.ref,)).fetchone()
+    if row is None:
+        return f"{ev.kind}: unknown charge id {ev.ref.hex()}"
+    charge_row_id, account, amount, status = row
+    if account != ev.account or int(amount) != ev.amount:
+        return (f"{ev.kind}: charge {charge_row_id} is {amount} from {account}, the event says {ev.amount} "
+                f"from {ev.account} (amount/account mismatch)")
+    return f"{ev.kind}: charge {charge_row_id} is already {status} (a second event for one charge id)"
+
+
+def _apply_credit(conn: psycopg.Connection, stats: PageStats, event_id: str, ev: Any) -> None:
+    row = conn.execute(DEPOSIT_ROW_SQL, (ev.ref,)).fetchone()
+    if row is None:
+        _quarantine(conn, stats, event_id, f"credit: no deposit with deposit_tx {ev.ref.hex()}")
+        return
+    pending_id, account, amount, status = row
+    target = f"pending_credit:{pending_id}"
+    if account != ev.account or int(amount) != ev.amount:
+        _quarantine(conn, stats, event_id, f"credit: deposit {pending_id} is {amount} for {account}, the event "
+                    f"says {ev.amount} for {ev.account} (amount/account mismatch)", target)
+        return
+    won = conn.execute(FUNDING_SETTLE_SQL, {"id": pending_id, "by": "observer", "deposit_tx": ev.ref}).fetchone()
+    if won is not None:
+        stats.credited += 1
+        conn.execute(MARK_EVENT_SQL, (target, "credited", event_id))
+    elif status == "settled" or _status(conn, pending_id) == "settled":
+        stats.already += 1  # funding won the flip and applied the increment
+        conn.execute(MARK_EVENT_SQL, (target, "already_settled", event_id))
+    else:
+        _quarantine(conn, stats, event_id, f"credit: deposit {pending_id} is {status} locally but credited on chain",
+                    target)
+
+
+def _status(conn: psycopg.Connection, pending_id: int) -> str:
+    return str(conn.execute("SELECT status FROM paygate.pending_credits WHERE id = %s", (pending_id,)).fetchone()[0])
