@@ -154,3 +154,17 @@ def test_postgres_vanishing_mid_loop_exits_69() -> None:
         cluster.stop()
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == ExitCode.UNAVAILABLE, err
+
+
+def test_a_lock_timeout_fails_the_tick_without_calling_the_database_gone(dsn: str) -> None:
+    """A statement that fails on a live connection (lock timeout, deadlock) is a failed tick: exit 1,
+    recorded on the heartbeat row, retried next tick; only a lost connection means 69."""
+    with psycopg.connect(dsn) as blocker:
+        blocker.execute("LOCK TABLE paygate.webhook_outbox IN ACCESS EXCLUSIVE MODE")
+        result = run_cli("run-tick", "webhooks", "--json", dsn=dsn, PAYGATE_LOCK_TIMEOUT="300ms")
+        blocker.rollback()
+    assert result.code == ExitCode.FAILED, result.err
+    with psycopg.connect(dsn) as db:
+        outcome, error = db.execute("SELECT outcome, error FROM paygate.worker_runs WHERE worker = 'webhooks'"
+                                    " ORDER BY id DESC LIMIT 1").fetchone()
+    assert outcome == "failed" and "LockNotAvailable" in error

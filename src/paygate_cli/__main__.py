@@ -19,8 +19,12 @@ def _classify_database_error(exc: BaseException) -> tuple[ExitCode, str, str] | 
         return None
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         return ExitCode.NOPERM, "db.permission_denied", f"database permission denied: {exc}".strip()
-    if isinstance(exc, psycopg.OperationalError):
+    from paygate_cli.db.connect import is_connection_lost
+
+    if is_connection_lost(exc):
         return ExitCode.UNAVAILABLE, "db.unavailable", f"database unavailable: {exc}".strip()
+    if isinstance(exc, psycopg.OperationalError):  # deadlock, timeout: failed, a retry may succeed
+        return ExitCode.FAILED, "db.operation_failed", f"database operation failed: {exc}".strip()
     return None
 
 

@@ -69,6 +69,23 @@ def connect(settings: Settings, purpose: str, *, autocommit: bool = True,
         raise Unavailable(f"cannot connect to Postgres: {detail}", msgid="db.unavailable") from None
 
 
+# Server shutting down / crashed / not accepting connections (class 57P0x), and connection errors.
+_GONE_SQLSTATES = {"57P01", "57P02", "57P03"}
+
+
+def is_connection_lost(exc: BaseException, conn: psycopg.Connection | None = None) -> bool:
+    """The database is gone (exit 69), as opposed to a statement that failed on a live connection
+    (a deadlock, a lock or statement timeout: the tick failed and the next one retries)."""
+    import psycopg
+
+    if not isinstance(exc, psycopg.OperationalError):
+        return False
+    if conn is not None and conn.closed:
+        return True
+    state = exc.sqlstate
+    return state is None or state.startswith("08") or state in _GONE_SQLSTATES
+
+
 def assert_not_in_transaction(conn: psycopg.Connection, what: str) -> None:
     """DESIGN rule 2: no database transaction may be open across a network call."""
     from psycopg.pq import TransactionStatus

@@ -32,6 +32,13 @@ QUEUE_SQL: dict[str, str] = {
     "observer.quarantined": """
         SELECT count(*), extract(epoch FROM now() - min(observed_at))::float8
         FROM paygate.chain_events WHERE quarantined""",
+    "subscriptions.due": """
+        SELECT count(*), extract(epoch FROM now() - min(coalesce(retry_at, next_period_start)))::float8
+        FROM paygate.subscriptions
+        WHERE (status = 'active' AND next_period_start <= now()) OR (status = 'past_due' AND retry_at <= now())""",
+    "subscriptions.past_due": """
+        SELECT count(*), extract(epoch FROM now() - min(past_due_since))::float8
+        FROM paygate.subscriptions WHERE status = 'past_due'""",
     "lineages.live": """
         SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
         FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')""",

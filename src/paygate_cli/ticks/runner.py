@@ -11,7 +11,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from paygate_cli.db.connect import connect
+from paygate_cli.db.connect import connect, is_connection_lost
 from paygate_cli.db.locks import acquire_slot, describe_key
 from paygate_cli.errors import ExitCode, NeedsHuman, PaygateError, Unavailable, UsageError
 from paygate_cli.logs import get_logger
@@ -223,8 +223,13 @@ def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Conne
         outcome, error = "needs_human", str(exc)
         result.needs_human += 1
         log.error(str(exc), extra={"msgid": exc.msgid, "worker": spec.name})
-    except psycopg.OperationalError:
-        raise  # the database is gone: the caller maps it to 69; the tick's transaction rolled back
+    except psycopg.OperationalError as exc:
+        if is_connection_lost(exc, work):
+            raise  # the database is gone: the caller maps it to 69; the tick's transaction rolled back
+        # A deadlock, a lock or statement timeout: the transaction rolled back; the next tick retries.
+        outcome, error = "failed", f"{type(exc).__name__}: {str(exc).strip()}"
+        result.failed += 1
+        log.error("tick failed: %s", error, extra={"msgid": "tick.db_error", "worker": spec.name})
     except PaygateError as exc:
         outcome, error = "failed", str(exc)
         result.failed += 1
