@@ -16,7 +16,7 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
     env = get_env(ctx)
     mode = output_mode(json_flag, plain_flag)
     with connect(env.settings, "status", attempts=2) as conn:
-        report = readiness(conn)
+        report = readiness(conn, env.settings)
     rows = [{"check": "ready", "value": report["ready"], "detail": "; ".join(report["problems"])},
             {"check": "schema", "value": report["schema"]["schema_version"],
              "detail": f"expected {report['schema']['expected_version']}"}]
@@ -25,6 +25,9 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
     rows += [{"check": f"queue:{q['queue']}", "value": q["depth"],
               "detail": f"oldest {q['oldest_age_s']}s" if q["oldest_age_s"] is not None else ""}
              for q in report["queues"]]
+    rows += [{"check": f"rpc:{e['role']}", "value": e["status"],
+              "detail": f"{e['url']} ledger {e.get('latest_ledger')} lag {e.get('lag_ledgers')}"}
+             for e in report.get("rpc", {}).get("endpoints", [])]
     rows += [{"check": f"lock:{lock['lock']}", "value": f"pid {lock['pid']}",
               "detail": f"slot {lock['slot']}, {lock['application_name']}"} for lock in report["locks"]]
     rows += [{"check": f"worker:{w['worker']}", "value": w["last_outcome"] or "never run",

@@ -100,7 +100,37 @@ def queue_depths(conn: psycopg.Connection) -> list[dict[str, Any]]:
     return depths
 
 
-def readiness(conn: psycopg.Connection) -> dict[str, Any]:
+def rpc_health(settings: Any) -> dict[str, Any]:
+    """Each RPC endpoint's getHealth and latest ledger; lag is measured against the furthest one."""
+    if not settings.rpc_url:
+        return {"configured": False, "endpoints": [], "problems": []}
+    from paygate_cli.chain.rpc import ChainClient
+
+    chain = ChainClient(settings)
+    endpoints = []
+    try:
+        for role, url, server in [("write", chain.write_url, chain.write),
+                                  *[("read", u, s) for u, s in zip(chain.read_urls, chain.readers, strict=True)]]:
+            try:
+                health = server.get_health()
+                endpoints.append({"role": role, "url": url, "status": health.status,
+                                  "latest_ledger": health.latest_ledger, "oldest_ledger": health.oldest_ledger})
+            except Exception as exc:  # any failure of one endpoint is a finding, not a crash of status
+                endpoints.append({"role": role, "url": url, "status": "unreachable",
+                                  "error": f"{type(exc).__name__}: {exc}"[:200]})
+    finally:
+        chain.close()
+    furthest = max((e["latest_ledger"] for e in endpoints if e.get("latest_ledger")), default=None)
+    problems = []
+    for endpoint in endpoints:
+        if endpoint.get("latest_ledger") is not None and furthest is not None:
+            endpoint["lag_ledgers"] = furthest - endpoint["latest_ledger"]
+        if endpoint["status"] != "healthy":
+            problems.append(f"RPC {endpoint['role']} endpoint {endpoint['url']} is {endpoint['status']}")
+    return {"configured": True, "endpoints": endpoints, "problems": problems}
+
+
+def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
     schema = schema_state(conn)
     problems: list[str] = []
     if schema["pending"]:
@@ -117,6 +147,9 @@ def readiness(conn: psycopg.Connection) -> dict[str, Any]:
     }
     if schema["schema_version"] == 0:
         return report  # nothing else exists to look at yet
+    if settings is not None:
+        report["rpc"] = rpc_health(settings)
+        problems += report["rpc"]["problems"]
     report["halts"] = list_halts(conn)
     problems += [f"{h['kind']} halt set by {h['set_by']}: {h['reason']}" for h in report["halts"]]
     report.update(queues=queue_depths(conn), workers=last_runs(conn), ready=not problems)
