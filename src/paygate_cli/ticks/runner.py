@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from paygate_cli.db.connect import connect, is_connection_lost
 from paygate_cli.db.locks import acquire_slot, describe_key
-from paygate_cli.errors import ExitCode, NeedsHuman, PaygateError, Unavailable, UsageError
+from paygate_cli.errors import ConfigError, ExitCode, NeedsHuman, PaygateError, Unavailable, UsageError
 from paygate_cli.logs import get_logger
 from paygate_cli.secrets import scrub
 from paygate_cli.ticks.context import TickContext, TickResult
@@ -230,6 +230,10 @@ def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Conne
         outcome, error = "failed", f"{type(exc).__name__}: {str(exc).strip()}"
         result.failed += 1
         log.error("tick failed: %s", error, extra={"msgid": "tick.db_error", "worker": spec.name})
+    except ConfigError as exc:
+        # Configuration does not fix itself on the next tick: record it and end the run (exit 78).
+        _finish(work, run_id, "error", result, str(exc))
+        raise
     except PaygateError as exc:
         outcome, error = "failed", str(exc)
         result.failed += 1
