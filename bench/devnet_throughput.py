@@ -33,6 +33,7 @@ from stellar_sdk import (
     scval,
     xdr,
 )
+
 from tests.devnet_support import start_devnet
 
 
