@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.errors import Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.lineage import Lineage
 
@@ -75,6 +76,11 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
         return Resolution(lineage.state)
     assert lineage.inner_hash is not None
     probes = chain.probe(lineage.lane, lineage.inner_hash.hex())
+    if all(p.error for p in probes):
+        # No read endpoint answered at all: the RPC is unavailable, not "undecided". Say so (the
+        # caller hands its work back) instead of reporting a quiet wait.
+        raise Unavailable(f"no read endpoint answered for lineage {lineage.id}: {probes[0].error}"[:500],
+                          msgid="rpc.unavailable")
     verdicts = [judge(p, lineage) for p in probes]
     decision = decide(verdicts)
     evidence = {"verdicts": dict(zip(chain.read_urls, verdicts, strict=True)), "decision": decision}

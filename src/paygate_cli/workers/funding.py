@@ -308,6 +308,12 @@ def _drive(deps: Deps, row: Deposit, lineage: lineages.Lineage) -> str:
                            extra={"msgid": "journal.foreign_sequence_use", "pending_credit_id": row.id,
                                   "lineage_id": lineage.id, "lane": lineage.lane,
                                   "chain_seq": resolution.evidence.get("chain_seq")})
+    if resolution.evidence.get("decision") == "wait":
+        # Disagreement or no majority of covering answers: never decided, but reported.
+        deps.ctx.log.warning("lineage %s of deposit %s waits: no majority of read endpoints agrees (%s)",
+                             lineage.id, row.id, resolution.evidence.get("verdicts"),
+                             extra={"msgid": "journal.no_quorum", "pending_credit_id": row.id,
+                                    "lineage_id": lineage.id})
     return resolution.state
 
 
