@@ -174,6 +174,11 @@ FAULTS: dict[str, tuple[str, dict[str, Any]] | None] = {
     "sequence_lag": ("account_lag", {"ledgers": 3}),
     # the next transaction accepted stays queued 3 ledgers before it lands
     "late_landing": ("hold_next", {"ledgers": 3}),
+    # the next transaction accepted is never included (dropped after 4 ledgers, banned): only its
+    # maxTime passing proves it dead, then a fresh lineage lands
+    "dropped": ("drop_next", {}),
+    # the node refuses to queue the next sends
+    "try_again_later": ("try_again_later", {"count": 3}),
 }
 
 DRILLS = [pytest.param(point, "plain", id=point.split(".")[1]) for point in CRASH_POINTS] + [
@@ -183,6 +188,9 @@ DRILLS = [pytest.param(point, "plain", id=point.split(".")[1]) for point in CRAS
     pytest.param("funding.after_broadcast", "late_landing", id="after_broadcast+late_landing"),
     pytest.param("funding.after_deposit_applied", "sequence_lag", id="after_deposit_applied+sequence_lag"),
     pytest.param("funding.after_sign", "sequence_lag", id="after_sign+sequence_lag"),
+    pytest.param("funding.after_broadcast", "dropped", id="after_broadcast+dropped"),
+    pytest.param("funding.after_credit_broadcast", "dropped", id="after_credit_broadcast+dropped"),
+    pytest.param("funding.after_anchor", "try_again_later", id="after_anchor+try_again_later"),
 ]
 
 
@@ -202,6 +210,9 @@ def test_crash_drill(chain: ChainEnv, db: psycopg.Connection, point: str, fault:
     run_until_quiet(chain, db)
     chain.devnet.clear_faults()
     assert_invariants(chain, db, [first, second])
+    if fault == "dropped":  # the dropped attempt was proven dead by time, never by a guess
+        dead = [x for x in lineages_of(db) if x["state"] == "expired"]
+        assert len(dead) == 1 and "maxTime" in dead[0]["resolution"], lineages_of(db)
 
 
 # -- the two classic branches -----------------------------------------------------------------------
