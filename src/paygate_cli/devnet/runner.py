@@ -44,6 +44,14 @@ def start(*, host: str, port: int, ledger_interval: str, state: Path | None, ret
     from paygate_cli.devnet import genesis, persist
     from paygate_cli.devnet.server import Config, DevnetServer, _interval_str
 
+    # Handlers first: once a client has read the genesis line, SIGTERM/SIGINT must stop us cleanly.
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     interval = parse_interval(ledger_interval)
     if retention < 1:
         raise UsageError("--retention must be >= 1")
@@ -69,13 +77,6 @@ def start(*, host: str, port: int, ledger_interval: str, state: Path | None, ret
     out.flush()
     log.info("devnet serving on %s (ledger %d, interval %s)", srv.url, dev.latest, _interval_str(interval))
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     t = threading.Thread(target=srv.serve_forever, name="devnet-http", daemon=True)
     t.start()
     while not stop.wait(0.5):
