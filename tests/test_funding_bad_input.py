@@ -204,3 +204,48 @@ def _submit_directly(chain: ChainEnv, entry: str, account: str, amount: int) -> 
         assert server.send_transaction(tx).status.value == "PENDING"
         chain.devnet.close_ledger()
         assert server.get_transaction(tx.hash_hex()).status.value == "SUCCESS"
+
+
+def test_a_deposit_the_chain_refuses_in_simulation_fails_once_and_frees_its_lane(chain: ChainEnv,
+                                                                                 db: psycopg.Connection) -> None:
+    """A well-formed authorisation for more USDC than the user holds: simulation traps, the row ends
+    failed with the reason, its allocated lineage is abandoned (the lane is free again at once)."""
+    add_webhook(db)
+    too_much = admit(chain, db, user=1, amount=10**15)
+    good = admit(chain, db, user=0)
+    result = chain.tick("funding", "--once")
+    assert result.code == 0, result.err
+    row = row_of(db, too_much)
+    assert row["status"] == "failed" and "simulation of transfer failed" in row["reason"], row
+    assert lineages_of(db)[0]["state"] == "abandoned" and lineages_of(db)[0]["entitlement"].startswith(
+        f"pending_credit:{too_much}:")
+    assert [e["pending_credit_id"] for e in events(db, "credit.failed")] == [too_much]
+    run_until_quiet(chain, db)
+    assert row_of(db, too_much)["attempts"] == 1
+    assert_invariants(chain, db, [good])
+
+
+def test_authorisation_expiring_while_its_lineage_is_in_flight_ends_expired_after_the_proof(
+        chain: ChainEnv, db: psycopg.Connection) -> None:
+    """The deposit is accepted but never included (dropped), and the user's authorisation runs out
+    meanwhile. The row must not end until the lineage is proven dead (maxTime passed); then, with the
+    authorisation expired, it ends `expired` and no second transaction is ever built."""
+    chain.devnet.set_fault("drop_next")
+    pending_id = admit(chain, db, user=0, valid_ledgers=3)
+    seen_pending_after_expiry = False
+    for _ in range(20):
+        result = chain.tick("funding", "--once")
+        assert result.code == 0, result.err
+        row = row_of(db, pending_id)
+        if row["status"] != "pending":
+            break
+        live = [x for x in lineages_of(db) if x["state"] in ("signed", "sent")]
+        if chain.devnet.latest_ledger() > row["auth_expiration_ledger"] and live:
+            seen_pending_after_expiry = True  # expired authorisation, but its lineage not yet proven dead
+        chain.devnet.close_ledger()
+    row = row_of(db, pending_id)
+    assert row["status"] == "expired" and "expired at ledger" in row["reason"], row
+    assert seen_pending_after_expiry
+    assert [(x["purpose"], x["state"]) for x in lineages_of(db)] == [("deposit", "expired")]
+    assert "maxTime" in lineages_of(db)[0]["resolution"]
+    assert all(addr(t["topics"][1]) != chain.genesis["users"][0]["public"] for t in contract_events(chain, "transfer"))
