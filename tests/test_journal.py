@@ -448,3 +448,25 @@ def test_an_unlanded_live_transaction_is_never_dead(views: list[tuple[int, int]]
     verdicts = [judge(p, lineage) for p in probes]
     assert set(verdicts) <= {"pending", "unknown"}
     assert decide(verdicts) in ("pending", "wait")
+
+
+def test_a_tampered_journal_row_stops_the_deposit_and_sends_nothing(chain: ChainEnv, db: psycopg.Connection) -> None:
+    """Someone with table-owner rights (trigger disabled) alters an anchored envelope. The resend
+    refuses to decrypt it: the deposit stops as needs_human (exit 3), nothing reaches the network,
+    and the lineage stays live (its lane busy) for a human to look at."""
+    pending_id = admit(chain, db)
+    crash_tick(chain, "funding.after_anchor")
+    [lineage] = lineages_of(db)
+    with db.transaction():
+        db.execute("ALTER TABLE paygate.lineages DISABLE TRIGGER lineage_transition_guard")
+        db.execute("UPDATE paygate.lineages SET envelope = set_byte(envelope, 20, get_byte(envelope, 20) # 1) "
+                   "WHERE id = %s", (lineage["id"],))
+        db.execute("ALTER TABLE paygate.lineages ENABLE TRIGGER lineage_transition_guard")
+    wait_for_leases(db)
+    result = chain.tick("funding", "--once")
+    assert result.code == ExitCode.NEEDS_HUMAN, (result.code, result.err)
+    assert "journal.envelope_tampered" in result.err
+    row = db.execute("SELECT status, reason FROM paygate.pending_credits WHERE id = %s", (pending_id,)).fetchone()
+    assert row[0] == "needs_human" and "altered or swapped" in row[1]
+    assert chain.devnet.state()["queue"] == []
+    assert [x["state"] for x in lineages_of(db)] == ["signed"]
