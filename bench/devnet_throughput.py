@@ -6,7 +6,7 @@ sending every envelope over HTTP (a few client threads) and closing the ledgers 
 Baseline, measured in the same run: the unavoidable floor per transaction, decoding the envelope
 with `TransactionEnvelope.from_xdr` and one ed25519 verify per signature. Prints figures; asserts nothing.
 
-    .venv/bin/python bench/devnet_throughput.py [--lanes 16] [--rounds 20] [--batch 10] [--threads 4]
+    .venv/bin/python bench/devnet_throughput.py [--lanes 16] [--rounds 10] [--batch 10] [--threads 2]
 """
 
 from __future__ import annotations
@@ -109,9 +109,9 @@ def credit_users(server: SorobanServer, dev, lane: Keypair) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lanes", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--batch", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         dev = start_devnet(tmp, seed="bench", lanes=a.lanes, users=8)
