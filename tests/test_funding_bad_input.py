@@ -75,6 +75,15 @@ def test_admission_is_idempotent_and_refuses_a_reused_key(db: psycopg.Connection
     assert db.execute("SELECT count(*) FROM paygate.pending_credits").fetchone()[0] == 1
 
 
+def test_the_same_authorisation_cannot_be_admitted_twice(db: psycopg.Connection) -> None:
+    """Two requests with different idempotency keys carrying one authorisation (same account and
+    nonce) would be two deposits for one transfer: the second is refused at admission."""
+    admit_deposit(db, USER, AMOUNT, GOOD_ENTRY, 7, 100, "first")
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        admit_deposit(db, USER, AMOUNT, GOOD_ENTRY, 7, 100, "second")
+    assert db.execute("SELECT count(*) FROM paygate.pending_credits").fetchone()[0] == 1
+
+
 # -- tick time: quarantined with the reason, never retried, never blocking the batch ---------------
 
 def test_bad_authorisations_are_quarantined_without_blocking_the_batch(chain: ChainEnv, db: psycopg.Connection
