@@ -50,13 +50,17 @@ SET cursor = %(cursor)s, ledger = %(ledger)s, latest_ledger = %(latest)s, pages 
 WHERE singleton AND cursor = %(old)s
 """
 
+# Which of a page's events were applied before (a page read twice: a crash after commit, a node
+# that served an older cursor)? Only the others are applied; the UNIQUE event id is the backstop.
+SEEN_EVENTS_SQL = "SELECT event_id FROM paygate.chain_events WHERE event_id = ANY(%s)"
+# Every new event of the page is written once, with what it did (or why it was quarantined).
 INSERT_EVENTS_SQL = """
-INSERT INTO paygate.chain_events (event_id, ledger, tx_hash, contract_id, kind, payload, quarantined,
-                                  quarantine_reason)
+INSERT INTO paygate.chain_events (event_id, ledger, tx_hash, contract_id, kind, payload, applied_to, effect,
+                                  quarantined, quarantine_reason)
 SELECT * FROM unnest(%(ids)s::text[], %(ledgers)s::integer[], %(txs)s::text[], %(contracts)s::text[],
-                     %(kinds)s::text[], %(payloads)s::jsonb[], %(quarantined)s::boolean[], %(reasons)s::text[])
+                     %(kinds)s::text[], %(payloads)s::jsonb[], %(applied_to)s::text[], %(effects)s::text[],
+                     %(quarantined)s::boolean[], %(reasons)s::text[])
 ON CONFLICT (event_id) DO NOTHING
-RETURNING event_id
 """
 
 # Set-based promotion of a page's `charge` events: only rows whose account and amount match the
@@ -73,12 +77,8 @@ WITH ev AS (
     WHERE c.charge_id = ev.charge_id AND c.account = ev.account AND c.amount = ev.amount
       AND c.status IN ('authorized', 'submitted')
     RETURNING c.id, c.charge_id, c.account, c.amount, ev.event_id, ev.ledger
-), marked AS (
-    UPDATE paygate.chain_events x SET applied_to = 'charge:' || s.id, effect = 'settled'
-    FROM settled s WHERE x.event_id = s.event_id
-    RETURNING 1
 )
-SELECT s.event_id, paygate.emit_event('charge.settled', jsonb_build_object(
+SELECT s.event_id, s.id, paygate.emit_event('charge.settled', jsonb_build_object(
            'charge_row_id', s.id, 'charge_id', encode(s.charge_id, 'hex'), 'account', s.account,
            'amount', s.amount::text, 'ledger', s.ledger, 'event_id', s.event_id))
 FROM settled s
@@ -103,12 +103,8 @@ WITH ev AS (
     FROM (SELECT account, sum(amount) AS total FROM failed GROUP BY account) f
     WHERE a.address = f.account
     RETURNING a.address, a.cached_balance
-), marked AS (
-    UPDATE paygate.chain_events x SET applied_to = 'charge:' || f.id, effect = 'failed'
-    FROM failed f WHERE x.event_id = f.event_id
-    RETURNING 1
 )
-SELECT f.event_id, paygate.emit_event('charge.failed', jsonb_build_object(
+SELECT f.event_id, f.id, paygate.emit_event('charge.failed', jsonb_build_object(
            'charge_row_id', f.id, 'charge_id', encode(f.charge_id, 'hex'), 'account', f.account,
            'amount', f.amount::text, 'reason', f.reason, 'ledger', f.ledger, 'event_id', f.event_id,
            'balance', (SELECT r.cached_balance::text FROM restored r WHERE r.address = f.account)))
@@ -117,10 +113,6 @@ FROM failed f
 
 CHARGE_ROW_SQL = "SELECT id, account, amount, status FROM paygate.charges WHERE charge_id = %s"
 DEPOSIT_ROW_SQL = "SELECT id, account, amount, status FROM paygate.pending_credits WHERE deposit_tx = %s"
-MARK_EVENT_SQL = "UPDATE paygate.chain_events SET applied_to = %s, effect = %s WHERE event_id = %s"
-QUARANTINE_SQL = """
-UPDATE paygate.chain_events SET quarantined = true, quarantine_reason = %s, applied_to = %s WHERE event_id = %s
-"""
 
 
 @dataclass
@@ -192,60 +184,11 @@ def apply_page(conn: psycopg.Connection, page: EventsPage, old_cursor: str | Non
     """Apply one page and store its cursor; the caller holds the transaction."""
     from paygate_cli.chain.charges import UndecodableEvent, cursor_ledger, decode_billing_event
 
-    stats = PageStats(events=len(page.events))
-    decoded: dict[str, Any] = {}
-    rows: dict[str, list[Any]] = {k: [] for k in ("ids", "ledgers", "txs", "contracts", "kinds", "payloads",
-                                                   "quarantined", "reasons")}
-    for event in page.events:
-        try:
-            billing = decode_billing_event(event)
-            decoded[event.id] = billing
-            payload: dict[str, Any] = {"account": billing.account, "amount": str(billing.amount),
-                                       "ref": billing.ref.hex()}
-            if billing.reason is not None:
-                payload["reason"] = billing.reason
-            kind, quarantined, reason = billing.kind, False, None
-        except UndecodableEvent as exc:
-            payload = {"topic": event.topic, "value": event.value}
-            kind, quarantined, reason = None, True, f"undecodable: {exc}"
-        rows["ids"].append(event.id)
-        rows["ledgers"].append(event.ledger)
-        rows["txs"].append(event.tx_hash)
-        rows["contracts"].append(event.contract_id)
-        rows["kinds"].append(kind)
-        rows["payloads"].append(Jsonb(payload))
-        rows["quarantined"].append(quarantined)
-        rows["reasons"].append(reason)
-    new_ids: set[str] = set()
-    if page.events:
-        new_ids = {r[0] for r in conn.execute(INSERT_EVENTS_SQL, rows)}
-    stats.new = len(new_ids)
-    for event_id, reason in zip(rows["ids"], rows["reasons"], strict=True):
-        if reason is not None and event_id in new_ids:
-            stats.quarantined.append((event_id, reason))
-    ledgers = {e.id: e.ledger for e in page.events}
-    fresh = [(eid, ev) for eid, ev in decoded.items() if eid in new_ids]
-    passes = (("charge", SETTLE_CHARGES_SQL, "settled"), ("charge_failed", FAIL_CHARGES_SQL, "failed"))
-    for kind, sql, counter in passes:
-        group = [(eid, ev) for eid, ev in fresh if ev.kind == kind]
-        if not group:
-            continue
-        params: dict[str, Any] = {"ids": [g[0] for g in group], "refs": [g[1].ref for g in group],
-                                  "accounts": [g[1].account for g in group], "amounts": [g[1].amount for g in group],
-                                  "ledgers": [ledgers[g[0]] for g in group]}
-        if kind == "charge_failed":
-            params["reasons"] = [g[1].reason or "" for g in group]
-        applied = {r[0] for r in conn.execute(sql, params)}
-        setattr(stats, counter, len(applied))
-        for eid, ev in group:
-            if eid not in applied:
-                _quarantine(conn, stats, eid, _diagnose_charge(conn, ev))
-    for eid, ev in fresh:
-        if ev.kind == "credit":
-            _apply_credit(conn, stats, eid, ev)
+    # The cursor CAS first: it locks the cursor row, so a second writer (which the advisory lock
+    # should make impossible) stops here before applying anything.
     new_cursor = page.cursor
-    params = {"cursor": new_cursor, "ledger": cursor_ledger(new_cursor), "latest": page.latest_ledger,
-              "events": stats.new, "old": old_cursor}
+    params: dict[str, Any] = {"cursor": new_cursor, "ledger": cursor_ledger(new_cursor), "latest": page.latest_ledger,
+                              "events": len(page.events), "old": old_cursor}
     if old_cursor is None:
         if conn.execute(INSERT_CURSOR_SQL, params).rowcount != 1:
             raise NeedsHuman("observer cursor appeared while this tick held none: a second observer is writing",
@@ -253,16 +196,71 @@ def apply_page(conn: psycopg.Connection, page: EventsPage, old_cursor: str | Non
     elif conn.execute(ADVANCE_CURSOR_SQL, params).rowcount != 1:
         raise NeedsHuman("observer cursor changed under this tick: a second observer is writing",
                          msgid="observer.second_writer")
+    stats = PageStats(events=len(page.events))
+    if not page.events:
+        return stats
+    seen = {r[0] for r in conn.execute(SEEN_EVENTS_SQL, ([e.id for e in page.events],))}
+    fresh = [e for e in page.events if e.id not in seen]
+    stats.new = len(fresh)
+    decoded: dict[str, Any] = {}
+    outcome: dict[str, tuple[str | None, str | None, str | None]] = {}  # id -> (applied_to, effect, quarantine)
+    for event in fresh:
+        try:
+            decoded[event.id] = decode_billing_event(event)
+        except UndecodableEvent as exc:
+            outcome[event.id] = (None, None, f"undecodable: {exc}")
+    passes = (("charge", SETTLE_CHARGES_SQL, "settled"), ("charge_failed", FAIL_CHARGES_SQL, "failed"))
+    ledgers = {e.id: e.ledger for e in fresh}
+    for kind, sql, effect in passes:
+        group = [(eid, ev) for eid, ev in decoded.items() if ev.kind == kind]
+        if not group:
+            continue
+        batch: dict[str, Any] = {"ids": [g[0] for g in group], "refs": [g[1].ref for g in group],
+                                 "accounts": [g[1].account for g in group], "amounts": [g[1].amount for g in group],
+                                 "ledgers": [ledgers[g[0]] for g in group]}
+        if kind == "charge_failed":
+            batch["reasons"] = [g[1].reason or "" for g in group]
+        applied = {r[0]: r[1] for r in conn.execute(sql, batch)}
+        setattr(stats, effect, len(applied))
+        for eid, ev in group:
+            if eid in applied:
+                outcome[eid] = (f"charge:{applied[eid]}", effect, None)
+            else:
+                outcome[eid] = (None, None, _diagnose_charge(conn, ev))
+    for eid, ev in decoded.items():
+        if ev.kind == "credit":
+            outcome[eid] = _apply_credit(conn, stats, ev)
+    rows: dict[str, list[Any]] = {k: [] for k in ("ids", "ledgers", "txs", "contracts", "kinds", "payloads",
+                                                   "applied_to", "effects", "quarantined", "reasons")}
+    for event in fresh:
+        billing = decoded.get(event.id)
+        if billing is not None:
+            payload: dict[str, Any] = {"account": billing.account, "amount": str(billing.amount),
+                                       "ref": billing.ref.hex()}
+            if billing.reason is not None:
+                payload["reason"] = billing.reason
+        else:
+            payload = {"topic": event.topic, "value": event.value}
+        applied_to, effect, reason = outcome[event.id]
+        rows["ids"].append(event.id)
+        rows["ledgers"].append(event.ledger)
+        rows["txs"].append(event.tx_hash)
+        rows["contracts"].append(event.contract_id)
+        rows["kinds"].append(billing.kind if billing else None)
+        rows["payloads"].append(Jsonb(payload))
+        rows["applied_to"].append(applied_to)
+        rows["effects"].append(effect)
+        rows["quarantined"].append(reason is not None)
+        rows["reasons"].append(reason)
+        if reason is not None:
+            stats.quarantined.append((event.id, reason))
+    if conn.execute(INSERT_EVENTS_SQL, rows).rowcount != len(fresh):
+        raise NeedsHuman("billing events appeared in chain_events while this page was applied: a second observer "
+                         "is writing", msgid="observer.second_writer")
     for event_id, reason in stats.quarantined:
         log.error("billing event %s quarantined: %s", event_id, reason,
                   extra={"msgid": "observer.quarantined", "event_id": event_id})
     return stats
-
-
-def _quarantine(conn: psycopg.Connection, stats: PageStats, event_id: str, reason: str,
-                applied_to: str | None = None) -> None:
-    conn.execute(QUARANTINE_SQL, (reason, applied_to, event_id))
-    stats.quarantined.append((event_id, reason))
 
 
 def _diagnose_charge(conn: psycopg.Connection, ev: Any) -> str:
@@ -276,27 +274,23 @@ def _diagnose_charge(conn: psycopg.Connection, ev: Any) -> str:
     return f"{ev.kind}: charge {charge_row_id} is already {status} (a second event for one charge id)"
 
 
-def _apply_credit(conn: psycopg.Connection, stats: PageStats, event_id: str, ev: Any) -> None:
+def _apply_credit(conn: psycopg.Connection, stats: PageStats, ev: Any) -> tuple[str | None, str | None, str | None]:
     row = conn.execute(DEPOSIT_ROW_SQL, (ev.ref,)).fetchone()
     if row is None:
-        _quarantine(conn, stats, event_id, f"credit: no deposit with deposit_tx {ev.ref.hex()}")
-        return
+        return None, None, f"credit: no deposit with deposit_tx {ev.ref.hex()}"
     pending_id, account, amount, status = row
     target = f"pending_credit:{pending_id}"
     if account != ev.account or int(amount) != ev.amount:
-        _quarantine(conn, stats, event_id, f"credit: deposit {pending_id} is {amount} for {account}, the event "
-                    f"says {ev.amount} for {ev.account} (amount/account mismatch)", target)
-        return
+        return target, None, (f"credit: deposit {pending_id} is {amount} for {account}, the event says {ev.amount} "
+                              f"for {ev.account} (amount/account mismatch)")
     won = conn.execute(FUNDING_SETTLE_SQL, {"id": pending_id, "by": "observer", "deposit_tx": ev.ref}).fetchone()
     if won is not None:
         stats.credited += 1
-        conn.execute(MARK_EVENT_SQL, (target, "credited", event_id))
-    elif status == "settled" or _status(conn, pending_id) == "settled":
+        return target, "credited", None
+    if status == "settled" or _status(conn, pending_id) == "settled":
         stats.already += 1  # funding won the flip and applied the increment
-        conn.execute(MARK_EVENT_SQL, (target, "already_settled", event_id))
-    else:
-        _quarantine(conn, stats, event_id, f"credit: deposit {pending_id} is {status} locally but credited on chain",
-                    target)
+        return target, "already_settled", None
+    return target, None, f"credit: deposit {pending_id} is {status} locally but credited on chain"
 
 
 def _status(conn: psycopg.Connection, pending_id: int) -> str:

@@ -52,14 +52,18 @@ ORDER BY created_at, id
 LIMIT %(batch)s
 FOR UPDATE SKIP LOCKED
 """
+# Record the lineage on every claimed row and open the batch under this process's lease, in one
+# round trip; `entries` is what was really marked.
 MARK_CLAIMED_SQL = """
-UPDATE paygate.charges
-SET claimed_at = now(), claimed_by = %(owner)s, lineage_id = %(lineage)s, updated_at = now()
-WHERE id = ANY(%(ids)s) AND status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
-"""
-INSERT_BATCH_SQL = """
+WITH claimed AS (
+    UPDATE paygate.charges
+    SET claimed_at = now(), claimed_by = %(owner)s, lineage_id = %(lineage)s, updated_at = now()
+    WHERE id = ANY(%(ids)s) AND status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
+    RETURNING 1
+)
 INSERT INTO paygate.charge_batches (lineage_id, entries, lease_token, lease_expires_at, claimed_by)
-VALUES (%(lineage)s, %(entries)s, %(token)s, now() + make_interval(secs => %(lease)s), %(owner)s)
+SELECT %(lineage)s, count(*), %(token)s, now() + make_interval(secs => %(lease)s), %(owner)s FROM claimed
+RETURNING entries
 """
 
 # Batches whose lease lapsed (their process died or finished its step): any settlement process
@@ -106,9 +110,38 @@ UNCLAIM_SQL = """
 UPDATE paygate.charges SET claimed_at = NULL, claimed_by = NULL, lineage_id = NULL, updated_at = now()
 WHERE lineage_id = %(lineage)s AND status = 'authorized' AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s))
 """
-SUBMITTED_SQL = """
-UPDATE paygate.charges SET status = 'submitted', updated_at = now()
-WHERE lineage_id = %(lineage)s AND status = 'authorized'
+# Journal the signed envelope (journal.lineage.ANCHOR_SQL's CAS, allocated -> signed) and mark the
+# batch's rows submitted, only while this process still holds the batch's lease: one round trip.
+ANCHOR_BATCH_SQL = """
+WITH held AS (
+    SELECT lineage_id FROM paygate.charge_batches
+    WHERE lineage_id = %(id)s AND lease_token = %(token)s AND closed_at IS NULL
+    FOR UPDATE
+), anchored AS (
+    UPDATE paygate.lineages
+    SET state = 'signed', source_seq = %(seq)s, key_id = %(key_id)s, envelope = %(envelope)s,
+        inner_hash = %(inner_hash)s, outer_hash = %(outer_hash)s, max_time = %(max_time)s,
+        signed_at_ledger = %(signed_at_ledger)s, signed_at = now()
+    WHERE id = (SELECT lineage_id FROM held) AND state = 'allocated'
+    RETURNING id
+), submitted AS (
+    UPDATE paygate.charges SET status = 'submitted', updated_at = now()
+    WHERE lineage_id = (SELECT id FROM anchored) AND status = 'authorized'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM anchored), (SELECT count(*) FROM submitted)
+"""
+# journal.lineage.MARK_SENT_SQL and the release of the batch lease, in one round trip.
+SENT_SQL = """
+WITH sent AS (
+    UPDATE paygate.lineages
+    SET state = 'sent', send_count = send_count + 1, last_send_status = %(status)s,
+        sent_at = coalesce(sent_at, now())
+    WHERE id = %(lineage)s AND state IN ('signed', 'sent')
+    RETURNING id
+)
+UPDATE paygate.charge_batches SET lease_token = NULL, lease_expires_at = NULL
+WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
 """
 # The lineage is proven dead (it cannot land: expired, superseded, or included and failed, which
 # reverts every entry). Its rows get a new chance, or, at the attempt limit, fail with the balance
@@ -242,11 +275,10 @@ def _start_batch(deps: Deps, result: TickResult) -> bool:
             if allocated is None:
                 raise _NoLane  # roll the claim back: no lane, no claim
             lineage_id, lane = allocated
-            claimed = deps.conn.execute(MARK_CLAIMED_SQL, {"owner": deps.owner, "lineage": lineage_id,
-                                                           "ids": [r.id for r in rows]}).rowcount
+            claimed = deps.conn.execute(MARK_CLAIMED_SQL, {
+                "owner": deps.owner, "lineage": lineage_id, "ids": [r.id for r in rows], "token": token,
+                "lease": ctx.settings.settlement_lease}).fetchone()[0]
             assert claimed == len(rows), "rows locked FOR UPDATE changed under the claim"
-            deps.conn.execute(INSERT_BATCH_SQL, {"lineage": lineage_id, "entries": len(rows), "token": token,
-                                                 "lease": ctx.settings.settlement_lease, "owner": deps.owner})
     except _NoLane:
         deps.count("no_free_lane")
         return False
@@ -308,25 +340,32 @@ def _prepare_and_send(deps: Deps, lineage_id: int, lane: str, token: uuid.UUID, 
     crashpoint("settlement.after_sign")
     key_id, ciphertext = deps.keyring.encrypt(signed.envelope_xdr.encode(), lineage_id=lineage_id, source=lane, seq=seq)
     with deps.conn.transaction():
-        _hold(deps, lineage_id, token)
-        if not lineages.anchor(deps.conn, lineage_id, seq=seq, key_id=key_id, envelope=ciphertext,
-                               inner_hash=signed.inner_hash, outer_hash=signed.outer_hash,
-                               max_time=signed.max_time, signed_at_ledger=latest.sequence):
+        held, anchored, _ = deps.conn.execute(ANCHOR_BATCH_SQL, {
+            "id": lineage_id, "token": token, "seq": seq, "key_id": key_id, "envelope": ciphertext,
+            "inner_hash": signed.inner_hash, "outer_hash": signed.outer_hash, "max_time": signed.max_time,
+            "signed_at_ledger": latest.sequence}).fetchone()
+        if not held:
+            raise LeaseLost(f"charge batch {lineage_id}: lease lost before anchor")
+        if not anchored:
             raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
-        deps.conn.execute(SUBMITTED_SQL, {"lineage": lineage_id})
     # The crash window is closed: the exact bytes are journaled before anything is broadcast.
     crashpoint("settlement.after_anchor")
     outcome = deps.chain.send(signed.envelope_xdr)
     crashpoint("settlement.after_broadcast")
-    with deps.conn.transaction():
-        lineages.mark_sent(deps.conn, lineage_id, outcome.label)
-        deps.conn.execute(RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": token})
+    deps.conn.execute(SENT_SQL, {"status": outcome.label, "lineage": lineage_id, "token": token})
     if outcome.status == "ERROR":
         # Not proof of anything by itself: the lineage is resolved (and, once proven dead, its
         # charges retried) on a later tick.
         deps.ctx.log.warning("charge_batch lineage %s: send answered %s", lineage_id, outcome.label,
                              extra={"msgid": "settlement.send_error", "lineage_id": lineage_id})
     return "sent"
+
+
+def _close(deps: Deps, lineage_id: int, token: uuid.UUID, outcome: str) -> None:
+    """Close the batch under this process's lease (the CAS is the guard for what follows in the
+    same transaction)."""
+    if deps.conn.execute(CLOSE_BATCH_SQL, {"outcome": outcome, "lineage": lineage_id, "token": token}).rowcount != 1:
+        raise LeaseLost(f"charge batch {lineage_id}: lease lost")
 
 
 def _hold(deps: Deps, lineage_id: int, token: uuid.UUID) -> None:
@@ -378,23 +417,19 @@ def _drive(deps: Deps, lineage_id: int, token: uuid.UUID, result: TickResult) ->
         return "in_flight"
     if lineage.state == "applied":
         # Landed: the observer promotes each charge from its event.
-        with deps.conn.transaction():
-            _hold(deps, lineage_id, token)
-            deps.conn.execute(CLOSE_BATCH_SQL, {"outcome": "applied", "lineage": lineage_id, "token": token})
+        _close(deps, lineage_id, token, "applied")  # autocommit: one statement
         return "applied"
     if lineage.state == "abandoned":
         with deps.conn.transaction():
-            _hold(deps, lineage_id, token)
+            _close(deps, lineage_id, token, "abandoned")
             deps.conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
-            deps.conn.execute(CLOSE_BATCH_SQL, {"outcome": "abandoned", "lineage": lineage_id, "token": token})
         return "abandoned"
     # failed / expired / superseded: proven dead.
     why = f"lineage {lineage_id} {lineage.state}"
     with deps.conn.transaction():
-        _hold(deps, lineage_id, token)
+        _close(deps, lineage_id, token, "dead")
         rows = deps.conn.execute(RELEASE_DEAD_SQL, {"lineage": lineage_id, "max": _max_attempts(deps),
                                                     "why": why}).fetchall()
-        deps.conn.execute(CLOSE_BATCH_SQL, {"outcome": "dead", "lineage": lineage_id, "token": token})
     failed = sum(1 for r in rows if r[1] == "failed")
     if failed:
         deps.ctx.log.warning("%d charges failed after %d dead charge_batch attempts (balances restored)", failed,
