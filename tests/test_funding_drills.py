@@ -210,6 +210,8 @@ def test_crash_drill(chain: ChainEnv, db: psycopg.Connection, point: str, fault:
     run_until_quiet(chain, db)
     chain.devnet.clear_faults()
     assert_invariants(chain, db, [first, second])
+    if fault == "sequence_lag":  # stale sequence reads never made us sign a number already consumed
+        assert all(x["state"] in ("applied", "abandoned") for x in lineages_of(db)), lineages_of(db)
     if fault == "dropped":  # the dropped attempt was proven dead by time, never by a guess
         dead = [x for x in lineages_of(db) if x["state"] == "expired"]
         assert len(dead) == 1 and "maxTime" in dead[0]["resolution"], lineages_of(db)
