@@ -8,6 +8,7 @@ per entitlement. Devnet faults make some of them nastier."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from stellar_sdk import FeeBumpTransactionEnvelope
 
+from paygate_cli.journal.keyring import Keyring
 from tests.chain_env import ChainEnv, admit_deposit, billing_balance, chain_environ, contract_events, sign_deposit
 from tests.cli import Result, run_proc
 from tests.devnet_support import DevnetHandle, start_devnet
@@ -270,3 +273,32 @@ def test_killed_before_broadcast_then_sequence_consumed_is_superseded(chain: Cha
     assert deposits[1]["lane"] != first["lane"]  # never again on the fenced lane
     assert all(x["lane"] != first["lane"] for x in lineages_of(db)[1:])
     assert_invariants(chain, db, [pending_id])
+
+
+# -- journal first: what is committed before the broadcast ------------------------------------------
+
+def test_the_anchored_journal_row_describes_the_exact_bytes_sent(chain: ChainEnv, db: psycopg.Connection) -> None:
+    """Rule 3: the envelope (encrypted), its hashes, source, sequence and maxTime are committed before
+    the broadcast, and they are the truth about the bytes: decrypting the row gives a fee bump by the
+    fee account around the lane's transaction at that sequence, with maxTime = the ledger close time
+    at signing + the configured validity."""
+    admit(chain, db)
+    close_time = int(chain.devnet.state()["closeTime"])
+    crash_tick_env = {**crash_environ(chain, "funding.after_anchor"), "PAYGATE_TX_VALIDITY": "45s"}
+    result = run_proc("run-tick", "funding", "--once", environ=crash_tick_env, timeout=60)
+    assert result.code == -9, result.err
+    [lineage] = lineages_of(db)
+    assert lineage["state"] == "signed" and chain.devnet.state()["queue"] == []  # anchored, not yet sent
+    keys = {k: bytes.fromhex(v) for k, v in json.loads(Path(chain.environ["PAYGATE_JOURNAL_KEYS_FILE"]).read_text()
+                                                          ).items()}
+    plain = Keyring(keys, lineage["key_id"]).decrypt(
+        bytes(lineage["envelope"]), key_id=lineage["key_id"], lineage_id=lineage["id"], source=lineage["lane"],
+        seq=lineage["source_seq"]).decode()
+    envelope = FeeBumpTransactionEnvelope.from_xdr(plain, chain.genesis["passphrase"])
+    inner = envelope.transaction.inner_transaction_envelope
+    assert envelope.transaction.fee_source.account_id == chain.genesis["fee_account"]["public"]
+    assert inner.transaction.source.account_id == lineage["lane"]
+    assert inner.transaction.sequence == lineage["source_seq"]
+    assert inner.transaction.preconditions.time_bounds.max_time == lineage["max_time"] == close_time + 45
+    assert inner.hash() == bytes(lineage["inner_hash"]) and envelope.hash() == bytes(lineage["outer_hash"])
+    assert lineage["signed_at_ledger"] == chain.devnet.latest_ledger()
