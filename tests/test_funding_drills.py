@@ -302,3 +302,27 @@ def test_the_anchored_journal_row_describes_the_exact_bytes_sent(chain: ChainEnv
     assert inner.transaction.preconditions.time_bounds.max_time == lineage["max_time"] == close_time + 45
     assert inner.hash() == bytes(lineage["inner_hash"]) and envelope.hash() == bytes(lineage["outer_hash"])
     assert lineage["signed_at_ledger"] == chain.devnet.latest_ledger()
+
+
+def test_a_crash_at_every_phase_in_turn_still_spends_once(chain: ChainEnv, db: psycopg.Connection) -> None:
+    """One deposit, seven real processes in a row, each killed at the next phase boundary (ledgers
+    closing where the chain has to move): the journal carries the story across every death."""
+    pending_id = admit(chain, db)
+    for point, then in [("funding.after_claim", None), ("funding.after_allocate", None),
+                        ("funding.after_sign", None), ("funding.after_anchor", "resend"),
+                        ("funding.after_deposit_applied", None), ("funding.after_credit_broadcast", "close"),
+                        ("funding.before_settle", None)]:
+        wait_for_leases(db)
+        crash_tick(chain, point)
+        assert row_of(db, pending_id)["status"] == "pending", point
+        if then == "resend":  # the anchored bytes were never sent: a normal tick sends them (same bytes)
+            wait_for_leases(db)
+            assert chain.tick("funding", "--once").code == 0
+        if then:
+            chain.devnet.close_ledger()
+    # before the last recovery: the deposit went through on its third lineage, the credit landed
+    assert [(x["purpose"], x["state"]) for x in lineages_of(db)] == [
+        ("deposit", "abandoned"), ("deposit", "abandoned"), ("deposit", "applied"), ("credit", "applied")]
+    run_until_quiet(chain, db)
+    assert row_of(db, pending_id)["attempts"] == 9
+    assert_invariants(chain, db, [pending_id])
