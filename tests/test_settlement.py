@@ -122,3 +122,21 @@ def test_dead_lineages_are_retried_then_fail_with_the_balance_restored(chain: Ch
     assert len(dead) == 5
     assert balance(db, user["public"]) == DEPOSIT == billing_balance(chain, user["public"])
     assert not contract_events(chain, "charge") and not contract_events(chain, "charge_failed")
+
+
+def test_rpc_outage_before_signing_hands_the_batch_back_at_once(chain: ChainEnv, db: psycopg.Connection) -> None:
+    user = chain.genesis["users"][0]
+    fund(chain, db, [(user, DEPOSIT)])
+    row_id, _ = admit_charge(db, user["public"], 5000, "outage")
+    chain.devnet.set_fault("http_503", methods=["simulateTransaction"])
+    result = chain.tick("settlement")
+    assert result.code == 1 and "rpc.unavailable" in result.err, result.err  # the tick failed; the next retries
+    # Nothing was signed or journaled: the lane and the charge are free again now, not after the lease.
+    row = db.execute("SELECT status, lineage_id, claimed_at, attempts FROM paygate.charges WHERE id = %s",
+                     (row_id,)).fetchone()
+    assert row == ("authorized", None, None, 0)
+    states = db.execute("SELECT state FROM paygate.lineages WHERE purpose = 'charge_batch'").fetchall()
+    assert states == [("abandoned",)]
+    chain.devnet.clear_faults()
+    run_until_quiet(chain, db)
+    assert db.execute("SELECT status FROM paygate.charges WHERE id = %s", (row_id,)).fetchone()[0] == "settled"

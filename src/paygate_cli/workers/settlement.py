@@ -229,6 +229,10 @@ def tick(ctx: TickContext) -> TickResult:
     claimable, drivable = ctx.conn.execute(HAS_WORK_SQL).fetchone()
     if not claimable and not drivable:
         return TickResult()  # idle: no stellar_sdk import, one query
+    if not ctx.settings.billing_contract:
+        from paygate_cli.errors import ConfigError
+
+        raise ConfigError("PAYGATE_BILLING_CONTRACT is not set")  # before any claim: nothing to strand
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.journal.keyring import Keyring
@@ -244,8 +248,6 @@ def tick(ctx: TickContext) -> TickResult:
             started = _start_batch(deps, result)
             if not started:
                 break
-    except Unavailable:
-        raise
     finally:
         deps.chain.close()
     result.details = deps.outcomes
@@ -254,7 +256,7 @@ def tick(ctx: TickContext) -> TickResult:
 
 # -- new batches -------------------------------------------------------------------------------------
 
-class _NoLane(Exception):
+class _Rollback(Exception):
     pass
 
 
@@ -273,19 +275,22 @@ def _start_batch(deps: Deps, result: TickResult) -> bool:
             allocated = lineages.allocate(deps.conn, purpose="charge_batch", entitlement=f"charge_batch:{token}",
                                           lanes=list(deps.signer.lanes))
             if allocated is None:
-                raise _NoLane  # roll the claim back: no lane, no claim
+                raise _Rollback  # roll the claim back: no lane, no claim
             lineage_id, lane = allocated
             claimed = deps.conn.execute(MARK_CLAIMED_SQL, {
                 "owner": deps.owner, "lineage": lineage_id, "ids": [r.id for r in rows], "token": token,
                 "lease": ctx.settings.settlement_lease}).fetchone()[0]
             assert claimed == len(rows), "rows locked FOR UPDATE changed under the claim"
-    except _NoLane:
+    except _Rollback:
         deps.count("no_free_lane")
         return False
     crashpoint("settlement.after_claim")
     result.processed += len(rows)
     try:
         outcome = _prepare_and_send(deps, lineage_id, lane, token, rows)
+    except Unavailable:
+        _give_back(deps, lineage_id, token, "the RPC was unavailable before anything was signed and journaled")
+        raise
     except LeaseLost:
         outcome = "lease_lost"
         result.failed += 1
@@ -301,10 +306,6 @@ def _prepare_and_send(deps: Deps, lineage_id: int, lane: str, token: uuid.UUID, 
 
     settings = deps.ctx.settings
     billing = settings.billing_contract
-    if not billing:
-        from paygate_cli.errors import ConfigError
-
-        raise ConfigError("PAYGATE_BILLING_CONTRACT is not set")
     chain_seq = deps.chain.account_sequence(lane)
     seq = lineages.next_sequence(deps.conn, lane, chain_seq)
     latest = deps.chain.latest_ledger()
@@ -366,6 +367,20 @@ def _close(deps: Deps, lineage_id: int, token: uuid.UUID, outcome: str) -> None:
     same transaction)."""
     if deps.conn.execute(CLOSE_BATCH_SQL, {"outcome": outcome, "lineage": lineage_id, "token": token}).rowcount != 1:
         raise LeaseLost(f"charge batch {lineage_id}: lease lost")
+
+
+def _give_back(deps: Deps, lineage_id: int, token: uuid.UUID, why: str) -> None:
+    """Hand a claimed batch back now (not after its lease) when its lineage was never anchored."""
+    try:
+        with deps.conn.transaction():
+            if deps.conn.execute(CLOSE_BATCH_SQL, {"outcome": "abandoned", "lineage": lineage_id,
+                                                   "token": token}).rowcount != 1:
+                return
+            if not lineages.abandon(deps.conn, lineage_id, why):
+                raise _Rollback  # anchored after all: roll back; a later tick resolves it
+            deps.conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
+    except _Rollback:
+        pass
 
 
 def _hold(deps: Deps, lineage_id: int, token: uuid.UUID) -> None:
