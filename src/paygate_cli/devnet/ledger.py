@@ -440,27 +440,33 @@ class Devnet:
         call = op.body.invoke_host_function_op
         kwargs = dict(host_function=call.host_function, auth=list(call.auth), source_account=p.op_source(op),
                       ledger_seq=seq, ledger_close_time=close_time, footprint=footprint)
-        # A dry run first: the host interface commits writes on a successful "apply", so the
-        # declared-resource checks (which the host does not know about) must come before it.
-        dry = self.host.invoke(mode="enforce", **kwargs)  # type: ignore[arg-type]
-        if not dry.ok:
-            return _trap_code(dry), dry, []
         declared = declared_resources(p.soroban)
-        encoded = [_encode_event(e) for e in dry.events]
-        size = sum(len(e.raw) for e in encoded)
-        if dry.return_value is not None:
-            size += len(enc_scval(dry.return_value))
-        if (dry.instructions > declared.instructions or dry.read_bytes > declared.disk_read_bytes
-                or dry.write_bytes > declared.write_bytes or size > MAX_EVENTS_BYTES):
-            return ihf.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED, dry, []
-        if fees.refundable_fee(size) > p.resource_fee - non_refundable:
-            return ihf.INVOKE_HOST_FUNCTION_INSUFFICIENT_REFUNDABLE_FEE, dry, []
-        outcome = self.host.invoke(mode="apply", **kwargs)  # type: ignore[arg-type]
+        verdict: dict[str, object] = {}
+
+        def within_declared(outcome: InvokeOutcome) -> bool:
+            """Checked on the successful outcome before the host commits: the declared resources
+            (which the host does not know) bound what the call may use, as the real host enforces."""
+            encoded = [_encode_event(e) for e in outcome.events]
+            size = sum(len(e.raw) for e in encoded)
+            if outcome.return_value is not None:
+                size += len(enc_scval(outcome.return_value))
+            verdict["encoded"] = encoded
+            if (outcome.instructions > declared.instructions or outcome.read_bytes > declared.disk_read_bytes
+                    or outcome.write_bytes > declared.write_bytes or size > MAX_EVENTS_BYTES):
+                verdict["code"] = ihf.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED
+                return False
+            if fees.refundable_fee(size) > p.resource_fee - non_refundable:
+                verdict["code"] = ihf.INVOKE_HOST_FUNCTION_INSUFFICIENT_REFUNDABLE_FEE
+                return False
+            return True
+
+        # One run: the host stages its writes and commits them only when within_declared agrees.
+        outcome = self.host.invoke(mode="apply", commit_if=within_declared, **kwargs)  # type: ignore[arg-type]
         if not outcome.ok:
             return _trap_code(outcome), outcome, []
-        if len(outcome.events) != len(dry.events):  # same state, same call: cannot differ, but be exact
-            encoded = [_encode_event(e) for e in outcome.events]
-        return ihf.INVOKE_HOST_FUNCTION_SUCCESS, outcome, encoded
+        if "code" in verdict:
+            return verdict["code"], outcome, []  # type: ignore[return-value]
+        return ihf.INVOKE_HOST_FUNCTION_SUCCESS, outcome, verdict["encoded"]  # type: ignore[return-value]
 
     # Classic operations: just enough for accounts and XLM (create account, native payment,
     # bump sequence); anything else fails with opNOT_SUPPORTED.
