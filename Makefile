@@ -23,6 +23,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/idle_tick.py
+	$(VENV)/bin/python bench/devnet_throughput.py --batch 10
+	$(VENV)/bin/python bench/funding.py
+	if [ -f bench/settlement.py ]; then $(VENV)/bin/python bench/settlement.py; fi
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
