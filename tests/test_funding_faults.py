@@ -4,6 +4,7 @@ double-spend."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +128,32 @@ def _check_concurrent_run(chain: ChainEnv, db: psycopg.Connection, ids: list[int
     # every deposit was signed exactly once per attempt: no entitlement ever had two lineages
     entitlements = [x["entitlement"] for x in lineages_of(db)]
     assert len(entitlements) == len(set(entitlements)) == 2 * len(ids)
+
+
+def test_a_worker_whose_lease_lapsed_mid_flight_never_sends(chain: ChainEnv, db: psycopg.Connection) -> None:
+    """Process A claims the deposit, allocates, then stalls in a slow simulation past its 1 s lease.
+    B takes the row over (abandoning A's unanchored lineage) and sends its own. When A wakes up its
+    anchor finds its lineage abandoned: A commits nothing and broadcasts nothing."""
+    pending_id = admit(chain, db)
+    chain.devnet.set_fault("slow", ms=2500, count=1, methods=["simulateTransaction"])
+    slow = spawn("run-tick", "funding", "--once", "--json", environ=chain.environ)
+    try:
+        deadline = time.monotonic() + 30
+        while not lineages_of(db):  # A has allocated; its simulation is about to stall
+            assert time.monotonic() < deadline and slow.poll() is None, slow.communicate()
+            time.sleep(0.02)
+        wait_for_leases(db)
+        result = chain.tick("funding", "--once")  # B
+        assert result.code == 0, result.err
+        out, err = slow.communicate(timeout=60)
+    finally:
+        if slow.poll() is None:
+            slow.kill()
+    assert slow.returncode == 1, err  # A lost its lease: a failed item, nothing else
+    assert '"lease_lost": 1' in out
+    first, second = lineages_of(db)
+    assert first["state"] == "abandoned" and first["envelope"] is None
+    assert second["state"] == "sent" and row_of(db, pending_id)["deposit_lineage_id"] == second["id"]
+    assert [q["innerHash"] for q in chain.devnet.state()["queue"]] == [bytes(second["inner_hash"]).hex()]
+    run_until_quiet(chain, db)
+    assert_invariants(chain, db, [pending_id])
