@@ -115,6 +115,18 @@ CHARGE_ROW_SQL = "SELECT id, account, amount, status FROM paygate.charges WHERE 
 DEPOSIT_ROW_SQL = "SELECT id, account, amount, status FROM paygate.pending_credits WHERE deposit_tx = %s"
 
 
+# Rule 10 (nothing is guessed): a charge whose batch applied in a ledger the observer has already
+# read past, with no event for it, was skipped by the contract — its id was consumed by a
+# transaction that is not ours. It is never settled or failed by guesswork: a human looks.
+UNEXPLAINED_SQL = """
+SELECT c.id, encode(c.charge_id, 'hex'), l.id, l.ledger
+FROM paygate.charges c JOIN paygate.lineages l ON l.id = c.lineage_id
+WHERE c.status IN ('authorized', 'submitted') AND l.state = 'applied' AND l.ledger < %s
+ORDER BY c.id
+LIMIT 100
+"""
+
+
 @dataclass
 class PageStats:
     events: int = 0
@@ -175,6 +187,15 @@ def tick(ctx: TickContext) -> TickResult:
                 break  # caught up with the RPC's latest ledger
     finally:
         chain.close()
+    if cursor is not None:
+        stuck = ctx.conn.execute(UNEXPLAINED_SQL, (cursor_ledger(cursor),)).fetchall()
+        for charge_row_id, charge_id, lineage_id, ledger in stuck:
+            ctx.log.error("charge %s (%s): its batch (lineage %s) applied in ledger %s but the contract emitted no "
+                          "event for it: the charge id was consumed by a transaction that is not ours",
+                          charge_row_id, charge_id, lineage_id, ledger,
+                          extra={"msgid": "observer.charge_without_event", "charge_row_id": charge_row_id})
+        result.needs_human += len(stuck)
+        totals["charges_without_event"] = len(stuck)
     totals["cursor"] = cursor
     result.details = totals
     return result
