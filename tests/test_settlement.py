@@ -140,3 +140,26 @@ def test_rpc_outage_before_signing_hands_the_batch_back_at_once(chain: ChainEnv,
     chain.devnet.clear_faults()
     run_until_quiet(chain, db)
     assert db.execute("SELECT status FROM paygate.charges WHERE id = %s", (row_id,)).fetchone()[0] == "settled"
+
+
+def test_a_batch_over_the_network_limits_is_split_before_signing(chain: ChainEnv, db: psycopg.Connection,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import paygate_cli.chain.charges as charges
+
+    users = chain.genesis["users"][:4]
+    fund(chain, db, [(u, DEPOSIT) for u in users])
+    for i in range(100):
+        admit_charge(db, users[i % 4]["public"], 1000, f"s{i}")
+    # Pretend the claim-time estimate lets everything through: the prepared footprint (100 charge-id
+    # entries + 4 balances = 104 read-write keys) must then be caught and the batch halved until it fits.
+    monkeypatch.setattr(charges, "fits_estimate", lambda entries, accounts: entries <= 100)
+    result = chain.tick("settlement", "--batch", "100")
+    assert result.code == 0, result.err
+    assert "settlement.batch_split" in result.err
+    sizes = [r[0] for r in db.execute("SELECT entries FROM paygate.charge_batches ORDER BY created_at")]
+    assert sizes and all(n + 4 <= 50 for n in sizes) and sizes[0] == 25
+    run_until_quiet(chain, db)
+    assert db.execute("SELECT count(*) FROM paygate.charges WHERE status = 'settled'").fetchone()[0] == 100
+    assert db.execute("SELECT count(*) FROM paygate.lineages WHERE purpose = 'charge_batch' AND state <> 'applied'"
+                      ).fetchone()[0] == 0
+    check_invariants(chain, db, [u["public"] for u in users])
