@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from paygate_cli.errors import ExitCode
 from tests.chain_env import ChainEnv, chain_environ
 from tests.cli import spawn
 from tests.devnet_support import DevnetHandle, start_devnet
@@ -81,7 +82,7 @@ def test_rpc_down_hands_the_rows_back_and_decides_nothing(chain: ChainEnv, db: p
     chain.devnet.set_fault("down")
     wait_for_leases(db)
     result = chain.tick("funding", "--once")
-    assert result.code != 0, result.err  # an outage is not a clean tick
+    assert result.code == ExitCode.UNAVAILABLE, result.err  # an outage is not a clean tick
     assert "unavailable" in result.err.lower()
     for pending_id in rows:
         row = row_of(db, pending_id)

@@ -230,8 +230,9 @@ def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Conne
         outcome, error = "failed", f"{type(exc).__name__}: {str(exc).strip()}"
         result.failed += 1
         log.error("tick failed: %s", error, extra={"msgid": "tick.db_error", "worker": spec.name})
-    except ConfigError as exc:
-        # Configuration does not fix itself on the next tick: record it and end the run (exit 78).
+    except (ConfigError, Unavailable) as exc:
+        # Configuration does not fix itself on the next tick (78), and a dependency still down after
+        # bounded retries (69) is the scheduler's to retry: record it and end the run.
         _finish(work, run_id, "error", result, str(exc))
         raise
     except PaygateError as exc:
