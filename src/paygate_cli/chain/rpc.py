@@ -83,8 +83,11 @@ class ChainClient:
 
         def server(url: str) -> SorobanServer:
             # No silent SDK retries: we decide what is retried (sends only with the same bytes).
-            return SorobanServer(url, client=RequestsClient(num_retries=0, request_timeout=int(max(1, timeout)),
-                                                            post_timeout=timeout))
+            client = RequestsClient(num_retries=0, request_timeout=int(max(1, timeout)), post_timeout=timeout)
+            # RPC endpoints are configured explicitly; without this, requests scans the environment for
+            # proxy settings on every call (~1 ms each).
+            client._session.trust_env = False
+            return SorobanServer(url, client=client)
 
         self.write_url = settings.rpc_url
         self.read_urls = list(settings.rpc_read_urls) or [settings.rpc_url]
@@ -120,7 +123,7 @@ class ChainClient:
         last: Exception | None = None
         for srv in self.readers:
             try:
-                return self._retrying(what, lambda srv=srv: fn(srv), attempts=2)
+                return self._retrying(what, lambda srv=srv: fn(srv), attempts=3)
             except Unavailable as exc:
                 last = exc
         assert last is not None

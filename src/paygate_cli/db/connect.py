@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
@@ -84,6 +86,17 @@ def is_connection_lost(exc: BaseException, conn: psycopg.Connection | None = Non
         return True
     state = exc.sqlstate
     return state is None or state.startswith("08") or state in _GONE_SQLSTATES
+
+
+@contextmanager
+def relaxed_transaction(conn: psycopg.Connection) -> Iterator[None]:
+    """A transaction that does not wait for its WAL flush (synchronous_commit off for it alone).
+    Only for writes the system can re-derive after a database crash (a claim, a 'sent' mark, a
+    receipt recorded from the chain). Ordering still holds: a later synchronous commit (an anchor,
+    a settle) flushes everything before it."""
+    with conn.transaction():
+        conn.execute("SET LOCAL synchronous_commit = off")
+        yield
 
 
 def assert_not_in_transaction(conn: psycopg.Connection, what: str) -> None:

@@ -34,6 +34,13 @@ SELECT %(purpose)s, %(entitlement)s, lane.address FROM lane
 RETURNING id, lane
 """
 
+FREE_LANES_SQL = """
+SELECT count(*) FROM paygate.lanes l
+WHERE l.status = 'active' AND l.address = ANY(%s)
+  AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
+                  WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent'))
+"""
+
 # Sequence numbers known consumed on a lane: applied or failed lineages (both used theirs).
 # Expired/superseded ones never landed, so their numbers must not push the next one up.
 LAST_CONSUMED_SEQ_SQL = """
@@ -138,6 +145,10 @@ def allocate(conn: psycopg.Connection, *, purpose: str, entitlement: str, lanes:
     row = conn.execute(ALLOCATE_SQL, {"lanes": sorted(lanes), "purpose": purpose,
                                       "entitlement": entitlement}).fetchone()
     return (int(row[0]), str(row[1])) if row else None
+
+
+def free_lane_count(conn: psycopg.Connection, lanes: list[str]) -> int:
+    return int(conn.execute(FREE_LANES_SQL, (sorted(lanes),)).fetchone()[0])
 
 
 def next_sequence(conn: psycopg.Connection, lane: str, chain_seq: int) -> int:

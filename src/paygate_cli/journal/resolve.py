@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.db.connect import relaxed_transaction
 from paygate_cli.errors import Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.lineage import Lineage
@@ -86,7 +87,7 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
     evidence = {"verdicts": dict(zip(chain.read_urls, verdicts, strict=True)), "decision": decision}
     if decision in ("applied", "failed"):
         probe = next(p for p, v in zip(probes, verdicts, strict=True) if v == decision)
-        with conn.transaction():
+        with relaxed_transaction(conn):  # a receipt: the chain keeps it, so it can be read again
             lineages.finish(conn, lineage.id, decision, ledger=probe.tx_ledger, fee=probe.fee_charged,
                             code=probe.result_code, resolution=f"receipt {probe.tx_status} in ledger {probe.tx_ledger}")
         return Resolution(decision, verdicts, evidence={**evidence, "ledger": probe.tx_ledger})
@@ -114,6 +115,6 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
     envelope = keyring.decrypt(lineage.envelope or b"", key_id=lineage.key_id or "", lineage_id=lineage.id,
                                source=lineage.lane, seq=lineage.source_seq or 0)
     outcome = chain.send(envelope.decode())
-    with conn.transaction():
+    with relaxed_transaction(conn):
         lineages.mark_sent(conn, lineage.id, outcome.label)
     return Resolution("sent", verdicts, resent=outcome.status, evidence=evidence)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
-from paygate_cli.db.connect import assert_not_in_transaction
+from paygate_cli.db.connect import assert_not_in_transaction, relaxed_transaction
 from paygate_cli.errors import NeedsHuman, PaygateError, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.ticks.context import TickContext, TickResult
@@ -122,6 +122,7 @@ class Deps:
     signer: Signer
     keyring: Keyring
     lanes_needing_a_human: int = 0
+    free_lanes: int = 0  # lanes with nothing in flight: a row needing a new transaction waits for one
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -129,7 +130,7 @@ class Deps:
 
 
 def tick(ctx: TickContext) -> TickResult:
-    with ctx.conn.transaction():
+    with relaxed_transaction(ctx.conn):
         rows = [Deposit(r[0], r[1], int(r[2]), *r[3:]) for r in ctx.conn.execute(CLAIM_SQL, {
             "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}"})]
     if not rows:
@@ -143,6 +144,9 @@ def tick(ctx: TickContext) -> TickResult:
     deps = Deps(ctx, ChainClient(ctx.settings, guard_conn=ctx.conn), Signer.from_settings(ctx.settings),
                 Keyring.from_settings(ctx.settings))
     lineages.sync_lanes(ctx.conn, list(deps.signer.lanes))
+    deps.free_lanes = lineages.free_lane_count(ctx.conn, list(deps.signer.lanes))
+    # Rows with a transaction in flight first: resolving them frees lanes for the new ones.
+    rows.sort(key=lambda r: (r.deposit_lineage_id is None and r.credit_lineage_id is None, r.id))
     result = TickResult()
     outcomes: dict[str, int] = {}
     try:
@@ -176,7 +180,7 @@ def tick(ctx: TickContext) -> TickResult:
 
 
 def _release_all(deps: Deps, rows: list[Deposit]) -> None:
-    with deps.conn.transaction():
+    with relaxed_transaction(deps.conn):
         for row in rows:
             deps.conn.execute(RELEASE_SQL, {"id": row.id, "token": row.token})
 
@@ -202,7 +206,8 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
         state = _drive(deps, row, lineage)
         if state == "applied":
             assert lineage.inner_hash is not None
-            _write(deps, SET_DEPOSIT_TX_SQL, {"tx": lineage.inner_hash, "id": row.id, "token": row.token})
+            with relaxed_transaction(deps.conn):  # re-derivable from the applied lineage
+                _write(deps, SET_DEPOSIT_TX_SQL, {"tx": lineage.inner_hash, "id": row.id, "token": row.token})
             row.deposit_tx = lineage.inner_hash
             return "deposit_applied"
         if state == "failed":
@@ -214,6 +219,8 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
     if row.pending_failure:  # rejected at send; its lineage is now proven dead
         _finish(deps, row, "failed", row.pending_failure, event="credit.failed")
         return "failed"
+    if deps.free_lanes <= 0:
+        return "no_free_lane"  # checked before any RPC: a waiting row costs nothing this tick
     try:
         auth = check_deposit_auth(row.auth_entry, account=row.account, amount=row.amount,
                                   usdc=_required(settings.usdc_contract, "PAYGATE_USDC_CONTRACT"),
@@ -264,6 +271,8 @@ def _credit_phase(deps: Deps, row: Deposit) -> str:
     if row.pending_failure:
         raise NeedsHuman(f"deposit {row.id}: credit rejected ({row.pending_failure}) after the deposit applied",
                          msgid="funding.credit_rejected")
+    if deps.free_lanes <= 0:
+        return "no_free_lane"
     settings = deps.ctx.settings
 
     def call_for(lane: str) -> Any:
@@ -291,12 +300,15 @@ def _drive(deps: Deps, row: Deposit, lineage: lineages.Lineage) -> str:
     if lineage.state == "allocated":
         # Allocated but never anchored: the signed bytes (if any) died with their process and were
         # never sent, so nothing can land. Release the lane.
-        with deps.conn.transaction():
+        with relaxed_transaction(deps.conn):
             lineages.abandon(deps.conn, lineage.id, "never anchored (its process stopped before the commit)")
+        deps.free_lanes += 1
         return "abandoned"
     if not lineage.live:
         return lineage.state
     resolution = resolve(deps.conn, deps.chain, deps.keyring, lineage)
+    if resolution.state not in lineages.LIVE_STATES:
+        deps.free_lanes += 1
     if resolution.foreign_sequence_use:
         # DESIGN §4 step 3 / rule 10: the lineage is proven dead (superseded) and resolve fenced the
         # lane; the human is asked about the lane (exit 3). The deposit is not in doubt: its own
@@ -321,11 +333,13 @@ def _prepare_and_send(deps: Deps, row: Deposit, purpose: str, entitlement: str, 
     from paygate_cli.chain.contracts import SimulationFailed, build_signed
 
     settings = deps.ctx.settings
-    with deps.conn.transaction():
+    with relaxed_transaction(deps.conn):  # the anchor's synchronous commit flushes it before any send
         allocated = lineages.allocate(deps.conn, purpose=purpose, entitlement=entitlement,
                                       lanes=list(deps.signer.lanes))
         if allocated is None:
+            deps.free_lanes = 0
             return "no_free_lane"
+        deps.free_lanes -= 1
         lineage_id, lane = allocated
         _write(deps, SET_LINEAGE_SQL.format(column=column), {"lineage": lineage_id, "id": row.id, "token": row.token})
     crashpoint("funding.after_allocate")
@@ -359,7 +373,7 @@ def _prepare_and_send(deps: Deps, row: Deposit, purpose: str, entitlement: str, 
     outcome = deps.chain.send(signed.envelope_xdr)
     crashpoint("funding.after_broadcast" if purpose == "deposit" else "funding.after_credit_broadcast")
     terminal = outcome.status == "ERROR" and outcome.code in TERMINAL_SEND_CODES
-    with deps.conn.transaction():
+    with relaxed_transaction(deps.conn):
         lineages.mark_sent(deps.conn, lineage_id, outcome.label)
         if terminal:
             # Rejected for good; the row ends failed once the lineage is proven dead (maxTime).
