@@ -2,9 +2,10 @@
 -- observer's cursor (DESIGN §5 Settlement and Observer, §8).
 
 -- One row per admitted charge. Lifecycle:
---   authorized (debited from the cached balance, waiting for a batch)
---     -> claimed by a settlement worker: claimed_at + lineage_id set in the claim transaction
---     -> submitted (the batch's envelope is journaled; it may be on chain)
+--   authorized (debited from the cached balance)
+--     -> claimed by a settlement worker: claimed_at + lineage_id set in the claim transaction; the
+--        lineage's state says how far the batch is (allocated / signed = journaled / sent / applied).
+--        No status of its own: a third full-row update per charge costs more than it tells.
 --     -> settled  (the observer saw `charge`)
 --      | failed   (the observer saw `charge_failed`, or max_attempts lineages were each proven
 --                  dead; the cached balance is restored in the same transaction)
@@ -22,7 +23,7 @@ CREATE TABLE paygate.charges (
     subscription_id   bigint,
     period_start      timestamptz,
     status            text NOT NULL DEFAULT 'authorized'
-                      CHECK (status IN ('authorized', 'submitted', 'settled', 'failed')),
+                      CHECK (status IN ('authorized', 'settled', 'failed')),
     claimed_at        timestamptz,
     claimed_by        text,
     lineage_id        bigint REFERENCES paygate.lineages (id),
@@ -40,7 +41,6 @@ CREATE TABLE paygate.charges (
     UNIQUE (subscription_id, period_start),
     CHECK ((subscription_id IS NULL) = (period_start IS NULL)),
     CHECK ((claimed_at IS NULL) = (lineage_id IS NULL) OR status IN ('settled', 'failed')),
-    CHECK (status <> 'submitted' OR lineage_id IS NOT NULL),
     CHECK ((status = 'settled') = (settled_at IS NOT NULL)),
     CHECK ((status = 'failed') = (failed_at IS NOT NULL AND reason IS NOT NULL AND failed_by IS NOT NULL))
 );
@@ -48,7 +48,7 @@ CREATE TABLE paygate.charges (
 CREATE INDEX charges_claimable ON paygate.charges (created_at)
     WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL;
 CREATE INDEX charges_lineage ON paygate.charges (lineage_id) WHERE lineage_id IS NOT NULL;
-CREATE INDEX charges_open ON paygate.charges (created_at) WHERE status IN ('authorized', 'submitted');
+CREATE INDEX charges_open ON paygate.charges (created_at) WHERE status = 'authorized';
 CREATE INDEX charges_account ON paygate.charges (account);
 
 -- One row per charge_batch lineage: who drives it (lease, DB time) and how it ended for the rows.

@@ -36,7 +36,7 @@ def fund(chain: ChainEnv, db: psycopg.Connection, deposits: list[tuple[dict[str,
 
 def open_work(db: psycopg.Connection) -> int:
     return int(db.execute("""
-        SELECT (SELECT count(*) FROM paygate.charges WHERE status IN ('authorized', 'submitted'))
+        SELECT (SELECT count(*) FROM paygate.charges WHERE status = 'authorized')
              + (SELECT count(*) FROM paygate.charge_batches WHERE closed_at IS NULL)
              + (SELECT count(*) FROM paygate.pending_credits WHERE status = 'pending')
              + (SELECT count(*) FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent'))

@@ -131,7 +131,7 @@ def test_poison_events_are_quarantined_and_the_cursor_moves_on(chain: ChainEnv, 
     chain.devnet.close_ledger()
     result = chain.tick("observer")
     assert result.code == 3 and "consumed by a transaction that is not ours" in result.err, result.err
-    assert db.execute("SELECT status FROM paygate.charges WHERE id = %s", (row_id,)).fetchone()[0] == "submitted"
+    assert db.execute("SELECT status FROM paygate.charges WHERE id = %s", (row_id,)).fetchone()[0] == "authorized"
 
 
 def test_a_page_is_applied_once_and_undecodable_events_are_quarantined(db: psycopg.Connection) -> None:

@@ -113,7 +113,7 @@ def test_dead_lineages_are_retried_then_fail_with_the_balance_restored(chain: Ch
                                                    "WHERE id = %s", (row_id,)).fetchone()
         assert attempts == attempt
         if attempt < 5:
-            assert status == "submitted" and new_lineage not in (None, lineage_id)
+            assert status == "authorized" and new_lineage not in (None, lineage_id)
         else:
             assert status == "failed" and new_lineage is None
     reason, failed_by, dead = db.execute("SELECT reason, failed_by, dead_lineages FROM paygate.charges WHERE id = %s",

@@ -20,12 +20,12 @@ QUEUE_SQL: dict[str, str] = {
     "funding.needs_human": """
         SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
         FROM paygate.pending_credits WHERE status = 'needs_human'""",
-    "charges.authorized": """
+    "charges.waiting": """
         SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.charges WHERE status = 'authorized'""",
-    "charges.submitted": """
-        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
-        FROM paygate.charges WHERE status = 'submitted'""",
+        FROM paygate.charges WHERE status = 'authorized' AND lineage_id IS NULL""",
+    "charges.in_batch": """
+        SELECT count(*), extract(epoch FROM now() - min(claimed_at))::float8
+        FROM paygate.charges WHERE status = 'authorized' AND lineage_id IS NOT NULL""",
     "charge_batches.open": """
         SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
         FROM paygate.charge_batches WHERE closed_at IS NULL""",

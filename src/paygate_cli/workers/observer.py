@@ -3,7 +3,7 @@
 Per tick: read getEvents pages from the stored cursor (filtered to the billing contract); each page
 is applied in one transaction together with the cursor the RPC returned (even for an empty page):
 
-- `charge`        -> the charge settled (CAS from authorized/submitted) + `charge.settled`;
+- `charge`        -> the charge settled (CAS from authorized) + `charge.settled`;
 - `charge_failed` -> the charge failed and its amount back on the cached balance, in the same
                      statement + `charge.failed`;
 - `credit`        -> funding's settle CAS (by='observer'): whichever of funding and the observer
@@ -75,7 +75,7 @@ WITH ev AS (
         updated_at = now()
     FROM ev
     WHERE c.charge_id = ev.charge_id AND c.account = ev.account AND c.amount = ev.amount
-      AND c.status IN ('authorized', 'submitted')
+      AND c.status = 'authorized'
     RETURNING c.id, c.charge_id, c.account, c.amount, ev.event_id, ev.ledger
 )
 SELECT s.event_id, s.id, paygate.emit_event('charge.settled', jsonb_build_object(
@@ -96,7 +96,7 @@ WITH ev AS (
         event_id = ev.event_id, reason = 'charge_failed on chain: ' || ev.reason, updated_at = now()
     FROM ev
     WHERE c.charge_id = ev.charge_id AND c.account = ev.account AND c.amount = ev.amount
-      AND c.status IN ('authorized', 'submitted')
+      AND c.status = 'authorized'
     RETURNING c.id, c.charge_id, c.account, c.amount, ev.event_id, ev.ledger, ev.reason
 ), restored AS (
     UPDATE paygate.accounts a SET cached_balance = a.cached_balance + f.total, updated_at = now()
@@ -121,7 +121,7 @@ DEPOSIT_ROW_SQL = "SELECT id, account, amount, status FROM paygate.pending_credi
 UNEXPLAINED_SQL = """
 SELECT c.id, encode(c.charge_id, 'hex'), l.id, l.ledger
 FROM paygate.charges c JOIN paygate.lineages l ON l.id = c.lineage_id
-WHERE c.status IN ('authorized', 'submitted') AND l.state = 'applied' AND l.ledger < %s
+WHERE c.status = 'authorized' AND l.state = 'applied' AND l.ledger < %s
 ORDER BY c.id
 LIMIT 100
 """

@@ -110,8 +110,8 @@ UNCLAIM_SQL = """
 UPDATE paygate.charges SET claimed_at = NULL, claimed_by = NULL, lineage_id = NULL, updated_at = now()
 WHERE lineage_id = %(lineage)s AND status = 'authorized' AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s))
 """
-# Journal the signed envelope (journal.lineage.ANCHOR_SQL's CAS, allocated -> signed) and mark the
-# batch's rows submitted, only while this process still holds the batch's lease: one round trip.
+# Journal the signed envelope (journal.lineage.ANCHOR_SQL's CAS, allocated -> signed), only while
+# this process still holds the batch's lease: one round trip.
 ANCHOR_BATCH_SQL = """
 WITH held AS (
     SELECT lineage_id FROM paygate.charge_batches
@@ -124,12 +124,8 @@ WITH held AS (
         signed_at_ledger = %(signed_at_ledger)s, signed_at = now()
     WHERE id = (SELECT lineage_id FROM held) AND state = 'allocated'
     RETURNING id
-), submitted AS (
-    UPDATE paygate.charges SET status = 'submitted', updated_at = now()
-    WHERE lineage_id = (SELECT id FROM anchored) AND status = 'authorized'
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM anchored), (SELECT count(*) FROM submitted)
+SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM anchored)
 """
 # journal.lineage.MARK_SENT_SQL and the release of the batch lease, in one round trip.
 SENT_SQL = """
@@ -160,7 +156,7 @@ WITH dead AS (
                       THEN format('%%s charge_batch transactions were each proven dead (last: %%s)',
                                   c.attempts + 1, %(why)s::text) END,
         updated_at = now()
-    FROM dead WHERE c.lineage_id = dead.id AND c.status IN ('authorized', 'submitted')
+    FROM dead WHERE c.lineage_id = dead.id AND c.status = 'authorized'
     RETURNING c.id, c.charge_id, c.account, c.amount, c.status, c.attempts, c.reason
 ), restored AS (
     UPDATE paygate.accounts a SET cached_balance = a.cached_balance + r.total, updated_at = now()
@@ -341,7 +337,7 @@ def _prepare_and_send(deps: Deps, lineage_id: int, lane: str, token: uuid.UUID, 
     crashpoint("settlement.after_sign")
     key_id, ciphertext = deps.keyring.encrypt(signed.envelope_xdr.encode(), lineage_id=lineage_id, source=lane, seq=seq)
     with deps.conn.transaction():
-        held, anchored, _ = deps.conn.execute(ANCHOR_BATCH_SQL, {
+        held, anchored = deps.conn.execute(ANCHOR_BATCH_SQL, {
             "id": lineage_id, "token": token, "seq": seq, "key_id": key_id, "envelope": ciphertext,
             "inner_hash": signed.inner_hash, "outer_hash": signed.outer_hash, "max_time": signed.max_time,
             "signed_at_ledger": latest.sequence}).fetchone()
