@@ -13,6 +13,7 @@ import pytest
 from stellar_sdk import Keypair, TransactionBuilder, scval
 
 from paygate_cli.chain.charges import EventsPage, RawEvent, cursor_ledger
+from paygate_cli.errors import NeedsHuman
 from paygate_cli.workers.observer import apply_page
 from tests.chain_env import ChainEnv, admit_deposit, billing_balance, chain_environ, sign_deposit
 from tests.charges_support import admit_charge, fund
@@ -195,3 +196,39 @@ def test_credit_event_settles_a_deposit_whose_funding_process_died(chain: ChainE
                         (user["public"],)).fetchone()[0]
     assert cached == DEPOSIT == billing_balance(chain, user["public"])
     assert db.execute("SELECT effect FROM paygate.chain_events").fetchone()[0] == "credited"
+
+
+def test_the_observer_is_a_single_writer(chain: ChainEnv, db: psycopg.Connection) -> None:
+    import subprocess
+    import time
+
+    from tests.cli import paygate_cmd
+
+    first = subprocess.Popen(paygate_cmd("run-tick", "observer", "--every", "0.2s", "--for", "20s"),
+                             env=chain.environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if cursor(db) is not None:
+                break
+            time.sleep(0.1)
+        second = run_proc("run-tick", "observer", "--once", "--lock-wait", "0", environ=chain.environ)
+        assert second.code == 75, second.err  # skipped: the lock is held
+    finally:
+        first.terminate()
+        assert first.wait(30) == 0
+
+
+def test_a_stale_cursor_never_overwrites_a_newer_one(db: psycopg.Connection) -> None:
+    log = logging.getLogger("test")
+    first = EventsPage([], f"{(8 << 32) - 1:019d}-4294967295", 7, 1)
+    second = EventsPage([], f"{(9 << 32) - 1:019d}-4294967295", 8, 1)
+    with db.transaction():
+        apply_page(db, first, None, log)
+    with db.transaction():
+        apply_page(db, second, first.cursor, log)
+    # A writer that still believes the cursor is `first` (a second observer) changes nothing.
+    with pytest.raises(NeedsHuman, match="second observer is writing"), db.transaction():
+        apply_page(db, EventsPage([], f"{(10 << 32) - 1:019d}-4294967295", 9, 1), first.cursor, log)
+    with pytest.raises(NeedsHuman, match="second observer is writing"), db.transaction():
+        apply_page(db, first, None, log)
+    assert cursor(db) == second.cursor
