@@ -87,7 +87,8 @@ def run_paygate(chain: ChainEnv, db: psycopg.Connection, deposits: int) -> dict[
     # psycopg's execute also covers the nested round trips of RPC-free SQL only; RPC calls never nest SQL.
     own = tick_seconds - rpc.seconds
     return {"seconds": elapsed, "settled": settled, "ledgers": ledgers, "own_ms": own * 1000 / deposits,
-            "sql_ms": sql.seconds * 1000 / deposits, "rpc_ms": rpc.seconds * 1000 / deposits}
+            "sql_ms": sql.seconds * 1000 / deposits, "rpc_ms": rpc.seconds * 1000 / deposits,
+            "sql_calls": sql.calls / deposits, "rpc_calls": rpc.calls / deposits}
 
 
 def run_bare_sdk(devnet: DevnetHandle, deposits: int, lanes: int) -> dict[str, float]:
@@ -159,8 +160,8 @@ def main() -> None:
     print(f"  paygate   : {ours['settled']} settled in {ours['seconds']:.2f} s over {ours['ledgers']} ledgers "
           f"= {args.deposits / ours['seconds']:.1f} deposits/s")
     print(f"  own (non-RPC) time per deposit   : {ours['own_ms']:6.2f} ms  (target <= 5; includes XDR build+sign)")
-    print(f"  Postgres round trips per deposit : {ours['sql_ms']:6.2f} ms")
-    print(f"  waiting on RPC per deposit       : {ours['rpc_ms']:6.2f} ms")
+    print(f"  Postgres time per deposit        : {ours['sql_ms']:6.2f} ms ({ours['sql_calls']:.1f} statements)")
+    print(f"  waiting on RPC per deposit       : {ours['rpc_ms']:6.2f} ms ({ours['rpc_calls']:.1f} calls)")
     print(f"  baseline, bare stellar-sdk (no journal, no DB): {args.deposits / bare['seconds']:.1f} deposits/s")
     print(f"  ratio paygate / bare             : {bare['seconds'] / ours['seconds']:.2f}")
 

@@ -25,13 +25,26 @@ if TYPE_CHECKING:
     from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.journal.keyring import Keyring
 
+# Two kinds of claimable rows: those with a transaction in flight (they need resolving whatever the
+# lanes), and fresh ones, at most one per active lane (plus one, so a first run with no lanes
+# recorded yet still starts): a fresh row beyond that could only be claimed and released again.
 CLAIM_SQL = """
-WITH claimable AS (
+WITH in_flight AS (
     SELECT id FROM paygate.pending_credits
     WHERE status = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND (deposit_lineage_id IS NOT NULL OR credit_lineage_id IS NOT NULL)
     ORDER BY id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
+), fresh AS (
+    SELECT id FROM paygate.pending_credits
+    WHERE status = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND deposit_lineage_id IS NULL AND credit_lineage_id IS NULL
+    ORDER BY id
+    LIMIT least(%(batch)s, 1 + (SELECT count(*) FROM paygate.lanes WHERE status = 'active'))
+    FOR UPDATE SKIP LOCKED
+), claimable AS (
+    SELECT id FROM (SELECT id FROM in_flight UNION ALL SELECT id FROM fresh) both_kinds LIMIT %(batch)s
 )
 UPDATE paygate.pending_credits p
 SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
@@ -62,8 +75,9 @@ WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
 RETURNING account, amount
 """
 RELEASE_SQL = """
-UPDATE paygate.pending_credits SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
+UPDATE paygate.pending_credits p SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
+WHERE p.id = mine.id AND p.status = 'pending' AND p.lease_token = mine.token
 """
 # The flip and the balance increment are one statement: whichever of funding and the observer
 # wins pending -> settled applies the increment; the loser's statement matches no row.
@@ -181,8 +195,7 @@ def tick(ctx: TickContext) -> TickResult:
 
 def _release_all(deps: Deps, rows: list[Deposit]) -> None:
     with relaxed_transaction(deps.conn):
-        for row in rows:
-            deps.conn.execute(RELEASE_SQL, {"id": row.id, "token": row.token})
+        deps.conn.execute(RELEASE_SQL, {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
 
 
 def advance(deps: Deps, row: Deposit) -> str:
