@@ -132,6 +132,7 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, float]:
     from stellar_sdk import Keypair, scval
 
     from paygate_cli.chain.charges import EventsPage, RawEvent
+    from paygate_cli.db.connect import relaxed_transaction
     from paygate_cli.journal import lineage as lineages
     from paygate_cli.workers import observer, settlement
 
@@ -157,7 +158,7 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, float]:
             open_batches: dict[int, list[Any]] = {}
             for _ in range(lanes):
                 token = uuid.uuid4()
-                with db.transaction():
+                with relaxed_transaction(db):  # as the worker does
                     rows = [settlement.Entry(r[0], r[1], int(r[2]), bytes(r[3]))
                             for r in db.execute(settlement.CLAIM_CANDIDATES_SQL, {"batch": 48})]
                     rows = settlement.trim_to_fit(rows, 48)
@@ -173,7 +174,8 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, float]:
                         "id": lineage_id, "token": token, "seq": seq, "key_id": "k", "envelope": os.urandom(600),
                         "inner_hash": os.urandom(32), "outer_hash": os.urandom(32), "max_time": 2**40,
                         "signed_at_ledger": ledger})
-                db.execute(settlement.SENT_SQL, {"status": "PENDING", "lineage": lineage_id, "token": token})
+                with relaxed_transaction(db):
+                    db.execute(settlement.SENT_SQL, {"status": "PENDING", "lineage": lineage_id, "token": token})
                 open_batches[lineage_id] = rows
             if not open_batches:
                 break
@@ -185,7 +187,9 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, float]:
             for lineage_id, token in claimed:
                 lineages.finish(db, lineage_id, "applied", ledger=ledger, fee=100, code="txSUCCESS",
                                 resolution="bench")
-                db.execute(settlement.CLOSE_BATCH_SQL, {"outcome": "applied", "lineage": lineage_id, "token": token})
+                with relaxed_transaction(db):
+                    db.execute(settlement.CLOSE_BATCH_SQL, {"outcome": "applied", "lineage": lineage_id,
+                                                            "token": token})
                 encoding = time.perf_counter()
                 for n, entry in enumerate(open_batches[lineage_id]):  # the chain's events for the batch
                     events.append(RawEvent(f"{(ledger << 32) + lineage_id:019d}-{n:010d}", ledger, None, None,

@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from paygate_cli.db.connect import relaxed_transaction
 from paygate_cli.errors import PaygateError, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.ticks.context import TickContext, TickResult
@@ -262,7 +263,9 @@ def _start_batch(deps: Deps, result: TickResult) -> bool:
     batch = max(1, min(int(ctx.batch), 100))
     token = uuid.uuid4()
     try:
-        with deps.conn.transaction():
+        # Relaxed: a claim lost in a database crash only frees its rows; the anchor's synchronous
+        # commit flushes it before anything can be broadcast.
+        with relaxed_transaction(deps.conn):
             rows = [Entry(r[0], r[1], int(r[2]), bytes(r[3]))
                     for r in deps.conn.execute(CLAIM_CANDIDATES_SQL, {"batch": batch})]
             rows = trim_to_fit(rows, batch)
@@ -349,7 +352,8 @@ def _prepare_and_send(deps: Deps, lineage_id: int, lane: str, token: uuid.UUID, 
     crashpoint("settlement.after_anchor")
     outcome = deps.chain.send(signed.envelope_xdr)
     crashpoint("settlement.after_broadcast")
-    deps.conn.execute(SENT_SQL, {"status": outcome.label, "lineage": lineage_id, "token": token})
+    with relaxed_transaction(deps.conn):  # re-derivable: a 'signed' lineage is resolved the same way
+        deps.conn.execute(SENT_SQL, {"status": outcome.label, "lineage": lineage_id, "token": token})
     if outcome.status == "ERROR":
         # Not proof of anything by itself: the lineage is resolved (and, once proven dead, its
         # charges retried) on a later tick.
@@ -423,12 +427,13 @@ def _drive(deps: Deps, lineage_id: int, token: uuid.UUID, result: TickResult) ->
                                extra={"msgid": "journal.foreign_sequence_use", "lineage_id": lineage_id})
         lineage.state = resolution.state
     if lineage.state in ("allocated", "signed", "sent"):
-        with deps.conn.transaction():
+        with relaxed_transaction(deps.conn):
             deps.conn.execute(RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": token})
         return "in_flight"
     if lineage.state == "applied":
         # Landed: the observer promotes each charge from its event.
-        _close(deps, lineage_id, token, "applied")  # autocommit: one statement
+        with relaxed_transaction(deps.conn):  # re-derivable from the terminal lineage
+            _close(deps, lineage_id, token, "applied")
         return "applied"
     if lineage.state == "abandoned":
         with deps.conn.transaction():
