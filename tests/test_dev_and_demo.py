@@ -58,11 +58,14 @@ def test_demo_runs_end_to_end(public_tmp: Path) -> None:
         report = json.loads(result.out)["demo"]
         statuses = sorted(d["status"] for d in report["deposits"])
         assert statuses == ["failed", "settled", "settled", "settled"]
-        assert all(b["cached"] == b["on_chain"] for b in report["balances"])
-        assert sum(b["on_chain"] for b in report["balances"]) == 150_000_000
-        outbox = {(row["event"], row["endpoint"]): row["status"] for row in report["outbox"]}
-        assert outbox[("demo.hello", "internal address (refused)")] == "dead"
-        assert outbox[("credit.settled", "shop (healthy)")] == "delivered"
+        charges = sorted((c["status"], c["kind"].split(" ")[0]) for c in report["charges"])
+        assert charges == [("failed", "one-off")] + [("settled", "one-off")] * 3 + [("settled", "subscription")] * 3
+        drifted = [b for b in report["balances"] if b["cached"] != b["on_chain"]]
+        assert len(drifted) == 1 and drifted[0]["cached"] == 1_000_000 and drifted[0]["on_chain"] == 0
+        assert sum(b["on_chain"] for b in report["balances"]) == 150_000_000 - 7_000_000 - 12_000_000
+        outbox = {row["event"]: row for row in report["outbox"]}
+        assert outbox["demo.hello"]["dead"] == 1
+        assert outbox["credit.settled"]["delivered"] == 6 and outbox["charge.settled"]["delivered"] > 0
         assert report["received"] and all(r["signature_ok"] for r in report["received"])
         assert report["idempotency_keys_left"] == 5
         rerun = json.loads(run_proc("demo", "--data-dir", data, "--json", timeout=180).out)["demo"]

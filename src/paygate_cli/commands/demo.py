@@ -15,7 +15,7 @@ def demo_command(ctx: typer.Context,
                  data_dir: Annotated[str, typer.Option("--data-dir", help="Where the demo's Postgres lives.")]
                  = ".demo/pg",
                  json_flag: JsonFlag = False) -> int:
-    """Start a private Postgres and the devnet, admit deposits and webhook work, run the ticks, report."""
+    """Start a private Postgres and the devnet; deposits, charges and a subscription settle; report."""
     from paygate_cli.ops.demo import run_demo
 
     env = get_env(ctx)
@@ -31,8 +31,10 @@ def demo_command(ctx: typer.Context,
         emit(env, mode, {"demo": report})
         return 0
     emit(env, mode, {}, rows=report["deposits"], title="deposits (admitted -> settled on the devnet)")
-    emit(env, mode, {}, rows=report["balances"], title="billing balances: paygate's cache vs the chain")
-    emit(env, mode, {}, rows=report["outbox"], title="webhook outbox")
+    emit(env, mode, {}, rows=report["charges"], title="charges (admitted -> settled or failed, from chain events)")
+    emit(env, mode, {}, rows=report["balances"], title="billing balances: paygate's cache vs the chain",
+         lines=["(the imported balance with nothing behind it on chain is the drift the reconciler will flag)"])
+    emit(env, mode, {}, rows=report["outbox"], title="webhook outbox (every event to each enabled endpoint)")
     received = report["received"]
     emit(env, mode, {}, lines=[
         f"receiver got {len(received)} POST(s); all signatures valid: {all(r['signature_ok'] for r in received)}; "

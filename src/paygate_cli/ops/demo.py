@@ -1,5 +1,6 @@
 """`paygate demo`: the system end to end on a private Postgres and the devnet, so anyone can watch
-it work in a minute with no setup.
+it work in a minute with no setup: deposits, one-off charges and a subscription settling on chain,
+with a quarantined deposit and a charge the chain refuses among them.
 
 It plays the API service's part (admitting deposits through `paygate.admit_deposit`, registering
 webhook endpoints, writing idempotency keys) and the users' wallets (signing deposit
@@ -57,12 +58,28 @@ FROM paygate.pending_credits p ORDER BY p.id
 """
 BALANCES_SQL = "SELECT address, cached_balance FROM paygate.accounts ORDER BY address"
 OUTBOX_REPORT_SQL = """
-SELECT o.id, o.event_type, coalesce(e.description, '(deleted)'), o.status, o.attempts,
-       left(coalesce(o.dead_reason, o.last_error, ''), 60)
-FROM paygate.webhook_outbox o LEFT JOIN paygate.webhook_endpoints e ON e.id = o.endpoint_id
-ORDER BY o.id
+SELECT o.event_type, count(*) FILTER (WHERE o.status = 'delivered'), count(*) FILTER (WHERE o.status = 'pending'),
+       count(*) FILTER (WHERE o.status = 'dead'), max(o.attempts),
+       left(max(coalesce(o.dead_reason, '')), 60)
+FROM paygate.webhook_outbox o GROUP BY o.event_type ORDER BY min(o.id)
 """
 DISABLE_ENDPOINT_SQL = "UPDATE paygate.webhook_endpoints SET enabled = false WHERE id = %s"
+ADMIT_CHARGE_SQL = "SELECT charge_row_id FROM paygate.admit_charge(%s, %s, %s, %s)"
+CREATE_SUBSCRIPTION_SQL = """
+SELECT subscription_id FROM paygate.create_subscription(%s, %s, interval '1 minute',
+                                                       now() - interval '150 seconds', %s, 'demo plan')
+"""
+# An account whose cached balance was imported from a legacy system with no funds behind it on
+# chain: the chain refuses its charge (charge_failed) and the observer gives the money back.
+IMPORT_BALANCE_SQL = "UPDATE paygate.accounts SET cached_balance = cached_balance + %s WHERE address = %s"
+OPEN_CHARGES_SQL = "SELECT count(*) FROM paygate.charges WHERE status NOT IN ('settled', 'failed')"
+CHARGES_REPORT_SQL = """
+SELECT c.id, left(c.account, 8) || '…', c.amount::text, c.status,
+       CASE WHEN c.subscription_id IS NULL THEN 'one-off'
+            ELSE 'subscription ' || c.subscription_id || ' @ ' || to_char(c.period_start, 'HH24:MI:SS') END,
+       coalesce(c.reason, '')
+FROM paygate.charges c ORDER BY c.id
+"""
 KEYS_LEFT_SQL = "SELECT count(*) FROM paygate.idempotency_keys WHERE scope = 'demo'"
 
 
@@ -170,7 +187,8 @@ def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, 
     env.override(database_url=cluster.dsn(DEMO_DATABASE), webhook_allow_hosts=["127.0.0.1/32"],
                  webhook_backoff_base=0.2, rpc_url=genesis["url"], network_passphrase=genesis["passphrase"],
                  billing_contract=contracts["billing"], usdc_contract=contracts["usdc"],
-                 journal_active_key_id="demo-1", funding_lease=2.0)
+                 journal_active_key_id="demo-1", funding_lease=2.0, settlement_lease=2.0,
+                 observer_start_ledger=1)
     receiver = Receiver()
     server = receiver.serve()
     base = f"http://127.0.0.1:{server.server_address[1]}"
@@ -214,6 +232,27 @@ def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, 
             ticks = 0
             while conn.execute(OPEN_DEPOSITS_SQL).fetchone()[0] and time.monotonic() < deadline:
                 _tick(env, "funding")
+                _tick(env, "observer")
+                _tick(env, "webhooks")
+                ticks += 1
+                time.sleep(0.5)
+            say(f"5. funding settled the deposits in {ticks} rounds of ticks")
+            users = [u["public"] for u in genesis["users"]]
+            with conn.transaction():
+                conn.execute(ADMIT_CHARGE_SQL, (users[0], 3_000_000, "demo-charge-1", "api call bundle"))
+                conn.execute(ADMIT_CHARGE_SQL, (users[1], 1_500_000, "demo-charge-2", "api call bundle"))
+                conn.execute(ADMIT_CHARGE_SQL, (users[1], 2_500_000, "demo-charge-3", "storage"))
+                conn.execute(CREATE_SUBSCRIPTION_SQL, (users[2], 4_000_000, "demo-subscription-1"))
+                conn.execute(IMPORT_BALANCE_SQL, (1_000_000, users[3]))
+                conn.execute(ADMIT_CHARGE_SQL, (users[3], 700_000, "demo-charge-4", "legacy balance"))
+            _tick(env, "subscriptions")
+            say("6. admitted 4 one-off charges (one on a balance with nothing behind it on chain) and a "
+                "per-minute subscription started 2.5 minutes ago (3 periods due)")
+            deadline = time.monotonic() + 90
+            ticks = 0
+            while conn.execute(OPEN_CHARGES_SQL).fetchone()[0] and time.monotonic() < deadline:
+                _tick(env, "settlement")
+                _tick(env, "observer")
                 _tick(env, "webhooks")
                 ticks += 1
                 time.sleep(0.5)
@@ -221,7 +260,10 @@ def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, 
                 _tick(env, "webhooks")
                 time.sleep(0.3)
             _tick(env, "idempotency_sweep")
-            say(f"5. ran funding and webhooks ticks {ticks} times, then the idempotency sweep")
+            say(f"7. settlement and the observer took the charges to settled/failed in {ticks} rounds; "
+                "then the idempotency sweep")
+            charges = [dict(zip(("id", "account", "amount", "status", "kind", "reason"), row, strict=True))
+                       for row in conn.execute(CHARGES_REPORT_SQL)]
             deposits = [dict(zip(("id", "account", "amount", "status", "settled_by", "reason", "lineages"), row,
                                  strict=True)) for row in conn.execute(DEPOSITS_REPORT_SQL)]
             lane = genesis["lanes"][0]["public"]
@@ -229,13 +271,14 @@ def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, 
                          "on_chain": billing_balance(chain, billing=contracts["billing"], account=address, source=lane)}
                         for address, cached in conn.execute(BALANCES_SQL)]
             chain.close()
-            outbox = [dict(zip(("id", "event", "endpoint", "status", "attempts", "note"), row, strict=True))
+            outbox = [dict(zip(("event", "delivered", "retrying", "dead", "max_attempts", "dead_reason"), row,
+                               strict=True))
                       for row in conn.execute(OUTBOX_REPORT_SQL)]
             keys_left = conn.execute(KEYS_LEFT_SQL).fetchone()[0]
     finally:
         server.shutdown()
         devnet.terminate()
         devnet.wait(10)
-    return {"dsn": cluster.dsn(DEMO_DATABASE), "devnet": genesis["url"], "deposits": deposits,
+    return {"dsn": cluster.dsn(DEMO_DATABASE), "devnet": genesis["url"], "deposits": deposits, "charges": charges,
             "balances": balances, "outbox": outbox, "received": receiver.received,
             "idempotency_keys_left": keys_left}
