@@ -25,26 +25,14 @@ if TYPE_CHECKING:
     from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.journal.keyring import Keyring
 
-# Two kinds of claimable rows: those with a transaction in flight (they need resolving whatever the
-# lanes), and fresh ones, at most one per active lane (plus one, so a first run with no lanes
-# recorded yet still starts): a fresh row beyond that could only be claimed and released again.
+# Rows with a transaction in flight first (resolving them frees lanes), then fresh ones in order.
 CLAIM_SQL = """
-WITH in_flight AS (
+WITH claimable AS (
     SELECT id FROM paygate.pending_credits
     WHERE status = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at < now())
-      AND (deposit_lineage_id IS NOT NULL OR credit_lineage_id IS NOT NULL)
-    ORDER BY id
+    ORDER BY (deposit_lineage_id IS NULL AND credit_lineage_id IS NULL), id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
-), fresh AS (
-    SELECT id FROM paygate.pending_credits
-    WHERE status = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at < now())
-      AND deposit_lineage_id IS NULL AND credit_lineage_id IS NULL
-    ORDER BY id
-    LIMIT least(%(batch)s, 1 + (SELECT count(*) FROM paygate.lanes WHERE status = 'active'))
-    FOR UPDATE SKIP LOCKED
-), claimable AS (
-    SELECT id FROM (SELECT id FROM in_flight UNION ALL SELECT id FROM fresh) both_kinds LIMIT %(batch)s
 )
 UPDATE paygate.pending_credits p
 SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
@@ -232,8 +220,6 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
     if row.pending_failure:  # rejected at send; its lineage is now proven dead
         _finish(deps, row, "failed", row.pending_failure, event="credit.failed")
         return "failed"
-    if deps.free_lanes <= 0:
-        return "no_free_lane"  # checked before any RPC: a waiting row costs nothing this tick
     try:
         auth = check_deposit_auth(row.auth_entry, account=row.account, amount=row.amount,
                                   usdc=_required(settings.usdc_contract, "PAYGATE_USDC_CONTRACT"),
@@ -246,6 +232,8 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
         _finish(deps, row, "failed", "bad authorisation: nonce/expiration differ from the admitted row",
                 event="credit.failed")
         return "quarantined"
+    if deps.free_lanes <= 0:
+        return "no_free_lane"  # checked before any RPC (a bad authorisation is quarantined first, lane or not)
     consumed, latest = nonce_consumed(deps.chain, row.account, row.auth_nonce)
     if consumed:
         # All our deposit lineages are terminal and none applied (else we would not be here):
