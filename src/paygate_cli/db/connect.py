@@ -6,8 +6,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
-
 from paygate_cli.errors import ConfigError, ExitCode, PaygateError, Unavailable
 
 if TYPE_CHECKING:
@@ -58,13 +56,20 @@ def connect(settings: Settings, purpose: str, *, autocommit: bool = True,
         options=options,
     )
 
-    @retry(stop=stop_after_attempt(max(1, attempts)), wait=wait_random_exponential(multiplier=0.2, max=2),
-           retry=retry_if_exception(_is_transient), reraise=True)
     def _open() -> psycopg.Connection:
         return psycopg.connect(conninfo, autocommit=autocommit)
 
     try:
-        return _open()
+        try:
+            return _open()  # the common case, without loading tenacity (it costs ~20 ms per cold start)
+        except psycopg.OperationalError as exc:
+            if attempts <= 1 or not _is_transient(exc):
+                raise
+        from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+        retrying = retry(stop=stop_after_attempt(attempts - 1), reraise=True, retry=retry_if_exception(_is_transient),
+                         wait=wait_random_exponential(multiplier=0.2, max=2))
+        return retrying(_open)()
     except psycopg.OperationalError as exc:
         # libpq's message names host/port/socket, never the password.
         detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
