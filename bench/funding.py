@@ -19,9 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -29,6 +27,7 @@ import psycopg
 from stellar_sdk import Keypair, SorobanServer, TransactionBuilder, scval
 from stellar_sdk.client.requests_client import RequestsClient
 
+from bench.meter import Meter
 from paygate_cli.chain.rpc import ChainClient
 from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.connect import connect
@@ -43,35 +42,13 @@ from tests.devnet_support import DevnetHandle, start_devnet
 AMOUNT = 1_000_000
 
 
-class Meter:
-    """Accumulates wall time spent inside wrapped callables (RPC calls, SQL round trips)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.calls = 0
-
-    def wrap(self, owner: Any, name: str) -> None:
-        original: Callable[..., Any] = getattr(owner, name)
-        meter = self
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                meter.seconds += time.perf_counter() - started
-                meter.calls += 1
-
-        setattr(owner, name, timed)
-
-
 def run_paygate(chain: ChainEnv, db: psycopg.Connection, deposits: int) -> dict[str, float]:
     users = chain.genesis["users"]
     for i in range(deposits):
         user = users[i % len(users)]
         entry, nonce, expiration = sign_deposit(chain.devnet, user["secret"], AMOUNT, valid_ledgers=500)
         admit_deposit(db, user["public"], AMOUNT, entry, nonce, expiration, f"bench-{i}")
-    rpc, sql = Meter(), Meter()
+    rpc, sql = Meter(enabled=True), Meter(enabled=True)
     for name in ("send", "probe", "simulate", "ledger_entries", "latest_ledger", "account_sequence"):
         rpc.wrap(ChainClient, name)
     sql.wrap(psycopg.Connection, "execute")

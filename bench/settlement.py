@@ -34,7 +34,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 
 import paygate_cli.chain.charges as chain_charges
+from bench.meter import Meter
 from paygate_cli.chain.rpc import ChainClient
 from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.migrate import migrate
@@ -53,31 +53,6 @@ from tests.devnet_support import start_devnet
 USERS = 8
 UPDATE_ROWS = True
 DEPOSIT = 5 * 10**9  # of the 1,000 USDC (10^10 base units) each devnet user holds
-
-
-class Meter:
-    """Accumulates wall time spent inside wrapped callables."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.calls = 0
-        self.enabled = False
-
-    def wrap(self, owner: Any, name: str) -> None:
-        original: Callable[..., Any] = getattr(owner, name)
-        meter = self
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if not meter.enabled:
-                return original(*args, **kwargs)
-            started = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                meter.seconds += time.perf_counter() - started
-                meter.calls += 1
-
-        setattr(owner, name, timed)
 
 
 def run_paygate(chain: ChainEnv, db: psycopg.Connection, charges: int) -> dict[str, float]:
