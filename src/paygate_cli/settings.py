@@ -10,7 +10,6 @@ import getpass
 import os
 import re
 import socket
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +206,8 @@ def find_config_file(explicit: str | None, environ: Mapping[str, str]) -> Path |
 
 
 def _load_toml(path: Path, explicit: bool) -> dict[str, Any]:
+    import tomllib  # only when a config file exists: every cold tick pays for its imports
+
     try:
         with path.open("rb") as handle:
             return tomllib.load(handle)
