@@ -48,6 +48,9 @@ def connect(settings: Settings, purpose: str, *, autocommit: bool = True,
         f"-c statement_timeout={_ms(settings.statement_timeout)}",
         f"-c lock_timeout={_ms(settings.lock_timeout)}",
         f"-c idle_in_transaction_session_timeout={_ms(settings.idle_in_transaction_timeout)}",
+        # Schedules are computed in SQL (anchor + k * period): one time zone for every session, so
+        # day and month arithmetic never depends on which host's settings opened the connection.
+        "-c TimeZone=UTC",
     ]).strip()
     conninfo = make_conninfo(
         dsn,
