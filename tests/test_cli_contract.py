@@ -180,3 +180,22 @@ def test_idle_tick_does_not_import_stellar_sdk(dsn: str) -> None:
 @pytest.mark.parametrize("args", [["--version"], ["workers", "--offline", "--json"]])
 def test_commands_that_need_no_database_work_without_one(args: list[str]) -> None:
     assert run_cli(*args).code == 0
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["run-tick", "webhooks"], "run-tick"),
+    (["--log-level", "debug", "--config", "x.toml", "run-tick"], "run-tick"),
+    (["--json"], None),
+    (["--version"], None),
+    (["dev", "db", "up"], "dev"),
+])
+def test_the_command_is_found_after_root_options(args: list[str], expected: str | None) -> None:
+    from paygate_cli.__main__ import _command_name
+
+    assert _command_name(args) == expected
+
+
+def test_run_tick_alone_still_gets_root_options_and_its_own_help() -> None:
+    result = run_cli("--log-format", "json", "run-tick", "--help")
+    assert result.code == 0 and "--lock-wait" in result.out
+    assert run_cli("--log-format", "bogus", "run-tick", "webhooks").code == ExitCode.USAGE

@@ -38,13 +38,33 @@ def _report(env: Env, code: int, msgid: str, message: str) -> None:
     env.stderr.flush()
 
 
+# Root options that take a value: the command name is the first word that is neither one of these
+# nor an option.
+_ROOT_OPTIONS_WITH_VALUE = {"--config", "--log-format", "--log-level"}
+
+
+def _command_name(args: list[str]) -> str | None:
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _ROOT_OPTIONS_WITH_VALUE:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
 def main(argv: Sequence[str] | None = None, env: Env | None = None) -> int:
     env = env or Env()
     args = list(sys.argv[1:] if argv is None else argv)
     env.json_errors = "--json" in args
     from typer._click.exceptions import ClickException
 
-    from paygate_cli.app import app  # typer is imported here so a broken env still maps errors
+    from paygate_cli.app import COMMANDS, make_app  # typer is imported here so a broken env still maps errors
+
+    command = _command_name(args)
+    app = make_app(command if command in COMMANDS else None)
 
     try:
         result = app(args=args, prog_name="paygate", standalone_mode=False, obj=env)
