@@ -169,6 +169,17 @@ def _tick(env: Env, worker: str) -> None:
     run_worker(env, get_worker(worker), RunOptions(once=True, lock_wait=5))
 
 
+def _tick_until_done(env: Env, conn: Any, open_sql: str, workers: tuple[str, ...]) -> int:
+    """One tick of each worker per round, while `open_sql` counts open work (at most 90 s)."""
+    deadline, rounds = time.monotonic() + 90, 0
+    while conn.execute(open_sql).fetchone()[0] and time.monotonic() < deadline:
+        for worker in workers:
+            _tick(env, worker)
+        rounds += 1
+        time.sleep(0.5)
+    return rounds
+
+
 def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, Any]:
     from psycopg.types.json import Jsonb
 
@@ -228,14 +239,7 @@ def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, 
                 for n, (account, amount, entry, nonce) in enumerate(signed):
                     conn.execute(ADMIT_DEPOSIT_SQL, (account, amount, entry, nonce, latest + 200, f"demo-deposit-{n}"))
             say("4. admitted 4 deposits (one with a tampered amount), 3 webhook endpoints, 10 idempotency keys")
-            deadline = time.monotonic() + 90
-            ticks = 0
-            while conn.execute(OPEN_DEPOSITS_SQL).fetchone()[0] and time.monotonic() < deadline:
-                _tick(env, "funding")
-                _tick(env, "observer")
-                _tick(env, "webhooks")
-                ticks += 1
-                time.sleep(0.5)
+            ticks = _tick_until_done(env, conn, OPEN_DEPOSITS_SQL, ("funding", "observer", "webhooks"))
             say(f"5. funding settled the deposits in {ticks} rounds of ticks")
             users = [u["public"] for u in genesis["users"]]
             with conn.transaction():
@@ -248,14 +252,7 @@ def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, 
             _tick(env, "subscriptions")
             say("6. admitted 4 one-off charges (one on a balance with nothing behind it on chain) and a "
                 "per-minute subscription started 2.5 minutes ago (3 periods due)")
-            deadline = time.monotonic() + 90
-            ticks = 0
-            while conn.execute(OPEN_CHARGES_SQL).fetchone()[0] and time.monotonic() < deadline:
-                _tick(env, "settlement")
-                _tick(env, "observer")
-                _tick(env, "webhooks")
-                ticks += 1
-                time.sleep(0.5)
+            ticks = _tick_until_done(env, conn, OPEN_CHARGES_SQL, ("settlement", "observer", "webhooks"))
             for _ in range(6):  # let the last webhook retries run out
                 _tick(env, "webhooks")
                 time.sleep(0.3)
