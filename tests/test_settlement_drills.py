@@ -5,6 +5,7 @@ on-chain balances, each event applied once, the cursor never moved backwards."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,6 +83,10 @@ def test_settlement_crash_before_the_batch_is_out(chain: ChainEnv, db: psycopg.C
     accounts = setup_charges(chain, db)
     result = crash_tick(chain, "settlement", point)
     assert result.code == -9, f"expected a SIGKILL at {point}: {result.code} {result.err}"
+    # Let the dead worker's lease (1 s, DB time) lapse before any ledger closes: otherwise, on a slow
+    # machine, the closes could pass the anchored envelope's maxTime first, and a correct but
+    # different path (proven expired, a new lineage) would run instead of the one this test names.
+    time.sleep(1.2)
     quiesce_and_check(chain, db, accounts)
     states = [r[0] for r in db.execute("SELECT state FROM paygate.lineages WHERE purpose = 'charge_batch' ORDER BY id")]
     if point in ("settlement.after_claim", "settlement.after_sign"):
