@@ -9,8 +9,17 @@ from typing import Any
 
 import psycopg
 
-from tests.chain_env import ChainEnv, admit_deposit, billing_balance, contract_events, sign_deposit
+from tests.chain_env import ChainEnv, admit_deposit, billing_balance, chain_environ, contract_events, sign_deposit
 from tests.cli import Result
+from tests.devnet_support import DevnetHandle
+
+
+def charge_chain(devnet: DevnetHandle, dsn: str, keys_dir: Any) -> ChainEnv:
+    """paygate wired to `devnet` for the charge side: the observer starts at ledger 1 and a dead
+    settlement worker's batch lease lapses after a second."""
+    environ = chain_environ(devnet, dsn, keys_dir)
+    environ.update(PAYGATE_OBSERVER_START_LEDGER="1", PAYGATE_SETTLEMENT_LEASE="1s")
+    return ChainEnv(devnet, dsn, environ)
 
 
 def admit_charge(db: psycopg.Connection, account: str, amount: int, key: str, **kw: Any) -> tuple[int, bytes]:

@@ -10,8 +10,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.chain_env import ChainEnv, billing_balance, chain_environ, contract_events
-from tests.charges_support import add_endpoint, admit_charge, check_invariants, fund, run_until_quiet
+from tests.chain_env import ChainEnv, billing_balance, contract_events
+from tests.charges_support import add_endpoint, admit_charge, charge_chain, check_invariants, fund, run_until_quiet
 from tests.devnet_support import DevnetHandle, start_devnet
 
 DEPOSIT = 50_000_000
@@ -26,9 +26,7 @@ def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
 
 @pytest.fixture
 def chain(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> ChainEnv:
-    environ = chain_environ(devnet, dsn, tmp_path / "keys")
-    environ.update(PAYGATE_OBSERVER_START_LEDGER="1", PAYGATE_SETTLEMENT_LEASE="1s")
-    return ChainEnv(devnet, dsn, environ)
+    return charge_chain(devnet, dsn, tmp_path / "keys")
 
 
 def balance(db: psycopg.Connection, account: str) -> int:

@@ -12,8 +12,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.chain_env import ChainEnv, chain_environ
-from tests.charges_support import add_endpoint, admit_charge, check_invariants, fund, run_until_quiet
+from tests.chain_env import ChainEnv
+from tests.charges_support import add_endpoint, admit_charge, charge_chain, check_invariants, fund, run_until_quiet
 from tests.cli import Result, run_proc
 from tests.devnet_support import DevnetHandle, start_devnet
 
@@ -29,9 +29,7 @@ def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
 
 @pytest.fixture
 def chain(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> ChainEnv:
-    environ = chain_environ(devnet, dsn, tmp_path / "keys")
-    environ.update(PAYGATE_OBSERVER_START_LEDGER="1", PAYGATE_SETTLEMENT_LEASE="1s")
-    return ChainEnv(devnet, dsn, environ)
+    return charge_chain(devnet, dsn, tmp_path / "keys")
 
 
 def crash_tick(chain: ChainEnv, worker: str, point: str) -> Result:

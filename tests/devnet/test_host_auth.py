@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 
 import pytest
 from stellar_sdk import Address, Keypair, Network, scval, xdr
@@ -11,36 +10,21 @@ from stellar_sdk.auth import authorize_entry, authorize_invocation
 
 from paygate_cli.devnet.host import ContractHost, InvokeOutcome
 from paygate_cli.devnet.storage import MAX_ENTRY_TTL
+from tests.devnet.host_support import PASS, Env, deploy, kp
 
-PASS = Network.STANDALONE_NETWORK_PASSPHRASE
 V1 = xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_ADDRESS
 V2 = xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_ADDRESS_V2
 LEDGER = 1000
 
 
-def kp(i: int) -> Keypair:
-    return Keypair.from_raw_ed25519_seed(bytes([i]) * 32)
-
-
 ISSUER, USER, LANE, ADMIN, OTHER = kp(1), kp(2), kp(3), kp(4), kp(5)
-
-
-@dataclass
-class Env:
-    host: ContractHost
-    usdc: str
-    billing: str
-    market: str
 
 
 @pytest.fixture
 def env() -> Env:
-    host = ContractHost(PASS)
-    usdc = host.deploy_sac("USDC", ISSUER.public_key)
-    billing = host.deploy_billing(ADMIN.public_key, usdc, [LANE.public_key])
-    market = host.deploy_market(usdc)
-    host.mint(usdc, USER.public_key, 1_000_000)
-    return Env(host, usdc, billing, market)
+    e = deploy(ISSUER, ADMIN, LANE)
+    e.host.mint(e.usdc, USER.public_key, 1_000_000)
+    return e
 
 
 def host_fn(contract: str, fn: str, args: list[xdr.SCVal]) -> xdr.HostFunction:

@@ -3,44 +3,28 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 
 import pytest
-from stellar_sdk import Address, Asset, Keypair, Network, StrKey, scval, xdr
+from stellar_sdk import Address, Asset, Keypair, StrKey, scval, xdr
 from stellar_sdk.base_soroban_server import _build_sac_balance_ledger_key
 from stellar_sdk.soroban_rpc import GetSACBalanceResponse, LedgerEntryResult
 
-from paygate_cli.devnet.host import ContractHost, InvokeOutcome
+from paygate_cli.devnet.host import InvokeOutcome
+from tests.devnet.host_support import PASS, Env, deploy, kp
 
-PASS = Network.STANDALONE_NETWORK_PASSPHRASE
 LEDGER = 500
 SRC_CREDS = xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_SOURCE_ACCOUNT
-
-
-def kp(i: int) -> Keypair:
-    return Keypair.from_raw_ed25519_seed(bytes([i]) * 32)
 
 
 ISSUER, ALICE, BOB, LANE, ADMIN, STRANGER = kp(11), kp(12), kp(13), kp(14), kp(15), kp(16)
 
 
-@dataclass
-class Env:
-    host: ContractHost
-    usdc: str
-    billing: str
-    market: str
-
-
 @pytest.fixture
 def env() -> Env:
-    host = ContractHost(PASS)
-    usdc = host.deploy_sac("USDC", ISSUER.public_key)
-    billing = host.deploy_billing(ADMIN.public_key, usdc, [LANE.public_key])
-    market = host.deploy_market(usdc)
-    host.mint(usdc, ALICE.public_key, 1_000)
-    host.mint(usdc, BOB.public_key, 0)  # opens BOB's trustline
-    return Env(host, usdc, billing, market)
+    e = deploy(ISSUER, ADMIN, LANE)
+    e.host.mint(e.usdc, ALICE.public_key, 1_000)
+    e.host.mint(e.usdc, BOB.public_key, 0)  # opens BOB's trustline
+    return e
 
 
 def host_fn(contract: str, fn: str, args: list[xdr.SCVal]) -> xdr.HostFunction:
