@@ -141,9 +141,21 @@ def sync_lanes(conn: psycopg.Connection, addresses: list[str]) -> None:
 
 
 def allocate(conn: psycopg.Connection, *, purpose: str, entitlement: str, lanes: list[str]) -> tuple[int, str] | None:
-    """Inside the caller's transaction. None when every lane is busy or drained."""
-    row = conn.execute(ALLOCATE_SQL, {"lanes": sorted(lanes), "purpose": purpose,
-                                      "entitlement": entitlement}).fetchone()
+    """Inside the caller's transaction. None when every lane is busy or drained.
+
+    Two allocators can both see a lane as free (the NOT EXISTS reads a snapshot taken before the
+    other committed); the unique index on live lineages then refuses the second insert. That is
+    "no free lane this time", not an error: the savepoint keeps the caller's transaction usable."""
+    import psycopg
+
+    params = {"lanes": sorted(lanes), "purpose": purpose, "entitlement": entitlement}
+    try:
+        with conn.transaction():
+            row = conn.execute(ALLOCATE_SQL, params).fetchone()
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "lineages_one_live_per_lane":
+            raise
+        return None
     return (int(row[0]), str(row[1])) if row else None
 
 
