@@ -21,6 +21,8 @@ class TickContext:
     slot: int
     batch: int
     log: logging.Logger
+    # This instance is drained (`paygate drain --instance`): finish held work, take no new claims.
+    draining: bool = False
 
 
 @dataclass
@@ -29,9 +31,14 @@ class TickResult:
     failed: int = 0
     needs_human: int = 0
     details: dict[str, Any] = field(default_factory=dict)
+    # Work is waiting that this tick could not move (no free lane for too long, every lane fenced...):
+    # the reason. A stalled tick is not a success (exit 1, status not ready), never a quiet 0.
+    stalled: str | None = None
 
     @property
     def outcome(self) -> str:
         if self.needs_human:
             return "needs_human"
-        return "failed" if self.failed else "ok"
+        if self.failed:
+            return "failed"
+        return "stalled" if self.stalled else "ok"

@@ -58,7 +58,8 @@ DELETE FROM paygate.worker_runs WHERE id IN (
 )
 """
 
-_SEVERITY = {"ok": ExitCode.OK, "failed": ExitCode.FAILED, "needs_human": ExitCode.NEEDS_HUMAN}
+_SEVERITY = {"ok": ExitCode.OK, "stalled": ExitCode.FAILED, "failed": ExitCode.FAILED,
+             "needs_human": ExitCode.NEEDS_HUMAN}
 
 
 @dataclass
@@ -219,6 +220,10 @@ def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Conne
                               slot=slot, batch=opts.batch or spec.batch or 1, log=get_logger(spec.name))
             result = _run_one_tick(ctx, spec)
         outcome = result.outcome
+        if outcome == "stalled":
+            error = result.stalled
+            log.error("work is waiting and this tick could not move it: %s", result.stalled,
+                      extra={"msgid": "tick.stalled", "worker": spec.name})
     except NeedsHuman as exc:
         outcome, error = "needs_human", str(exc)
         result.needs_human += 1

@@ -1,0 +1,1 @@
+src/paygate_cli/sql
