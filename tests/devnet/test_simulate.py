@@ -3,6 +3,7 @@ exactly what prepare_transaction needs for the devnet to accept the transaction.
 
 from __future__ import annotations
 
+import pytest
 from stellar_sdk import SorobanServer, TransactionBuilder, scval, xdr
 from stellar_sdk.soroban_rpc import GetTransactionStatus, SendTransactionStatus
 
@@ -97,3 +98,35 @@ def test_read_only_call_returns_the_value(server: SorobanServer, devnet: DevnetH
                    prepare=False)
     sim = server.simulate_transaction(tx)
     assert scval.to_native(xdr.SCVal.from_xdr(sim.results[0].xdr)) == 1_000 * 10_000_000
+
+
+# stellar-rpc cmd/stellar-rpc/internal/methods/simulate_transaction.go passes the request's plain-bool
+# `UseUpgradedAuth` to preflight (lib/preflight/src/shared.rs: make_recording_auth_mode(.., use_upgraded_auth)):
+# absent means false, i.e. legacy SOROBAN_CREDENTIALS_ADDRESS; only `true` records ADDRESS_V2.
+@pytest.mark.parametrize("flag,ctype", [
+    (None, xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_ADDRESS),
+    (False, xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_ADDRESS),
+    (True, xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_ADDRESS_V2),
+], ids=["absent-v1", "false-v1", "true-v2"])
+def test_recording_follows_use_upgraded_auth_and_both_versions_land(
+        server: SorobanServer, devnet: DevnetHandle, flag: bool | None, ctype: xdr.SorobanCredentialsType) -> None:
+    from stellar_sdk.auth import authorize_entry
+
+    user_i = {None: 2, False: 3, True: 0}[flag]
+    tx, user, lane = _buy(server, devnet, user_i, 2 + user_i, item=f"tea-{flag}")
+    params: dict = {"transaction": tx.to_xdr()}
+    if flag is not None:
+        params["useUpgradedAuth"] = flag
+    res = call(devnet.url, "simulateTransaction", params)["result"]
+    assert "error" not in res, res
+    [entry_b64] = res["results"][0]["auth"]
+    entry = xdr.SorobanAuthorizationEntry.from_xdr(entry_b64)
+    assert entry.credentials.type == ctype
+    latest = server.get_latest_ledger().sequence
+    tx.transaction.operations[0].auth = [authorize_entry(entry, user, latest + 20, devnet.passphrase)]
+    prepared = server.prepare_transaction(tx)  # enforce mode: the signed entry of either version verifies
+    prepared.sign(lane)
+    fb = fee_bump(devnet, prepared)
+    assert server.send_transaction(fb).status == SendTransactionStatus.PENDING
+    devnet.close_ledger()
+    assert server.get_transaction(fb.hash_hex()).status == GetTransactionStatus.SUCCESS

@@ -403,7 +403,9 @@ class Methods:
             raise invalid_params("useUpgradedAuth: expected a boolean")
         rc = opt_obj(params, "resourceConfig")
         leeway = opt_int(rc, "instructionLeeway") or 0
-        return simulate(self.dev, p, auth_mode or None, True if upgraded is None else upgraded, leeway)
+        # stellar-rpc v27.1+ records legacy ADDRESS credentials unless the client opts in with
+        # useUpgradedAuth: true (the Go field is a plain bool, so absent means false).
+        return simulate(self.dev, p, auth_mode or None, bool(upgraded), leeway)
 
 
 def _distribution(rates: list[int], ledger_count: int) -> dict:

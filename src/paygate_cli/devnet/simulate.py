@@ -20,19 +20,6 @@ INSTRUCTIONS_FACTOR = 1.04
 INSTRUCTIONS_ADD = 50_000
 
 
-def _convert_credentials(entry: xdr.SorobanAuthorizationEntry, upgraded: bool) -> xdr.SorobanAuthorizationEntry:
-    """Record-mode entries in the credential type the client asked for (useUpgradedAuth, CAP-71)."""
-    ct = xdr.SorobanCredentialsType
-    c = entry.credentials
-    if upgraded and c.type == ct.SOROBAN_CREDENTIALS_ADDRESS:
-        creds = xdr.SorobanCredentials(type=ct.SOROBAN_CREDENTIALS_ADDRESS_V2, address_v2=c.address)
-    elif not upgraded and c.type == ct.SOROBAN_CREDENTIALS_ADDRESS_V2:
-        creds = xdr.SorobanCredentials(type=ct.SOROBAN_CREDENTIALS_ADDRESS, address=c.address_v2)
-    else:
-        return entry
-    return xdr.SorobanAuthorizationEntry(credentials=creds, root_invocation=entry.root_invocation)
-
-
 def simulate(dev: Devnet, p: Parsed, auth_mode: str | None, upgraded: bool, leeway: int) -> dict[str, Any]:
     out: dict[str, Any] = {"latestLedger": dev.latest}
     tx = p.tx
@@ -64,6 +51,7 @@ def simulate(dev: Devnet, p: Parsed, auth_mode: str | None, upgraded: bool, leew
     outcome = dev.host.invoke(
         host_function=call.host_function, auth=list(call.auth), source_account=source, ledger_seq=dev.latest + 1,
         ledger_close_time=dev.latest_info.close_time, mode=mode,  # type: ignore[arg-type]
+        use_upgraded_auth=upgraded,
     )
     events = [xdr.DiagnosticEvent(in_successful_contract_call=outcome.ok, event=e).to_xdr()
               for e in outcome.events]
@@ -71,7 +59,7 @@ def simulate(dev: Devnet, p: Parsed, auth_mode: str | None, upgraded: bool, leew
         out["error"] = outcome.error or "HostError: Error(WasmVm, InvalidAction)"
         out["events"] = events
         return out
-    auth = [_convert_credentials(e, upgraded) for e in outcome.auth] if mode == "record" else list(call.auth)
+    auth = list(outcome.auth) if mode == "record" else list(call.auth)
     rw_raw = {k.to_xdr_bytes() for k in outcome.read_write}
     read_only = [k for k in outcome.read_only if k.to_xdr_bytes() not in rw_raw]
     instructions = int(outcome.instructions * INSTRUCTIONS_FACTOR) + INSTRUCTIONS_ADD + leeway
