@@ -74,7 +74,8 @@ def test_enforce_mode_rejects_a_bad_signature_in_band(server: SorobanServer, dev
     assert "error" not in answer  # HTTP 200, no JSON-RPC error …
     assert "Auth" in answer["result"]["error"]  # … the failure is in the result
     rec = call(devnet.url, "simulateTransaction", {"transaction": tx.to_xdr(), "authMode": "record"})
-    assert "error" in rec["result"]  # record mode with auth present is an error
+    # simulate_transaction.go validateAuthMode: recording over a present auth footprint is refused.
+    assert rec["result"]["error"] == "cannot set authMode to 'record' with an auth footprint"
 
 
 def test_contract_trap_and_shape_errors_are_in_band(server: SorobanServer, devnet: DevnetHandle) -> None:
@@ -88,7 +89,7 @@ def test_contract_trap_and_shape_errors_are_in_band(server: SorobanServer, devne
                .add_text_memo("hi").set_timeout(60).build())
     assert "memo" in server.simulate_transaction(memo_tx).error
     bad_mode = call(devnet.url, "simulateTransaction", {"transaction": memo_tx.to_xdr(), "authMode": "yolo"})
-    assert bad_mode["error"]["code"] == -32602
+    assert "memo" in bad_mode["result"]["error"]  # stellar-rpc checks the memo before authMode
 
 
 def test_read_only_call_returns_the_value(server: SorobanServer, devnet: DevnetHandle) -> None:
@@ -130,3 +131,62 @@ def test_recording_follows_use_upgraded_auth_and_both_versions_land(
     assert server.send_transaction(fb).status == SendTransactionStatus.PENDING
     devnet.close_ledger()
     assert server.get_transaction(fb.hash_hex()).status == GetTransactionStatus.SUCCESS
+
+
+# Every input branch of stellar-rpc's simulateTransaction handler answers HTTP 200 with `result.error`
+# and latestLedger 0, in this order and with these texts: cmd/stellar-rpc/internal/methods/
+# simulate_transaction.go (NewSimulateTransactionHandler, validateAuthMode) and go-stellar-sdk
+# protocols/rpc/format.go (IsValidFormat). Only a param of the wrong JSON type fails request decoding.
+def test_input_errors_are_in_band_as_stellar_rpc_words_them(server: SorobanServer, devnet: DevnetHandle) -> None:
+    from stellar_sdk import Asset
+
+    g = devnet.genesis
+    lane = kp(g["lanes"][7])
+    user = g["users"][1]["public"]
+    account = server.load_account(lane.public_key)
+
+    def build(*ops: str, memo: bool = False) -> str:
+        b = TransactionBuilder(account, devnet.passphrase, base_fee=100).set_timeout(60)
+        for op in ops:
+            if op == "invoke":
+                b.append_invoke_contract_function_op(g["contracts"]["billing"], "balance", [addr(user)])
+            elif op == "payment":
+                b.append_payment_op(user, Asset.native(), "1")
+            elif op == "extend":
+                b.append_extend_footprint_ttl_op(100)
+        if memo:
+            b.add_text_memo("hi")
+        return b.build().to_xdr()
+
+    def sim(params: dict) -> dict:
+        body = call(devnet.url, "simulateTransaction", params)
+        assert "error" not in body, body  # never a JSON-RPC error …
+        assert body["result"]["latestLedger"] == 0, body  # … and the early-exit response's zero ledger
+        return body["result"]["error"]
+
+    invoke = build("invoke")
+    assert sim({}) == "Could not unmarshal transaction"  # missing transaction = empty string
+    assert sim({"transaction": "%%%"}) == "Could not unmarshal transaction"
+    assert sim({"transaction": "AAAAAgAAAAA="}) == "Could not unmarshal transaction"
+    assert sim({"transaction": invoke, "xdrFormat": "xml"}) == \
+        "got 'xml': expected base64, json for optional 'xdrFormat'"
+    assert sim({"transaction": build("invoke", "invoke")}) == "Transaction contains more than one operation"
+    assert sim({"transaction": build("invoke", memo=True)}) == \
+        "Transaction contains a memo. Soroban transactions do not support memos."
+    assert sim({"transaction": invoke, "authMode": "yolo"}) == \
+        "optional 'authMode' must be one of enforce,record,record_allow_nonroot when included"
+    assert sim({"transaction": build("payment")}) == \
+        "transaction contains unsupported operation type: OperationTypePayment"
+    assert sim({"transaction": build("extend"), "authMode": "record"}) == \
+        "cannot set authMode with non-InvokeHostFunction operations"
+    assert sim({"transaction": build("extend")}).startswith(
+        "To perform a SimulateTransaction for ExtendFootprintTtl or RestoreFootprint operations,")
+    # A zero-operation envelope decodes (the XDR allows it) and is "more than one" to stellar-rpc.
+    empty = TransactionBuilder(account, devnet.passphrase, base_fee=100).set_timeout(60)
+    empty_env = empty.append_bump_sequence_op(0).build()
+    empty_env.transaction.operations = []
+    assert sim({"transaction": empty_env.to_xdr()}) == "Transaction contains more than one operation"
+    # Wrong JSON types fail jrpc2's request decoding: -32602.
+    assert call(devnet.url, "simulateTransaction", {"transaction": 5})["error"]["code"] == -32602
+    assert call(devnet.url, "simulateTransaction",
+                {"transaction": invoke, "useUpgradedAuth": "yes"})["error"]["code"] == -32602

@@ -392,19 +392,33 @@ class Methods:
     # ----- simulation -----------------------------------------------------------------------------
 
     def simulate_transaction(self, params: dict) -> dict:
-        from paygate_cli.devnet.simulate import simulate
+        """Input problems are answered in `result.error` with HTTP 200 and `latestLedger: 0`, in
+        stellar-rpc's order and words (cmd/stellar-rpc/internal/methods/simulate_transaction.go):
+        xdrFormat, undecodable or missing transaction, operation count, memo, then authMode against the
+        operation. Only a param of the wrong JSON type is a -32602 (jrpc2 fails to decode the request)."""
+        from paygate_cli.devnet.simulate import simulate, simulate_input_error
 
-        p = self.parse_tx_param(params)
-        auth_mode = opt_str(params, "authMode")
-        if auth_mode not in (None, "", "enforce", "record", "record_allow_nonroot"):
-            raise invalid_params(f"invalid authMode {auth_mode!r}")
+        fmt = opt_str(params, "xdrFormat")
+        auth_mode = opt_str(params, "authMode") or ""
+        tx_b64 = opt_str(params, "transaction")
         upgraded = params.get("useUpgradedAuth")
         if upgraded is not None and not isinstance(upgraded, bool):
             raise invalid_params("useUpgradedAuth: expected a boolean")
         rc = opt_obj(params, "resourceConfig")
         leeway = opt_int(rc, "instructionLeeway") or 0
-        # stellar-rpc v27.1+ records legacy ADDRESS credentials unless the client opts in with
-        # useUpgradedAuth: true (the Go field is a plain bool, so absent means false).
+        if fmt not in (None, "", "base64", "json"):
+            return {"error": f"got '{fmt}': expected base64, json for optional 'xdrFormat'", "latestLedger": 0}
+        if fmt == "json":
+            return {"error": "xdrFormat json is not supported by the devnet; use base64", "latestLedger": 0}
+        try:
+            p = parse_envelope(tx_b64 or "", self.dev.net_id)
+        except InvalidXdr:
+            return {"error": "Could not unmarshal transaction", "latestLedger": 0}
+        err = simulate_input_error(p, auth_mode)
+        if err is not None:
+            return {"error": err, "latestLedger": 0}
+        # stellar-rpc (validateAuthMode): absent authMode is enforce when the op carries auth, else record;
+        # useUpgradedAuth is a plain bool there, so absent means false: legacy ADDRESS credentials.
         return simulate(self.dev, p, auth_mode or None, bool(upgraded), leeway)
 
 

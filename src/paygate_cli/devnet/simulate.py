@@ -20,19 +20,46 @@ INSTRUCTIONS_FACTOR = 1.04
 INSTRUCTIONS_ADD = 50_000
 
 
-def simulate(dev: Devnet, p: Parsed, auth_mode: str | None, upgraded: bool, leeway: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"latestLedger": dev.latest}
+AUTH_MODES = ("enforce", "record", "record_allow_nonroot")
+
+
+def go_op_type(t: xdr.OperationType) -> str:
+    """The Go SDK's name of an operation type (OperationType.String()), which stellar-rpc prints."""
+    return "OperationType" + "".join(w.capitalize() for w in t.name.split("_"))
+
+
+def simulate_input_error(p: Parsed, auth_mode: str) -> str | None:
+    """The request checks stellar-rpc makes before preflight, in its order and with its texts
+    (cmd/stellar-rpc/internal/methods/simulate_transaction.go: the handler, then validateAuthMode)."""
     tx = p.tx
     if len(tx.operations) != 1:
-        out["error"] = "Transaction contains more than one operation"
-        return out
+        return "Transaction contains more than one operation"  # also said for zero operations
     if tx.memo.type != xdr.MemoType.MEMO_NONE:
-        out["error"] = "Transaction must not have a memo"  # Soroban transactions cannot carry one
-        return out
+        return "Transaction contains a memo. Soroban transactions do not support memos."
+    if auth_mode not in ("", *AUTH_MODES):
+        return "optional 'authMode' must be one of " + ",".join(AUTH_MODES) + " when included"
     op = tx.operations[0]
-    if op.body.type not in SOROBAN_OPS:
-        out["error"] = f"Transaction contains an unsupported operation type: {op.body.type.name}"
-        return out
+    t = op.body.type
+    if t == xdr.OperationType.INVOKE_HOST_FUNCTION:
+        call = op.body.invoke_host_function_op
+        if auth_mode.startswith("record") and call is not None and call.auth:
+            return f"cannot set authMode to '{auth_mode}' with an auth footprint"
+        return None
+    if t in SOROBAN_OPS:
+        if auth_mode:
+            return "cannot set authMode with non-InvokeHostFunction operations"
+        if p.soroban is None:
+            return ("To perform a SimulateTransaction for ExtendFootprintTtl or RestoreFootprint operations,"
+                    " SorobanTransactionData must be provided")
+        return None
+    return f"transaction contains unsupported operation type: {go_op_type(t)}"
+
+
+def simulate(dev: Devnet, p: Parsed, auth_mode: str | None, upgraded: bool, leeway: int) -> dict[str, Any]:
+    """Run a request that passed `simulate_input_error`."""
+    out: dict[str, Any] = {"latestLedger": dev.latest}
+    tx = p.tx
+    op = tx.operations[0]
     source = p.op_source(op)
     if source not in dev.accounts:
         out["error"] = f"Account not found: {source}"
@@ -41,12 +68,8 @@ def simulate(dev: Devnet, p: Parsed, auth_mode: str | None, upgraded: bool, leew
         return _simulate_footprint_op(dev, p, out)
     call = op.body.invoke_host_function_op
     assert call is not None
-    has_auth = len(call.auth) > 0
     if auth_mode is None:
-        auth_mode = "enforce" if has_auth else "record"
-    if auth_mode.startswith("record") and has_auth:
-        out["error"] = "auth entries must be empty in record mode"
-        return out
+        auth_mode = "enforce" if call.auth else "record"
     mode = "enforce" if auth_mode == "enforce" else "record"
     outcome = dev.host.invoke(
         host_function=call.host_function, auth=list(call.auth), source_account=source, ledger_seq=dev.latest + 1,
@@ -106,9 +129,7 @@ def _priced_size(p: Parsed, data: xdr.SorobanTransactionData, auth: list[xdr.Sor
 
 def _simulate_footprint_op(dev: Devnet, p: Parsed, out: dict[str, Any]) -> dict[str, Any]:
     """ExtendFootprintTTL / RestoreFootprint: price the footprint the transaction already declares."""
-    if p.soroban is None:
-        out["error"] = "ExtendFootprintTTL and RestoreFootprint need sorobanData with a footprint"
-        return out
+    assert p.soroban is not None  # simulate_input_error demands it
     fp = p.soroban.resources.footprint
     res = fees.Resources(instructions=0, disk_read_bytes=p.soroban.resources.disk_read_bytes.uint32,
                          write_bytes=p.soroban.resources.write_bytes.uint32,
