@@ -36,7 +36,7 @@ def test_get_latest_ledger_has_a_real_header(devnet: DevnetHandle, server: Sorob
     assert header.ledger_seq.uint32 == r["sequence"]
     assert header.scp_value.close_time.time_point.uint64 == int(r["closeTime"])
     meta = xdr.LedgerCloseMeta.from_xdr(r["metadataXdr"])
-    assert meta.v0.ledger_header.hash.hash.hex() == r["id"]
+    assert meta.v == 2 and meta.v2.ledger_header.hash.hash.hex() == r["id"]
     before = server.get_latest_ledger()
     devnet.close_ledger(advance_seconds=7)
     after = server.get_latest_ledger()
@@ -158,7 +158,8 @@ def test_get_ledgers_pages_headers(devnet: DevnetHandle, server: SorobanServer) 
     devnet.close_ledger(n=2)
     page = server.get_ledgers(start_ledger=1, limit=2)
     assert [entry.sequence for entry in page.ledgers] == [1, 2]
-    assert xdr.LedgerHeader.from_xdr(page.ledgers[1].header_xdr).ledger_seq.uint32 == 2
+    # get_ledgers.go: a LedgerHeaderHistoryEntry, not a bare LedgerHeader.
+    assert xdr.LedgerHeaderHistoryEntry.from_xdr(page.ledgers[1].header_xdr).header.ledger_seq.uint32 == 2
     nxt = server.get_ledgers(cursor=page.cursor, limit=1)
     assert [entry.sequence for entry in nxt.ledgers] == [3]
 

@@ -191,15 +191,41 @@ class Devnet:
     def start_genesis(self, close_time: int) -> None:
         self._add_ledger(1, close_time, bytes(32), bytes(32))
 
-    def close_meta(self, seq: int) -> xdr.LedgerCloseMeta:
-        """A header-only LedgerCloseMeta v0: the devnet does not re-serialise per-ledger tx processing."""
+    def header_entry(self, seq: int) -> xdr.LedgerHeaderHistoryEntry:
+        """What stellar-rpc's getLedgers sends as headerXdr (hash + header + ext)."""
         info = self.ledgers[seq]
-        return xdr.LedgerCloseMeta(v=0, v0=xdr.LedgerCloseMetaV0(
-            ledger_header=xdr.LedgerHeaderHistoryEntry(
-                hash=xdr.Hash(info.hash), header=info.header, ext=xdr.LedgerHeaderHistoryEntryExt(0)),
-            tx_set=xdr.TransactionSet(previous_ledger_hash=info.header.previous_ledger_hash, txs=[]),
-            tx_processing=[], upgrades_processing=[], scp_info=[],
-        ))
+        return xdr.LedgerHeaderHistoryEntry(hash=xdr.Hash(info.hash), header=info.header,
+                                            ext=xdr.LedgerHeaderHistoryEntryExt(0))
+
+    def close_meta_xdr(self, seq: int) -> str:
+        """The ledger's LedgerCloseMeta v2 (what stellar-core emits from protocol 23 on and stellar-rpc
+        serves verbatim as metadataXdr), base64: the header entry, a GeneralizedTransactionSet (phase 0
+        classic, phase 1 Soroban as one parallel stage/cluster) and a TransactionResultMetaV1 per
+        transaction in application order, with the result and meta getTransaction serves. Assembled from
+        the stored XDR bytes without decoding them; fee processing changes stay empty (the fee charge is
+        in the TransactionMeta's txChangesBefore) and no upgrades, SCP info or evictions."""
+        pack = struct.pack
+        recs = self.txs_by_ledger.get(seq, [])
+        envs = [(r.soroban, base64.b64decode(r.envelope_xdr)) for r in recs]
+        classic = [e for soroban, e in envs if not soroban]
+        soroban = [e for is_soroban, e in envs if is_soroban]
+        info = self.ledgers[seq]
+        out = [pack(">ii", 2, 0), self.header_entry(seq).to_xdr_bytes()]
+        out.append(pack(">i", 1) + info.header.previous_ledger_hash.hash + pack(">I", 2))
+        # Phase 0 (v0): one TXSET_COMP_TXS_MAYBE_DISCOUNTED_FEE component, baseFee absent.
+        out.append(pack(">iI", 0, 1 if classic else 0))
+        if classic:
+            out.append(pack(">iII", 0, 0, len(classic)) + b"".join(classic))
+        # Phase 1 (v1, parallel Soroban): baseFee absent, one stage holding one cluster.
+        out.append(pack(">iI", 1, 0))
+        out.append(pack(">III", 1, 1, len(soroban)) + b"".join(soroban) if soroban else pack(">I", 0))
+        out.append(pack(">I", len(recs)))
+        for r in recs:
+            out.append(pack(">i", 0) + bytes.fromhex(r.full_hash) + base64.b64decode(r.result_xdr)
+                       + pack(">I", 0) + base64.b64decode(r.result_meta_xdr) + pack(">I", 0))
+        # upgradesProcessing, scpInfo, totalByteSizeOfLiveSorobanState (not modelled: 0), evictedKeys.
+        out.append(pack(">IIQI", 0, 0, 0, 0))
+        return base64.b64encode(b"".join(out)).decode()
 
     # ----- accounts -----------------------------------------------------------------------------
 

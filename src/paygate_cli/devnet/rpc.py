@@ -130,15 +130,18 @@ class Methods:
 
     def _ledger_obj(self, seq: int) -> dict:
         info = self.dev.ledgers[seq]
+        # stellar-rpc get_ledgers.go parseLedgerInfo: headerXdr is the LedgerHeaderHistoryEntry,
+        # metadataXdr the stored LedgerCloseMeta.
         return {"hash": info.hash.hex(), "sequence": seq, "ledgerCloseTime": str(info.close_time),
-                "headerXdr": info.header.to_xdr(), "metadataXdr": self.dev.close_meta(seq).to_xdr()}
+                "headerXdr": self.dev.header_entry(seq).to_xdr(), "metadataXdr": self.dev.close_meta_xdr(seq)}
 
     def get_latest_ledger(self, params: dict) -> dict:
         d = self.dev
         info = d.latest_info
         return {"id": info.hash.hex(), "protocolVersion": PROTOCOL_VERSION, "sequence": d.latest,
+                # get_latest_ledger.go: here headerXdr is the bare LedgerHeader (unlike getLedgers).
                 "closeTime": str(info.close_time), "headerXdr": info.header.to_xdr(),
-                "metadataXdr": d.close_meta(d.latest).to_xdr()}
+                "metadataXdr": d.close_meta_xdr(d.latest)}
 
     def get_ledgers(self, params: dict) -> dict:
         check_xdr_format(params)
