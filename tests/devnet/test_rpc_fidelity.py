@@ -52,3 +52,29 @@ def test_get_ledgers_header_is_a_history_entry_and_metadata_a_close_meta(
     # SDK round trip of the same page.
     sdk_page = server.get_ledgers(start_ledger=seq, limit=1)
     assert sdk_page.ledgers[0].header_xdr == led["headerXdr"]
+
+
+# stellar-rpc cmd/stellar-rpc/internal/methods/get_ledger_entries.go (ledgerKeyEntryToResult) sends
+# every entry's LedgerEntry.ext as extXdr, next to key/xdr/lastModifiedLedgerSeq (and
+# liveUntilLedgerSeq only for entries with a TTL: contract data and code).
+def test_get_ledger_entries_sends_ext_xdr_for_each_entry(server: SorobanServer, devnet: DevnetHandle) -> None:
+    g = devnet.genesis
+    user = g["users"][1]["public"]
+    acct_key = xdr.LedgerKey(type=xdr.LedgerEntryType.ACCOUNT, account=xdr.LedgerKeyAccount(
+        account_id=Keypair.from_public_key(user).xdr_account_id()))
+    trust_key = xdr.LedgerKey(type=xdr.LedgerEntryType.TRUSTLINE, trust_line=xdr.LedgerKeyTrustLine(
+        account_id=Keypair.from_public_key(user).xdr_account_id(),
+        asset=Asset("USDC", g["issuer"]["public"]).to_trust_line_asset_xdr_object()))
+    instance_key = xdr.LedgerKey(type=xdr.LedgerEntryType.CONTRACT_DATA, contract_data=xdr.LedgerKeyContractData(
+        contract=addr(g["contracts"]["billing"]).address, key=xdr.SCVal(xdr.SCValType.SCV_LEDGER_KEY_CONTRACT_INSTANCE),
+        durability=xdr.ContractDataDurability.PERSISTENT))
+    res = call(devnet.url, "getLedgerEntries",
+               {"keys": [acct_key.to_xdr(), trust_key.to_xdr(), instance_key.to_xdr()]})["result"]
+    assert [e["key"] for e in res["entries"]] == [acct_key.to_xdr(), trust_key.to_xdr(), instance_key.to_xdr()]
+    for e in res["entries"]:
+        assert xdr.LedgerEntryExt.from_xdr(e["extXdr"]).v == 0
+    assert ["liveUntilLedgerSeq" in e for e in res["entries"]] == [False, False, True]
+    # The SDK's own parser sees the same: a LedgerEntry can be rebuilt from data + ext.
+    xdr.LedgerEntry(last_modified_ledger_seq=xdr.Uint32(res["entries"][0]["lastModifiedLedgerSeq"]),
+                    data=xdr.LedgerEntryData.from_xdr(res["entries"][0]["xdr"]),
+                    ext=xdr.LedgerEntryExt.from_xdr(res["entries"][0]["extXdr"]))

@@ -32,6 +32,9 @@ TXS_DEFAULT_LIMIT, TXS_MAX_LIMIT = 50, 200
 LEDGER_SCAN_LIMIT = 10_000
 SOROBAN_FEE_WINDOW, CLASSIC_FEE_WINDOW = 50, 10
 VERSION = "28.0.0-paygate-devnet"
+# get_ledger_entries.go ledgerKeyEntryToResult: every entry carries its LedgerEntry.ext as extXdr; the
+# devnet has no sponsorships, so each one is the empty v0 extension.
+_EMPTY_ENTRY_EXT = xdr.LedgerEntryExt(0).to_xdr()
 
 
 class RpcError(Exception):
@@ -203,7 +206,7 @@ class Methods:
             try:
                 key = decode_b64(b64, xdr.LedgerKey)
             except InvalidXdr as exc:
-                raise invalid_params(f"cannot unmarshal key value {b64!r} at index {i}: invalid_xdr") from exc
+                raise invalid_params(f"cannot unmarshal key value {b64} at index {i}") from exc  # get_ledger_entries.go
             assert isinstance(key, xdr.LedgerKey)
             if key.type == xdr.LedgerEntryType.TTL:
                 raise invalid_params("ledger ttl entries cannot be queried directly")
@@ -214,7 +217,7 @@ class Methods:
                 if acct is None:
                     continue
                 entries.append({"key": key.to_xdr(), "xdr": acct.entry_data(g).to_xdr(),
-                                "lastModifiedLedgerSeq": acct.last_modified})
+                                "lastModifiedLedgerSeq": acct.last_modified, "extXdr": _EMPTY_ENTRY_EXT})
                 continue
             if key.type not in (xdr.LedgerEntryType.CONTRACT_DATA, xdr.LedgerEntryType.CONTRACT_CODE,
                                 xdr.LedgerEntryType.TRUSTLINE):
@@ -224,7 +227,8 @@ class Methods:
                 continue
             entry, live_until = found
             item: dict[str, Any] = {"key": key.to_xdr(), "xdr": entry.data.to_xdr(),
-                                    "lastModifiedLedgerSeq": entry.last_modified_ledger_seq.uint32}
+                                    "lastModifiedLedgerSeq": entry.last_modified_ledger_seq.uint32,
+                                    "extXdr": entry.ext.to_xdr()}
             if key.type != xdr.LedgerEntryType.TRUSTLINE:
                 item["liveUntilLedgerSeq"] = live_until if live_until is not None else 0
             entries.append(item)
