@@ -78,3 +78,131 @@ def test_get_ledger_entries_sends_ext_xdr_for_each_entry(server: SorobanServer, 
     xdr.LedgerEntry(last_modified_ledger_seq=xdr.Uint32(res["entries"][0]["lastModifiedLedgerSeq"]),
                     data=xdr.LedgerEntryData.from_xdr(res["entries"][0]["xdr"]),
                     ext=xdr.LedgerEntryExt.from_xdr(res["entries"][0]["extXdr"]))
+
+
+def _err(devnet: DevnetHandle, method: str, params: dict) -> tuple[int, str]:
+    body = call(devnet.url, method, params)
+    assert "error" in body, body
+    return body["error"]["code"], body["error"]["message"]
+
+
+def _latest(devnet: DevnetHandle) -> int:
+    return call(devnet.url, "getLatestLedger", {})["result"]["sequence"]
+
+
+# getEvents: cmd/stellar-rpc/internal/methods/get_events.go maps GetEventsRequest.Valid
+# (go-stellar-sdk protocols/rpc/get_events.go) to InvalidParams, an out-of-range start to
+# InvalidRequest; endLedger is only a bound of the scan window, so endLedger <= startLedger scans
+# nothing and answers an empty page whose cursor is the window's end (endLedger - 1).
+def test_get_events_validation_branches(devnet: DevnetHandle) -> None:
+    devnet.close_ledger(n=3)
+    latest = _latest(devnet)
+    contract = devnet.genesis["contracts"]["billing"]
+    assert _err(devnet, "getEvents", {}) == (-32602, "startLedger must be positive")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "pagination": {"cursor": "0000000004294967296-0000000000"}}
+                ) == (-32602, "ledger ranges and cursor cannot both be set")
+    assert _err(devnet, "getEvents", {"endLedger": 3, "pagination": {"cursor": "0000000004294967296-0000000000"}}
+                ) == (-32602, "ledger ranges and cursor cannot both be set")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "pagination": {"limit": 10_001}}
+                ) == (-32602, "limit must not exceed 10000")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "xdrFormat": "xml"}
+                ) == (-32602, "got 'xml': expected base64, json for optional 'xdrFormat'")
+    assert _err(devnet, "getEvents", {"pagination": {"cursor": "abc"}})[0] == -32602  # cursor does not decode
+    assert _err(devnet, "getEvents", {"startLedger": latest + 5}) == (
+        -32600, f"startLedger must be within the ledger range: 1 - {latest}")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "filters": [{}] * 6}) == (
+        -32602, "maximum 5 filters per request")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "filters": [{"type": "diagnostic"}]}) == (
+        -32602, "filter 1 invalid: filter type invalid: if set, type must be either 'system' or 'contract'")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "filters": [{}, {"contractIds": [contract] * 6}]}) == (
+        -32602, "filter 2 invalid: maximum 5 contract IDs per filter")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "filters": [{"contractIds": [contract, "CNOPE"]}]}) == (
+        -32602, "filter 1 invalid: contract ID 2 invalid")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "filters": [{"topics": [["*"]] * 6}]}) == (
+        -32602, "filter 1 invalid: maximum 5 topics per filter")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "filters": [{"topics": [[]]}]}) == (
+        -32602, "filter 1 invalid: topic 1 invalid: topic must have at least 1 segment")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "filters": [{"topics": [["*"], ["**", "*"]]}]}) == (
+        -32602, "filter 1 invalid: topic 2 invalid: segment 1 invalid: wildcard '**' is only allowed as the last "
+        "segment")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "filters": [{"topics": [["*"] * 5]}]}) == (
+        -32602, "filter 1 invalid: topic 1 invalid: topic cannot have more than 4 segments")
+    assert _err(devnet, "getEvents", {"startLedger": 1, "filters": [{"topics": [["not-an-scval"]]}]})[0] == -32602
+    # Four segments plus a trailing "**" is valid (the wildcard is not counted).
+    ok = call(devnet.url, "getEvents", {"startLedger": 1, "filters": [{"topics": [["*"] * 4 + ["**"]]}]})
+    assert "result" in ok, ok
+    # endLedger <= startLedger: accepted, empty page, cursor at the (empty) window's end.
+    page = call(devnet.url, "getEvents", {"startLedger": 3, "endLedger": 3})["result"]
+    assert page["events"] == [] and int(page["cursor"].split("-")[0]) >> 32 == 2
+    page = call(devnet.url, "getEvents", {"startLedger": 3, "endLedger": 2})["result"]
+    assert page["events"] == [] and int(page["cursor"].split("-")[0]) >> 32 == 1
+
+
+# getLedgers: cmd/stellar-rpc/internal/methods/get_ledgers.go maps GetLedgersRequest.Validate
+# (go-stellar-sdk protocols/rpc/get_ledgers.go ValidatePagination, IsValidFormat) to InvalidRequest and
+# a cursor that fails strconv.ParseUint(…, 10, 32) or points outside the range to InvalidParams.
+def test_get_ledgers_validation_branches(devnet: DevnetHandle) -> None:
+    devnet.close_ledger(n=2)
+    latest = _latest(devnet)
+    assert _err(devnet, "getLedgers", {}) == (
+        -32600, f"start ledger (0) must be between the oldest ledger: 1 and the latest ledger: {latest} for this rpc "
+        "instance")
+    assert _err(devnet, "getLedgers", {"startLedger": latest + 1})[0] == -32600
+    assert _err(devnet, "getLedgers", {"startLedger": 1, "pagination": {"cursor": "1"}}) == (
+        -32600, "startLedger (1) and cursor (1) cannot both be set")
+    assert _err(devnet, "getLedgers", {"startLedger": 1, "pagination": {"limit": 201}}) == (
+        -32600, "limit must not exceed 200")
+    assert _err(devnet, "getLedgers", {"startLedger": 1, "xdrFormat": "xml"}) == (
+        -32600, "got 'xml': expected base64, json for optional 'xdrFormat'")
+    assert _err(devnet, "getLedgers", {"pagination": {"cursor": "abc"}}) == (
+        -32602, 'strconv.ParseUint: parsing "abc": invalid syntax')
+    assert _err(devnet, "getLedgers", {"pagination": {"cursor": str(1 << 32)}})[0] == -32602  # not a uint32
+    assert _err(devnet, "getLedgers", {"pagination": {"cursor": str(latest)}}) == (
+        -32602, f"cursor ('{latest}') must be between the oldest ledger: 1 and the latest ledger: {latest} "
+        "for this rpc instance")
+    page = call(devnet.url, "getLedgers", {"pagination": {"cursor": "1", "limit": 1}})["result"]
+    assert [x["sequence"] for x in page["ledgers"]] == [2] and page["cursor"] == "2"
+
+
+# getTransactions: cmd/stellar-rpc/internal/methods/get_transactions.go maps
+# GetTransactionsRequest.IsValid (go-stellar-sdk protocols/rpc/get_transactions.go) to InvalidRequest,
+# an unparsable cursor (strconv.ParseInt) and a cursor ledger without metadata to InvalidParams.
+def test_get_transactions_validation_branches(devnet: DevnetHandle) -> None:
+    devnet.close_ledger(n=2)
+    latest = _latest(devnet)
+    in_range = (f"start ledger must be between the oldest ledger: 1 and the latest ledger: {latest} "
+                "for this rpc instance")
+    assert _err(devnet, "getTransactions", {}) == (-32600, in_range)
+    assert _err(devnet, "getTransactions", {"startLedger": latest + 1}) == (-32600, in_range)
+    assert _err(devnet, "getTransactions", {"startLedger": 1, "pagination": {"cursor": "5"}}) == (
+        -32600, "startLedger and cursor cannot both be set")
+    assert _err(devnet, "getTransactions", {"startLedger": 1, "pagination": {"limit": 201}}) == (
+        -32600, "limit must not exceed 200")
+    assert _err(devnet, "getTransactions", {"startLedger": 1, "xdrFormat": "xml"}) == (
+        -32600, "got 'xml': expected base64, json for optional 'xdrFormat'")
+    assert _err(devnet, "getTransactions", {"pagination": {"cursor": "abc"}}) == (
+        -32602, 'strconv.ParseInt: parsing "abc": invalid syntax')
+    assert _err(devnet, "getTransactions", {"pagination": {"cursor": "5"}}) == (  # ledger 0 of the TOID
+        -32602, "database does not contain metadata for ledger: 0")
+    assert _err(devnet, "getTransactions", {"pagination": {"cursor": "-8589934592"}}) == (
+        -32602, "cursor ledger sequence cannot be negative")
+    assert _err(devnet, "getTransactions", {"startLedger": "1"})[0] == -32602  # wrong JSON type
+    beyond = call(devnet.url, "getTransactions", {"pagination": {"cursor": str((latest + 3) << 32)}})["result"]
+    assert beyond["transactions"] == [] and beyond["cursor"] == "0"
+
+
+# getLedgerEntries: cmd/stellar-rpc/internal/methods/get_ledger_entries.go, every branch InvalidParams.
+def test_get_ledger_entries_validation_branches(devnet: DevnetHandle) -> None:
+    key = xdr.LedgerKey(type=xdr.LedgerEntryType.ACCOUNT, account=xdr.LedgerKeyAccount(
+        account_id=Keypair.random().xdr_account_id())).to_xdr()
+    assert _err(devnet, "getLedgerEntries", {"keys": [key], "xdrFormat": "xml"}) == (
+        -32602, "got 'xml': expected base64, json for optional 'xdrFormat'")
+    assert _err(devnet, "getLedgerEntries", {"keys": [key] * 201}) == (
+        -32602, "key count (201) exceeds maximum supported (200)")
+    assert _err(devnet, "getLedgerEntries", {"keys": [key, "zz"]}) == (
+        -32602, "cannot unmarshal key value zz at index 1")
+    ttl = xdr.LedgerKey(type=xdr.LedgerEntryType.TTL, ttl=xdr.LedgerKeyTtl(key_hash=xdr.Hash(bytes(32)))).to_xdr()
+    assert _err(devnet, "getLedgerEntries", {"keys": [ttl]}) == (
+        -32602, "ledger ttl entries cannot be queried directly")
+    assert _err(devnet, "getLedgerEntries", {"keys": "nope"})[0] == -32602  # wrong JSON type
+    assert call(devnet.url, "getLedgerEntries", {"keys": [key]})["result"]["entries"] == []

@@ -29,6 +29,7 @@ INTERNAL_ERROR = -32603
 MAX_LEDGER_ENTRY_KEYS = 200
 EVENTS_DEFAULT_LIMIT, EVENTS_MAX_LIMIT = 100, 10_000
 TXS_DEFAULT_LIMIT, TXS_MAX_LIMIT = 50, 200
+LEDGERS_DEFAULT_LIMIT, LEDGERS_MAX_LIMIT = 50, 200
 LEDGER_SCAN_LIMIT = 10_000
 SOROBAN_FEE_WINDOW, CLASSIC_FEE_WINDOW = 50, 10
 VERSION = "28.0.0-paygate-devnet"
@@ -80,12 +81,20 @@ def opt_obj(params: dict, name: str) -> dict:
     return v
 
 
-def check_xdr_format(params: dict) -> None:
+def check_xdr_format(params: dict, code: int = INVALID_PARAMS) -> None:
+    """go-stellar-sdk protocols/rpc/format.go IsValidFormat; the code is the calling handler's (-32600
+    where stellar-rpc folds it into the request's Validate, -32602 elsewhere). `json` is valid there but
+    not served by the devnet: always -32602."""
     fmt = opt_str(params, "xdrFormat")
     if fmt not in (None, "", "base64"):
         if fmt == "json":
             raise invalid_params("xdrFormat json is not supported by the devnet; use base64")
-        raise invalid_params(f"unknown xdrFormat {fmt!r}")
+        raise RpcError(code, f"got '{fmt}': expected base64, json for optional 'xdrFormat'")
+
+
+def _strconv_error(fn: str, text: str) -> str:
+    """The message Go's strconv gives for an unparsable number (stellar-rpc returns it verbatim)."""
+    return f'strconv.{fn}: parsing "{text}": invalid syntax'
 
 
 def rfc3339(ts: int) -> str:
@@ -147,28 +156,39 @@ class Methods:
                 "metadataXdr": d.close_meta_xdr(d.latest)}
 
     def get_ledgers(self, params: dict) -> dict:
-        check_xdr_format(params)
-        start = opt_int(params, "startLedger")
+        """Validation as stellar-rpc: cmd/stellar-rpc/internal/methods/get_ledgers.go and
+        go-stellar-sdk protocols/rpc/get_ledgers.go (ValidatePagination). Request validation
+        (start/cursor, range, limit, format) is -32600; a cursor that does not parse as uint32 or points
+        outside the retained range is -32602."""
+        start = opt_int(params, "startLedger") or 0
+        pag_raw = params.get("pagination")
         pag = opt_obj(params, "pagination")
-        cursor = opt_str(pag, "cursor")
-        limit = opt_int(pag, "limit") or 50
-        if limit > 200:
-            raise invalid_params("limit must not exceed 200")
+        cursor = opt_str(pag, "cursor") or ""
+        limit = opt_int(pag, "limit") or 0
         latest, latest_ct, oldest, oldest_ct = self._window()
-        if cursor:
+        bad_page = RpcError(INVALID_REQUEST, f"start ledger ({start}) must be between the oldest ledger: {oldest} "
+                            f"and the latest ledger: {latest} for this rpc instance")
+        if pag_raw is not None and cursor:
             if start:
-                raise invalid_params("startLedger and cursor cannot both be set")
-            if not cursor.isdigit():
-                raise invalid_params("invalid cursor")
+                raise RpcError(INVALID_REQUEST, f"startLedger ({start}) and cursor ({cursor}) cannot both be set")
+        elif not oldest <= start <= latest:
+            raise bad_page
+        if limit > LEDGERS_MAX_LIMIT:
+            raise RpcError(INVALID_REQUEST, f"limit must not exceed {LEDGERS_MAX_LIMIT}")
+        check_xdr_format(params, INVALID_REQUEST)
+        if cursor:
+            if not cursor.isdigit() or int(cursor) >= 1 << 32:
+                raise invalid_params(_strconv_error("ParseUint", cursor))
             start = int(cursor) + 1
-        elif not start or not oldest <= start <= latest:
-            raise RpcError(INVALID_REQUEST, f"start ledger must be between the oldest ledger: {oldest} "
-                           f"and the latest ledger: {latest} for this rpc instance")
-        seqs = list(range(max(start, oldest), min(latest, start + limit - 1) + 1))
+            if not oldest <= start <= latest:
+                raise invalid_params(f"cursor ('{cursor}') must be between the oldest ledger: {oldest} "
+                                     f"and the latest ledger: {latest} for this rpc instance")
+        limit = limit or LEDGERS_DEFAULT_LIMIT
+        seqs = list(range(start, min(latest, start + limit - 1) + 1))
         ledgers = [self._ledger_obj(s) for s in seqs]
         return {"ledgers": ledgers, "latestLedger": latest, "latestLedgerCloseTime": latest_ct,
                 "oldestLedger": oldest, "oldestLedgerCloseTime": oldest_ct,
-                "cursor": str(seqs[-1]) if seqs else str(start - 1)}
+                "cursor": str(seqs[-1]) if seqs else (cursor or str(start - 1))}
 
     def get_fee_stats(self, params: dict) -> dict:
         d = self.dev
@@ -292,32 +312,42 @@ class Methods:
         return out
 
     def get_transactions(self, params: dict) -> dict:
-        check_xdr_format(params)
-        start = opt_int(params, "startLedger")
+        """Validation as stellar-rpc: cmd/stellar-rpc/internal/methods/get_transactions.go and
+        go-stellar-sdk protocols/rpc/get_transactions.go (IsValid). IsValid failures (start/cursor,
+        range, limit, format) are -32600; a cursor that does not parse as int64, or whose ledger the
+        node does not hold, is -32602."""
+        start = opt_int(params, "startLedger") or 0
+        pag_raw = params.get("pagination")
         pag = opt_obj(params, "pagination")
-        cursor = opt_str(pag, "cursor")
-        limit = opt_int(pag, "limit")
-        if limit is None or limit == 0:
-            limit = TXS_DEFAULT_LIMIT
-        if limit > TXS_MAX_LIMIT:
-            raise invalid_params(f"limit must not exceed {TXS_MAX_LIMIT}")
+        cursor = opt_str(pag, "cursor") or ""
+        limit = opt_int(pag, "limit") or 0
         latest, latest_ct, oldest, oldest_ct = self._window()
-        after = (0, 0)
-        if cursor:
+        if pag_raw is not None and cursor:
             if start:
                 raise RpcError(INVALID_REQUEST, "startLedger and cursor cannot both be set")
-            if not cursor.isdigit() or int(cursor) >= 1 << 63:
-                raise RpcError(INVALID_REQUEST, f"invalid cursor {cursor!r}")
+        elif not oldest <= start <= latest:
+            raise RpcError(INVALID_REQUEST, f"start ledger must be between the oldest ledger: {oldest} "
+                           f"and the latest ledger: {latest} for this rpc instance")
+        if limit > TXS_MAX_LIMIT:
+            raise RpcError(INVALID_REQUEST, f"limit must not exceed {TXS_MAX_LIMIT}")
+        check_xdr_format(params, INVALID_REQUEST)
+        limit = limit or TXS_DEFAULT_LIMIT
+        after = (0, 0)
+        if cursor:
+            body = cursor[1:] if cursor[:1] in "+-" else cursor
+            if not body.isdigit() or not -(1 << 63) <= int(cursor) < 1 << 63:
+                raise invalid_params(_strconv_error("ParseInt", cursor))
             c = int(cursor)
+            if c < 0:
+                raise invalid_params("cursor ledger sequence cannot be negative")
             after = (c >> 32, (c >> 12) & 0xFFFFF)
             start = after[0]
+            if start > latest:
+                # Nothing to scan: stellar-rpc answers an empty page with the zero cursor.
+                return {"transactions": [], "latestLedger": latest, "latestLedgerCloseTimestamp": latest_ct,
+                        "oldestLedger": oldest, "oldestLedgerCloseTimestamp": oldest_ct, "cursor": "0"}
             if start < oldest:
-                raise RpcError(INVALID_REQUEST, f"start ledger must be between the oldest ledger: {oldest} "
-                               f"and the latest ledger: {latest} for this rpc instance")
-        else:
-            if not start or not oldest <= start <= latest:
-                raise RpcError(INVALID_REQUEST, f"start ledger must be between the oldest ledger: {oldest} "
-                               f"and the latest ledger: {latest} for this rpc instance")
+                raise invalid_params(f"database does not contain metadata for ledger: {start}")
         found: list[dict] = []
         last = (start, 0)
         seq = start
@@ -342,36 +372,40 @@ class Methods:
     # ----- events ---------------------------------------------------------------------------------
 
     def get_events(self, params: dict) -> dict:
-        check_xdr_format(params)
-        start = opt_int(params, "startLedger")
-        end = opt_int(params, "endLedger")
+        """Validation as stellar-rpc: cmd/stellar-rpc/internal/methods/get_events.go and go-stellar-sdk
+        protocols/rpc/get_events.go (GetEventsRequest.Valid). Everything Valid checks (format, cursor vs
+        ledger range, startLedger, limit, filters) and an unparsable cursor are -32602; only a start
+        outside the retained range is -32600. endLedger <= startLedger is not an error: the scan window
+        is empty, so is the page."""
+        start = opt_int(params, "startLedger") or 0
+        end = opt_int(params, "endLedger") or 0
         pag = opt_obj(params, "pagination")
         cursor = opt_str(pag, "cursor")
-        limit = opt_int(pag, "limit")
-        if limit is None or limit == 0:
-            limit = EVENTS_DEFAULT_LIMIT
-        if limit > EVENTS_MAX_LIMIT:
-            raise invalid_params(f"limit must not exceed {EVENTS_MAX_LIMIT}")
-        filters = _parse_filters(params.get("filters"))
-        latest, latest_ct, oldest, oldest_ct = self._window()
+        limit = opt_int(pag, "limit") or 0
         after: tuple[int, int, int, int] | None = None
-        if cursor:
-            if start or end:
-                raise invalid_params("ledger ranges and cursor cannot both be set")
+        if cursor is not None:
             try:
                 after = parse_event_id(cursor)
             except ValueError as exc:
-                raise invalid_params(str(exc)) from exc
-            start = after[0]
+                raise invalid_params(str(exc)) from exc  # the request does not decode
+        check_xdr_format(params)
+        if after is not None:
+            if start or end:
+                raise invalid_params("ledger ranges and cursor cannot both be set")
         elif not start:
             raise invalid_params("startLedger must be positive")
-        if end is not None and end <= start:
-            raise invalid_params("endLedger must be after startLedger")
+        if limit > EVENTS_MAX_LIMIT:
+            raise invalid_params(f"limit must not exceed {EVENTS_MAX_LIMIT}")
+        limit = limit or EVENTS_DEFAULT_LIMIT
+        filters = _parse_filters(params.get("filters"))
+        latest, latest_ct, oldest, oldest_ct = self._window()
+        if after is not None:
+            start = after[0]
         if not oldest <= start <= latest:
             raise RpcError(INVALID_REQUEST,
                            f"startLedger must be within the ledger range: {oldest} - {latest}")
         stop = min(start + LEDGER_SCAN_LIMIT, latest + 1)
-        if end is not None:
+        if end:
             stop = min(stop, end)
         found: list[dict] = []
         cursor_out = event_id(stop - 1, 0xFFFFF, 0xFFF, 0xFFFFFFFF)  # end of the scanned window
@@ -449,75 +483,82 @@ def _distribution(rates: list[int], ledger_count: int) -> dict:
 
 class _Filter:
     def __init__(self, types: set[str] | None, contracts: set[str] | None,
-                 topics: list[list[str | bytes]]) -> None:
+                 topics: list[list[str | bytes]], contract_list: list[str]) -> None:
         self.types = types
         self.contracts = contracts
         self.topics = topics
+        self.contract_list = contract_list
 
 
 def _parse_filters(raw: object) -> list[_Filter]:
+    """Decode and validate `filters` with go-stellar-sdk protocols/rpc/get_events.go's rules and words
+    (GetEventsRequest.Valid, EventFilter.Valid, TopicFilter.Valid). All failures are -32602."""
     if raw is None:
         return []
     if not isinstance(raw, list):
         raise invalid_params("filters: expected a list")
-    if len(raw) > 5:
+    decoded = [_decode_filter(f) for f in raw]  # JSON decoding precedes validation in stellar-rpc
+    if len(decoded) > 5:
         raise invalid_params("maximum 5 filters per request")
-    out = []
-    for i, f in enumerate(raw):
-        if not isinstance(f, dict):
-            raise invalid_params(f"filter {i + 1} invalid: expected an object")
-        types = None
-        t = f.get("type")
-        if t is not None:
-            if not isinstance(t, str):
-                raise invalid_params(f"filter {i + 1} invalid: type must be a string")
-            types = {x.strip() for x in t.split(",") if x.strip()}
-            bad = types - {"contract", "system"}
-            if bad:
-                raise invalid_params(f"filter {i + 1} invalid: if set, type must be either 'contract' or 'system'")
-        contracts = None
-        cids = f.get("contractIds")
-        if cids is not None:
-            if not isinstance(cids, list):
-                raise invalid_params(f"filter {i + 1} invalid: contractIds must be a list")
-            if len(cids) > 5:
-                raise invalid_params(f"filter {i + 1} invalid: maximum 5 contract IDs per filter")
-            for c in cids:
-                if not isinstance(c, str) or not StrKey.is_valid_contract(c):
-                    raise invalid_params(f"filter {i + 1} invalid: contract ID {c!r} invalid")
-            contracts = set(cids)
-        topics: list[list[str | bytes]] = []
-        tf = f.get("topics")
-        if tf is not None:
-            if not isinstance(tf, list):
-                raise invalid_params(f"filter {i + 1} invalid: topics must be a list")
-            if len(tf) > 5:
-                raise invalid_params(f"filter {i + 1} invalid: maximum 5 topic filters per filter")
-            for segs in tf:
-                topics.append(_parse_topic_filter(segs, i + 1))
-        out.append(_Filter(types, contracts, topics))
-    return out
+    for i, f in enumerate(decoded, 1):
+        err = _filter_error(f)
+        if err:
+            raise invalid_params(f"filter {i} invalid: {err}")
+    return decoded
 
 
-def _parse_topic_filter(segs: object, n: int) -> list[str | bytes]:
-    if not isinstance(segs, list) or not 1 <= len(segs) <= 4:
-        raise invalid_params(f"filter {n} invalid: topic filter must have 1 to 4 segments")
-    out: list[str | bytes] = []
-    for j, s in enumerate(segs):
-        if s == "*":
-            out.append("*")
-        elif s == "**":
-            if j != len(segs) - 1:
-                raise invalid_params(f"filter {n} invalid: '**' is only allowed as the last segment")
-            out.append("**")
-        else:
+def _decode_filter(f: object) -> _Filter:
+    if not isinstance(f, dict):
+        raise invalid_params("filter: expected an object")
+    t = f.get("type")
+    if t is not None and not isinstance(t, str):
+        raise invalid_params("filter type: expected a string")
+    types = set(t.split(",")) if t else None  # EventTypeSet.UnmarshalJSON: split on ",", no trimming
+    cids = f.get("contractIds")
+    if cids is not None and (not isinstance(cids, list) or not all(isinstance(c, str) for c in cids)):
+        raise invalid_params("filter contractIds: expected a list of strings")
+    tf = f.get("topics")
+    if tf is not None and (not isinstance(tf, list) or not all(isinstance(x, list) for x in tf)):
+        raise invalid_params("filter topics: expected a list of lists")
+    topics: list[list[str | bytes]] = []
+    for segs in tf or []:
+        out: list[str | bytes] = []
+        for seg in segs:
+            if not isinstance(seg, str):
+                raise invalid_params("topic segment: expected a string")
+            if seg in ("*", "**"):
+                out.append(seg)
+                continue
             try:
-                val = decode_b64(s, xdr.SCVal)
+                val = decode_b64(seg, xdr.SCVal)
             except InvalidXdr as exc:
-                raise invalid_params(f"filter {n} invalid: topic segment {s!r}: invalid_xdr") from exc
+                raise invalid_params(f"topic segment {seg!r}: invalid_xdr") from exc
             assert isinstance(val, xdr.SCVal)
             out.append(val.to_xdr_bytes())  # canonical bytes, compared against the event's topics
-    return out
+        topics.append(out)
+    return _Filter(types, set(cids) if cids else None, topics, list(cids or []))
+
+
+def _filter_error(f: _Filter) -> str | None:
+    if f.types and f.types - {"system", "contract"}:
+        return "filter type invalid: if set, type must be either 'system' or 'contract'"
+    if len(f.contract_list) > 5:
+        return "maximum 5 contract IDs per filter"
+    if len(f.topics) > 5:
+        return "maximum 5 topics per filter"
+    for j, c in enumerate(f.contract_list, 1):
+        if not StrKey.is_valid_contract(c):
+            return f"contract ID {j} invalid"
+    for k, segs in enumerate(f.topics, 1):
+        if not segs:
+            return f"topic {k} invalid: topic must have at least 1 segment"
+        body = segs[:-1] if segs[-1] == "**" else segs
+        for m, seg in enumerate(body, 1):
+            if seg == "**":
+                return f"topic {k} invalid: segment {m} invalid: wildcard '**' is only allowed as the last segment"
+        if len(body) > 4:
+            return f"topic {k} invalid: topic cannot have more than 4 segments"
+    return None
 
 
 def _matches(f: _Filter, e: Any) -> bool:
