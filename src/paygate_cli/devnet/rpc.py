@@ -105,6 +105,7 @@ class Methods:
     def __init__(self, dev: Devnet, faults: Faults) -> None:
         self.dev = dev
         self.faults = faults
+        self.friendbot_url: str | None = None  # set by the server once it knows its address
         self.table = {
             "getHealth": self.get_health,
             "getNetwork": self.get_network,
@@ -134,7 +135,10 @@ class Methods:
                 "ledgerRetentionWindow": self.dev.retention}
 
     def get_network(self, params: dict) -> dict:
-        return {"passphrase": self.dev.passphrase, "protocolVersion": PROTOCOL_VERSION}
+        out: dict[str, Any] = {"passphrase": self.dev.passphrase, "protocolVersion": PROTOCOL_VERSION}
+        if self.friendbot_url:
+            out["friendbotUrl"] = self.friendbot_url  # get_network.go; omitted when not configured
+        return out
 
     def get_version_info(self, params: dict) -> dict:
         return {"version": VERSION, "commitHash": "0" * 40, "buildTimestamp": "2026-11-30T00:00:00Z",

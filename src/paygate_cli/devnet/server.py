@@ -13,6 +13,7 @@ import secrets as pysecrets
 import socket
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 from stellar_sdk import Keypair, StrKey
 
-from paygate_cli.devnet import persist
+from paygate_cli.devnet import friendbot, persist
 from paygate_cli.devnet.faults import FaultError, Faults
 from paygate_cli.devnet.ledger import Devnet
 from paygate_cli.devnet.rpc import (
@@ -41,6 +42,7 @@ MAX_DRAIN = 8 * 1024 * 1024  # read-and-discard up to this much so the client se
 READ_TIMEOUT = 30.0  # seconds a connection may stall mid-request
 PARSE_ERROR = -32700
 DEFAULT_MANUAL_ADVANCE = 5  # seconds of close time per manually closed ledger
+FRIENDBOT_TIMEOUT = 30.0  # seconds a friendbot request waits for its transaction to be applied
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -75,6 +77,8 @@ class DevnetServer:
         self._stop = threading.Event()
         self._closer: threading.Thread | None = None
         self.httpd = _HTTPServer((config.host, config.port), _handler_class(self))
+        # stellar-rpc's getNetwork advertises the network's friendbot (get_network.go FriendbotURL).
+        self.methods.friendbot_url = f"{self.url}/friendbot"
 
     @property
     def url(self) -> str:
@@ -170,6 +174,40 @@ class DevnetServer:
             log.debug("sendTransaction %s → %s", result["hash"], result["status"])
         lose = self.faults.take("lose_send_answer", "sendTransaction")
         return _result(rid, result), "lose" if lose else None
+
+    # ----- friendbot -----------------------------------------------------------------------------
+
+    def friendbot(self, raw_query: str) -> friendbot.Answer:
+        """Fund `addr` like Stellar's friendbot and answer once the transaction is applied."""
+        addr, bad = friendbot.parse_addr(raw_query)
+        if bad is not None or addr is None:
+            assert bad is not None
+            return bad
+        deadline = time.monotonic() + FRIENDBOT_TIMEOUT
+        while True:
+            with self.dev.lock:
+                funded = friendbot.already_funded(self.dev, addr)
+                if funded is not None:
+                    return funded
+                status, tx_hash = friendbot.submit(self.dev, friendbot.build_funding(self.dev, addr))
+                if status == "PENDING" and self.config.interval is None:
+                    self._close(1, DEFAULT_MANUAL_ADVANCE)  # horizon's submit waits for the ledger
+            if status == "PENDING":
+                break
+            # TRY_AGAIN_LATER: the bot's previous funding is still queued (interval mode); wait for it.
+            if status != "TRY_AGAIN_LATER" or time.monotonic() > deadline:
+                return friendbot.problem(500, "server_error", "Internal Server Error",
+                                         f"friendbot transaction not accepted: {status}")
+            time.sleep(0.05)
+        while True:
+            with self.dev.lock:
+                rec = self.dev.txs.get(tx_hash)
+                if rec is not None:
+                    return friendbot.success(self.dev, rec, self.url)
+            if time.monotonic() > deadline:
+                return friendbot.problem(504, "timeout", "Timeout",
+                                         "Your request timed out before completing.")
+            time.sleep(0.05)
 
     # ----- admin methods --------------------------------------------------------------------------
 
@@ -322,10 +360,35 @@ def _handler_class(server: DevnetServer) -> type[BaseHTTPRequestHandler]:
             with contextlib.suppress(OSError):
                 self.connection.shutdown(2)
 
+        def _friendbot_query(self) -> str | None:
+            """The query string when this request is for /friendbot, else None."""
+            parts = urllib.parse.urlsplit(self.path)
+            return parts.query if parts.path.rstrip("/") == "/friendbot" else None
+
+        def _answer_friendbot(self, query: str) -> None:
+            ans = server.friendbot(query)
+            data = json.dumps(ans.body, separators=(",", ":")).encode()
+            self.send_response(ans.status)
+            self.send_header("Content-Type", ans.content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_GET(self) -> None:
+            query = self._friendbot_query()
+            if query is not None:
+                self._answer_friendbot(query)
+                return
             self._send_json(405, _error(None, INVALID_REQUEST, "use POST with a JSON-RPC body"))
 
         def do_POST(self) -> None:
+            query = self._friendbot_query()
+            if query is not None:  # friendbot also takes POST with a form body (main.go initRouter)
+                length_f = self.headers.get("Content-Length", "0").strip()
+                size = int(length_f) if length_f.isdigit() and int(length_f) <= MAX_BODY else 0
+                form = self.rfile.read(size).decode(errors="replace") if size else ""
+                self._answer_friendbot("&".join(x for x in (query, form) if x))
+                return
             length_h = self.headers.get("Content-Length")
             if length_h is None or not length_h.strip().isdigit():
                 self.close_connection = True
