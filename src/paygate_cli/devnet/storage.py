@@ -279,6 +279,8 @@ def entry_val_scval(e: Entry) -> xdr.SCVal:
                 scval.to_symbol("clawback"): scval.to_bool(False),
             }
         )
+    if k == "sac_allowance":  # the SAC's AllowanceValue
+        return sc_map([(sc_sym("amount"), sc_i128(e.val[0])), (sc_sym("live_until_ledger"), sc_u32(e.val[1]))])
     if k == "instance":
         return xdr.SCVal(_SCV.SCV_CONTRACT_INSTANCE, instance=INSTANCE_CODECS[e.val["contract_kind"]][0](e.val))
     raise ValueError(f"no SCVal for entry kind {k}")
@@ -349,6 +351,8 @@ def entry_to_json(key: bytes, e: Entry) -> dict[str, Any]:
         val = str(val)
     elif e.kind == "code":
         val = val.hex()
+    elif e.kind == "sac_allowance":
+        val = [str(val[0]), val[1]]
     elif e.kind == "instance":
         val = INSTANCE_CODECS[val["contract_kind"]][1](val)
     return {
@@ -367,6 +371,8 @@ def entry_from_json(d: dict[str, Any]) -> tuple[bytes, Entry]:
         val = int(val)
     elif kind == "code":
         val = bytes.fromhex(val)
+    elif kind == "sac_allowance":
+        val = (int(val[0]), int(val[1]))
     elif kind == "instance":
         val = INSTANCE_CODECS[val["contract_kind"]][2](val)
     return base64.b64decode(d["key"]), Entry(kind, val, d["live_until"], d["last_modified"])

@@ -109,6 +109,18 @@ def as_i128(v: xdr.SCVal) -> int:
     return (v.i128.hi.int64 << 64) | v.i128.lo.uint64
 
 
+def as_u32(v: xdr.SCVal) -> int:
+    if v.type != _SCV.SCV_U32 or v.u32 is None:
+        raise ValueTrap(f"expected u32, got {v.type.name}")
+    return v.u32.uint32
+
+
+def as_bool(v: xdr.SCVal) -> bool:
+    if v.type != _SCV.SCV_BOOL or v.b is None:
+        raise ValueTrap(f"expected bool, got {v.type.name}")
+    return bool(v.b)
+
+
 def as_bytesn(v: xdr.SCVal, n: int) -> bytes:
     if v.type != _SCV.SCV_BYTES or v.bytes is None:
         raise ValueTrap(f"expected BytesN<{n}>, got {v.type.name}")

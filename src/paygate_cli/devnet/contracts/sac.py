@@ -4,8 +4,19 @@ Balances live where the real SAC keeps them: a G-account's balance is its classi
 a C-address's balance is the SAC's persistent contract data `Vec[Symbol("Balance"), Address]` →
 `Map{amount: i128, authorized: bool, clawback: bool}` (what `SorobanServer.get_sac_balance` reads).
 The issuer is the unlimited source/sink: it has no trustline, transfers from it mint and to it burn.
-Events follow CAP-67: `["transfer", from, to, "CODE:ISSUER"] → i128`, `["mint", to, "CODE:ISSUER"] → i128`.
-Error codes are the SAC's `ContractError` numbers.
+
+The whole SAC interface of soroban-env-host (builtin_contracts/stellar_asset_contract/contract.rs,
+allowance.rs, balance.rs, event.rs), in its order of checks: `allowance`, `approve`, `balance`,
+`authorized`, `transfer`, `transfer_from`, `burn`, `burn_from`, `clawback`, `set_authorized`, `mint`,
+`set_admin`, `admin`, `decimals`, `name`, `symbol`, `trust`. Allowances live where the SAC keeps them:
+TEMPORARY `Vec[Symbol("Allowance"), Map{from, spender}]` → `Map{amount, live_until_ledger}`, live until
+`live_until_ledger`. Events follow CAP-67 (event.rs): `["transfer", from, to, name]`, a transfer from
+the issuer is a `["mint", to, name]`, one to the issuer a `["burn", from, name]`; `["approve", from,
+spender, name] → [amount, live_until_ledger]`, `["clawback", from, name]`, `["set_authorized", id,
+name] → bool`, `["set_admin", admin, name] → new_admin`. Error codes are the SAC's `ContractError`
+numbers. The devnet's issuer has no account flags (no AUTH_REQUIRED, AUTH_REVOCABLE or
+AUTH_CLAWBACK_ENABLED), so every balance is authorized, deauthorizing is refused (#2) and nothing is
+clawbackable (#10), exactly what a real SAC answers for such an issuer.
 """
 
 from __future__ import annotations
@@ -17,25 +28,46 @@ from stellar_sdk import StrKey, scval, xdr
 from ..storage import (
     ADDR_ACCOUNT,
     DUR_PERSISTENT,
+    DUR_TEMPORARY,
     INSTANCE_CODECS,
+    MAX_ENTRY_TTL,
+    SC_FALSE,
+    SC_TRUE,
     SC_VOID,
     T_CONTRACT_DATA,
+    enc_scval,
+    sc_address,
     sc_i128,
     sc_map,
     sc_sym,
     sc_u32,
+    sc_vec,
     tagged_key_prefix,
     trustline_asset,
     trustline_key,
 )
-from .base import ContractTrap, Ctx, as_address, as_i128, expect_args, missing_function
+from .base import (
+    ContractTrap,
+    Ctx,
+    addr_bytes,
+    addr_str,
+    as_address,
+    as_bool,
+    as_i128,
+    as_u32,
+    expect_args,
+    missing_function,
+)
 
 KIND = "sac"
 BASE_INSTRUCTIONS = 400_000
 DECIMALS = 7
 INT64_MAX = 2**63 - 1
 
+ERR_OPERATION_NOT_SUPPORTED = 2
+ERR_ACCOUNT_MISSING = 6
 ERR_NEGATIVE_AMOUNT = 8
+ERR_ALLOWANCE = 9
 ERR_BALANCE = 10
 ERR_OVERFLOW = 12
 ERR_TRUSTLINE_MISSING = 13
@@ -43,9 +75,14 @@ ERR_TRUSTLINE_MISSING = 13
 _BAL_PREFIX = tagged_key_prefix("Balance") + b"\x00\x00\x00\x12"
 SYM_TRANSFER = sc_sym("transfer")
 SYM_MINT = sc_sym("mint")
+SYM_BURN = sc_sym("burn")
+SYM_APPROVE = sc_sym("approve")
+SYM_CLAWBACK = sc_sym("clawback")
+SYM_SET_AUTHORIZED = sc_sym("set_authorized")
+SYM_SET_ADMIN = sc_sym("set_admin")
 
 
-def make_instance(code: str, issuer: str) -> dict[str, Any]:
+def make_instance(code: str, issuer: str, admin: str | None = None) -> dict[str, Any]:
     ed = StrKey.decode_ed25519_public_key(issuer)
     name = f"{code}:{issuer}"
     return {
@@ -55,19 +92,21 @@ def make_instance(code: str, issuer: str) -> dict[str, Any]:
         "asset": trustline_asset(code, ed),
         "name": name,
         "name_scval": scval.to_string(name),
+        # init_asset writes the issuer as the administrator; set_admin replaces it.
+        "admin": addr_bytes(admin) if admin else ADDR_ACCOUNT + ed,
     }
 
 
 def _to_json(val: dict[str, Any]) -> dict[str, Any]:
-    return {"contract_kind": KIND, "code": val["code"], "issuer": StrKey.encode_ed25519_public_key(val["issuer"])}
+    return {"contract_kind": KIND, "code": val["code"], "issuer": StrKey.encode_ed25519_public_key(val["issuer"]),
+            "admin": addr_str(val["admin"])}
 
 
 def _from_json(d: dict[str, Any]) -> dict[str, Any]:
-    return make_instance(d["code"], d["issuer"])
+    return make_instance(d["code"], d["issuer"], d.get("admin"))
 
 
 def _to_xdr(val: dict[str, Any]) -> xdr.SCContractInstance:
-    issuer = StrKey.encode_ed25519_public_key(val["issuer"])
     code = val["code"]
     # Vec keys are unhashable in the SDK, so build the map from pairs (sorted like the host sorts).
     storage = sc_map(
@@ -82,7 +121,7 @@ def _to_xdr(val: dict[str, Any]) -> xdr.SCContractInstance:
                     }
                 ),
             ),
-            (scval.to_vec([scval.to_symbol("Admin")]), scval.to_address(issuer)),
+            (scval.to_vec([scval.to_symbol("Admin")]), sc_address(val["admin"])),
             (
                 scval.to_vec([scval.to_symbol("AssetInfo")]),
                 scval.to_vec(
@@ -154,37 +193,207 @@ def read_balance(ctx: Ctx, inst: dict[str, Any], holder: bytes) -> int:
     return e.val if e is not None else 0
 
 
+def _is_issuer(inst: dict[str, Any], addr: bytes) -> bool:
+    return addr[:8] == ADDR_ACCOUNT and addr[8:] == inst["issuer"]
+
+
+def _nonneg(amount: int) -> None:
+    if amount < 0:
+        raise ContractTrap(ERR_NEGATIVE_AMOUNT, f"negative amount is not allowed: {amount}")
+
+
+def _not_issuer(inst: dict[str, Any], addr: bytes) -> None:
+    if _is_issuer(inst, addr):
+        raise ContractTrap(ERR_OPERATION_NOT_SUPPORTED, "operation invalid on issuer")
+
+
+def _require_trustline(ctx: Ctx, inst: dict[str, Any], addr: bytes) -> None:
+    """Account holders need the trustline (balance.rs); the issuer and C-addresses do not."""
+    where = balance_key(ctx.contract, inst, addr)
+    if where is not None and where[1] == "trustline" and ctx.get(where[0]) is None:
+        raise ContractTrap(ERR_TRUSTLINE_MISSING, "trustline entry is missing for account")
+
+
+def allowance_key(contract: bytes, frm: bytes, spender: bytes) -> bytes:
+    """TEMPORARY `Vec[Symbol("Allowance"), Map{from, spender}]` of the SAC (storage_types.rs)."""
+    key = sc_vec([sc_sym("Allowance"), sc_map([(sc_sym("from"), sc_address(frm)),
+                                               (sc_sym("spender"), sc_address(spender))])])
+    return T_CONTRACT_DATA + contract + enc_scval(key) + DUR_TEMPORARY
+
+
+def read_allowance(ctx: Ctx, frm: bytes, spender: bytes) -> int:
+    e = ctx.get(allowance_key(ctx.contract, frm, spender))
+    if e is None or e.val[1] < ctx.ledger_seq:
+        return 0
+    return int(e.val[0])
+
+
+def _write_allowance(ctx: Ctx, frm: bytes, spender: bytes, amount: int, live_until: int) -> None:
+    """allowance.rs write_allowance: bounds on live_until, no entry for a zero first approval, the TTL
+    only ever extended (to live_until) by a positive approval."""
+    if live_until > ctx.ledger_seq + MAX_ENTRY_TTL - 1:
+        raise ContractTrap(ERR_ALLOWANCE, "live_until is greater than max")
+    if amount > 0 and live_until < ctx.ledger_seq:
+        raise ContractTrap(ERR_ALLOWANCE, "live_until must be >= ledger sequence")
+    key = allowance_key(ctx.contract, frm, spender)
+    old = ctx.get(key)
+    if old is None and amount == 0:
+        return
+    ttl = old.live_until if old is not None else None
+    if amount > 0 and (old is None or old.val[1] < live_until):
+        ttl = live_until
+    ctx.put(key, "sac_allowance", (amount, live_until), ttl)
+
+
+def _spend_allowance(ctx: Ctx, frm: bytes, spender: bytes, amount: int) -> None:
+    allowance = read_allowance(ctx, frm, spender)
+    if allowance < amount:
+        raise ContractTrap(ERR_ALLOWANCE, f"not enough allowance to spend: {allowance} < {amount}")
+    if amount > 0:
+        e = ctx.get(allowance_key(ctx.contract, frm, spender))
+        assert e is not None
+        _write_allowance(ctx, frm, spender, allowance - amount, e.val[1])
+
+
+def _transfer_event(ctx: Ctx, inst: dict[str, Any], frm: xdr.SCVal, to: xdr.SCVal, amount: xdr.SCVal) -> None:
+    """event.rs transfer_maybe_with_issuer: from the issuer it is a mint, to the issuer a burn."""
+    f, t = as_address(frm), as_address(to)
+    if f != t and _is_issuer(inst, f):
+        ctx.emit([SYM_MINT, to, inst["name_scval"]], amount)
+    elif f != t and _is_issuer(inst, t):
+        ctx.emit([SYM_BURN, frm, inst["name_scval"]], amount)
+    else:
+        ctx.emit([SYM_TRANSFER, frm, to, inst["name_scval"]], amount)
+
+
 def call(ctx: Ctx, fn: bytes, args: list[xdr.SCVal]) -> xdr.SCVal:
     inst = ctx.instance.val
     ctx.instructions += BASE_INSTRUCTIONS
+    name = inst["name_scval"]
     if fn == b"transfer":
         expect_args(args, 3, "transfer")
         frm, to, amount = as_address(args[0]), as_address(args[1]), as_i128(args[2])
-        if amount < 0:
-            raise ContractTrap(ERR_NEGATIVE_AMOUNT, f"negative amount is not allowed: {amount}")
+        _nonneg(amount)
         ctx.require_auth(frm)
         _spend(ctx, inst, frm, amount)
         _receive(ctx, inst, to, amount)
-        ctx.emit([SYM_TRANSFER, args[0], args[1], inst["name_scval"]], args[2])
+        _transfer_event(ctx, inst, args[0], args[1], args[2])
         return SC_VOID
     if fn == b"balance":
         expect_args(args, 1, "balance")
         return sc_i128(read_balance(ctx, inst, as_address(args[0])))
+    if fn == b"allowance":
+        expect_args(args, 2, "allowance")
+        return sc_i128(read_allowance(ctx, as_address(args[0]), as_address(args[1])))
+    if fn == b"approve":
+        expect_args(args, 4, "approve")
+        frm, spender, amount, live_until = (as_address(args[0]), as_address(args[1]), as_i128(args[2]),
+                                            as_u32(args[3]))
+        _nonneg(amount)
+        ctx.require_auth(frm)
+        _write_allowance(ctx, frm, spender, amount, live_until)
+        ctx.emit([SYM_APPROVE, args[0], args[1], name], sc_vec([args[2], args[3]]))
+        return SC_VOID
+    if fn == b"transfer_from":
+        expect_args(args, 4, "transfer_from")
+        spender, frm, to, amount = (as_address(args[0]), as_address(args[1]), as_address(args[2]),
+                                    as_i128(args[3]))
+        _nonneg(amount)
+        ctx.require_auth(spender)
+        _spend_allowance(ctx, frm, spender, amount)
+        _spend(ctx, inst, frm, amount)
+        _receive(ctx, inst, to, amount)
+        _transfer_event(ctx, inst, args[1], args[2], args[3])
+        return SC_VOID
+    if fn == b"burn":
+        expect_args(args, 2, "burn")
+        frm, amount = as_address(args[0]), as_i128(args[1])
+        _nonneg(amount)
+        _not_issuer(inst, frm)
+        ctx.require_auth(frm)
+        _spend(ctx, inst, frm, amount)
+        ctx.emit([SYM_BURN, args[0], name], args[1])
+        return SC_VOID
+    if fn == b"burn_from":
+        expect_args(args, 3, "burn_from")
+        spender, frm, amount = as_address(args[0]), as_address(args[1]), as_i128(args[2])
+        _nonneg(amount)
+        _not_issuer(inst, frm)
+        ctx.require_auth(spender)
+        _spend_allowance(ctx, frm, spender, amount)
+        _spend(ctx, inst, frm, amount)
+        ctx.emit([SYM_BURN, args[1], name], args[2])
+        return SC_VOID
+    if fn == b"clawback":
+        expect_args(args, 2, "clawback")
+        frm, amount = as_address(args[0]), as_i128(args[1])
+        _nonneg(amount)
+        # balance.rs check_clawbackable: nothing is clawbackable under an issuer without
+        # AUTH_CLAWBACK_ENABLED (trustlines lack the flag, contract balances have clawback=false).
+        if _is_issuer(inst, frm):
+            raise ContractTrap(ERR_OPERATION_NOT_SUPPORTED, "cannot clawback from issuer")
+        _require_trustline(ctx, inst, frm)
+        if frm[:8] == ADDR_ACCOUNT:
+            raise ContractTrap(ERR_BALANCE, "trustline isn't clawbackable")
+        where = balance_key(ctx.contract, inst, frm)
+        if where is None or ctx.get(where[0]) is None:
+            raise ContractTrap(ERR_BALANCE, "no balance to clawback")
+        raise ContractTrap(ERR_BALANCE, "balance isn't clawbackable")
+    if fn == b"set_authorized":
+        expect_args(args, 2, "set_authorized")
+        addr, authorize = as_address(args[0]), as_bool(args[1])
+        ctx.require_auth(inst["admin"])
+        if not authorize:
+            raise ContractTrap(ERR_OPERATION_NOT_SUPPORTED, "issuer does not have AUTH_REVOCABLE set")
+        where = balance_key(ctx.contract, inst, addr)
+        if where is not None:
+            _require_trustline(ctx, inst, addr)
+            old = ctx.get(where[0])
+            ctx.put(where[0], where[1], old.val if old is not None else 0)  # authorized (it always is)
+        ctx.emit([SYM_SET_AUTHORIZED, args[0], name], SC_TRUE if authorize else SC_FALSE)
+        return SC_VOID
+    if fn == b"authorized":
+        expect_args(args, 1, "authorized")
+        addr = as_address(args[0])
+        _require_trustline(ctx, inst, addr)
+        return SC_TRUE  # no AUTH_REQUIRED issuer: every trustline and contract balance is authorized
     if fn == b"mint":
         expect_args(args, 2, "mint")
         to, amount = as_address(args[0]), as_i128(args[1])
-        if amount < 0:
-            raise ContractTrap(ERR_NEGATIVE_AMOUNT, f"negative amount is not allowed: {amount}")
-        ctx.require_auth(ADDR_ACCOUNT + inst["issuer"])  # the admin is the issuer
+        _nonneg(amount)
+        _not_issuer(inst, to)
+        ctx.require_auth(inst["admin"])
         _receive(ctx, inst, to, amount)
-        ctx.emit([SYM_MINT, args[0], inst["name_scval"]], args[1])
+        ctx.emit([SYM_MINT, args[0], name], args[1])
+        return SC_VOID
+    if fn == b"set_admin":
+        expect_args(args, 1, "set_admin")
+        new_admin = as_address(args[0])
+        old_admin = inst["admin"]
+        ctx.require_auth(old_admin)
+        ctx.set_instance({**inst, "admin": new_admin})
+        ctx.emit([SYM_SET_ADMIN, sc_address(old_admin), name], args[0])
+        return SC_VOID
+    if fn == b"admin":
+        expect_args(args, 0, "admin")
+        return sc_address(inst["admin"])
+    if fn == b"trust":
+        expect_args(args, 1, "trust")
+        addr = as_address(args[0])
+        where = balance_key(ctx.contract, inst, addr)
+        if where is not None and where[1] == "trustline" and ctx.get(where[0]) is None:
+            exists = ctx.auth.account_exists
+            if exists is not None and not exists(addr[8:]):
+                raise ContractTrap(ERR_ACCOUNT_MISSING, "account is missing")
+            ctx.require_auth(addr)
+            ctx.put(where[0], "trustline", 0)
         return SC_VOID
     if fn == b"decimals":
         expect_args(args, 0, "decimals")
         return sc_u32(DECIMALS)
     if fn == b"name":
         expect_args(args, 0, "name")
-        return inst["name_scval"]
+        return name
     if fn == b"symbol":
         expect_args(args, 0, "symbol")
         return scval.to_string(inst["code"])
