@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from stellar_sdk import SorobanServer, scval
+from stellar_sdk import SorobanServer, scval, xdr
 from stellar_sdk.client.requests_client import RequestsClient
 from stellar_sdk.soroban_rpc import EventFilter, EventFilterType, GetTransactionStatus, SendTransactionStatus
 
@@ -55,7 +55,9 @@ def history(server: SorobanServer, devnet: DevnetHandle) -> dict:
 
 
 def test_get_events_shape_ids_and_outer_hash(server: SorobanServer, devnet: DevnetHandle, history: dict) -> None:
-    r = call(devnet.url, "getEvents", {"startLedger": history["ledger"]})["result"]
+    # CAP-67 fee events of the native SAC share the ledgers (stellar-rpc db/event.go): look at USDC's.
+    usdc = [{"contractIds": [devnet.genesis["contracts"]["usdc"]]}]
+    r = call(devnet.url, "getEvents", {"startLedger": history["ledger"], "filters": usdc})["result"]
     evs = r["events"]
     assert [e["txHash"] for e in evs] == history["hashes"]  # fee bump: the outer hash
     assert [e["transactionIndex"] for e in evs] == [1, 2, 1] and all(e["operationIndex"] == 0 for e in evs)
@@ -66,7 +68,8 @@ def test_get_events_shape_ids_and_outer_hash(server: SorobanServer, devnet: Devn
     assert first["type"] == "contract" and first["contractId"] == devnet.genesis["contracts"]["usdc"]
     assert scval.to_native(first["value"]) == 11 and scval.to_native(first["topic"][0]) == "transfer"
     assert isinstance(r["latestLedgerCloseTime"], str) and isinstance(r["oldestLedgerCloseTime"], str)
-    sdk = server.get_events(start_ledger=history["ledger"])
+    sdk = server.get_events(start_ledger=history["ledger"],
+                            filters=[EventFilter(contract_ids=[devnet.genesis["contracts"]["usdc"]])])
     assert [e.transaction_hash for e in sdk.events] == history["hashes"]
 
 
@@ -96,20 +99,21 @@ def test_get_events_filters(server: SorobanServer, devnet: DevnetHandle, history
 
 def test_get_events_cursor_semantics(server: SorobanServer, devnet: DevnetHandle, history: dict) -> None:
     start = history["ledger"]
-    page = server.get_events(start_ledger=start, limit=2)
+    usdc = [EventFilter(contract_ids=[devnet.genesis["contracts"]["usdc"]])]  # not the CAP-67 fee events
+    page = server.get_events(start_ledger=start, limit=2, filters=usdc)
     assert [scval.to_native(e.value) for e in page.events] == [11, 22]
     assert page.cursor == page.events[-1].id  # limit reached: the last event's id
-    page = server.get_events(cursor=page.cursor, limit=2)
+    page = server.get_events(cursor=page.cursor, limit=2, filters=usdc)
     assert [scval.to_native(e.value) for e in page.events] == [33]
     latest = page.latest_ledger
     # fewer than limit: the cursor is the end of the scanned window, even when the page is empty
     assert int(page.cursor[:19]) >> 32 == latest
-    empty = server.get_events(cursor=page.cursor, limit=2)
+    empty = server.get_events(cursor=page.cursor, limit=2, filters=usdc)
     assert empty.events == [] and empty.cursor == page.cursor
     devnet.close_ledger()
-    moved = server.get_events(cursor=empty.cursor, limit=2)
+    moved = server.get_events(cursor=empty.cursor, limit=2, filters=usdc)
     assert moved.events == [] and int(moved.cursor[:19]) >> 32 == latest + 1
-    bounded = server.get_events(start_ledger=start, end_ledger=start + 1, limit=10)
+    bounded = server.get_events(start_ledger=start, end_ledger=start + 1, limit=10, filters=usdc)
     assert len(bounded.events) == 2 and int(bounded.cursor[:19]) >> 32 == start
     err = call(devnet.url, "getEvents", {"startLedger": start, "pagination": {"cursor": page.cursor}})["error"]
     assert err["code"] == -32602
@@ -140,7 +144,11 @@ def test_get_transaction_fields(server: SorobanServer, devnet: DevnetHandle, his
     r = call(devnet.url, "getTransaction", {"hash": history["inner2"]})["result"]
     assert r["status"] == "SUCCESS" and r["txHash"] == history["inner2"] and r["feeBump"] is True
     assert isinstance(r["createdAt"], str) and isinstance(r["latestLedgerCloseTime"], str)
-    assert r["events"]["transactionEventsXdr"] == [] and len(r["events"]["contractEventsXdr"][0]) == 1
+    assert len(r["events"]["contractEventsXdr"][0]) == 1
+    # CAP-67: the fee charged up front (beforeAllTxs) and the unused resource fee refunded (afterAllTxs).
+    stages = [xdr.TransactionEvent.from_xdr(e).stage for e in r["events"]["transactionEventsXdr"]]
+    assert stages == [xdr.TransactionEventStage.TRANSACTION_EVENT_STAGE_BEFORE_ALL_TXS,
+                      xdr.TransactionEventStage.TRANSACTION_EVENT_STAGE_AFTER_ALL_TXS]
     missing = call(devnet.url, "getTransaction", {"hash": "00" * 32})["result"]
     assert missing["status"] == "NOT_FOUND" and set(missing) == {
         "status", "txHash", "latestLedger", "latestLedgerCloseTime", "oldestLedger", "oldestLedgerCloseTime"}

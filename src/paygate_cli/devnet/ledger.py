@@ -15,11 +15,17 @@ import threading
 from dataclasses import dataclass, field
 from typing import Literal
 
-from stellar_sdk import Keypair, StrKey, xdr
+from stellar_sdk import Asset, Keypair, StrKey, xdr
 
 from paygate_cli.devnet import fees
 from paygate_cli.devnet.host import ContractHost, InvokeOutcome
-from paygate_cli.devnet.storage import enc_scval  # the host's SCVal encoder: same bytes, much faster
+from paygate_cli.devnet.storage import (  # the host's SCVal encoder: same bytes, much faster
+    ADDR_ACCOUNT,
+    enc_scval,
+    sc_address,
+    sc_i128,
+    sc_sym,
+)
 from paygate_cli.devnet.validate import (
     TRC,
     Context,
@@ -97,6 +103,7 @@ class EventRecord:
     value: str  # base64 SCVal
     tx_hash: str  # outer hash for fee bumps
     event_b64: str  # the ContractEvent
+    successful: bool = True  # inSuccessfulContractCall: the transaction succeeded (fee events of failed ones)
 
 
 @dataclass
@@ -114,6 +121,7 @@ class TxRecord:
     created_at: int  # ledger close time
     fee_rate: int = 0  # inclusion fee bid per operation, for getFeeStats
     soroban: bool = False
+    transaction_events: list[str] = field(default_factory=list)  # base64 TransactionEvent (CAP-67 fee events)
 
 
 @dataclass
@@ -128,6 +136,10 @@ class Queued:
 class Applied:
     record: TxRecord
     events: list[EventRecord] = field(default_factory=list)
+    # CAP-67 fee events: the charge (stage beforeAllTxs) and the Soroban refund (afterAllTxs), which
+    # getEvents indexes per ledger rather than per transaction (stellar-rpc db/event.go).
+    fee_before: _EncodedEvent | None = None
+    fee_after: _EncodedEvent | None = None
 
 
 class Devnet:
@@ -135,6 +147,9 @@ class Devnet:
         self.lock = threading.RLock()
         self.passphrase = passphrase
         self.net_id = network_id(passphrase)
+        # The native asset's SAC: CAP-67 gives classic XLM movements and fees its events.
+        self.native_sac = Asset.native().contract_id(passphrase)
+        self.native_sac_raw = StrKey.decode_contract(self.native_sac)
         self.host = host
         self.retention = retention
         self.accounts: dict[str, Account] = {}
@@ -350,12 +365,34 @@ class Devnet:
             for r in records:
                 self.txs[r.full_hash] = r
                 self.txs[r.inner_hash] = r
-        events = [e for a in applied for e in a.events]
+        events = self._ledger_events(seq, applied)
         if events:
             self.events_by_ledger[seq] = events
         self.bans = {h: until for h, until in self.bans.items() if until > seq}
         self._prune()
         return records
+
+    def _ledger_events(self, seq: int, applied: list[Applied]) -> list[EventRecord]:
+        """The ledger's events in getEvents order (stellar-rpc db/event.go): the beforeAllTxs fee
+        events under transaction index 0, each transaction's operation events, then the afterAllTxs
+        refunds under the maximum transaction index; the per-stage event index runs over the ledger."""
+        out: list[EventRecord] = []
+
+        def fee(e: _EncodedEvent, tx_index: int, n: int, a: Applied) -> EventRecord:
+            return EventRecord(
+                id=event_id(seq, tx_index, 0, n), ledger=seq, tx_index=tx_index, op_index=0,
+                contract_id=e.contract_id, topics=[base64.b64encode(t).decode() for t in e.topics],
+                value=base64.b64encode(e.data).decode(), tx_hash=a.record.full_hash, event_b64=e.b64,
+                successful=a.record.status == "SUCCESS")
+
+        for n, a in enumerate(x for x in applied if x.fee_before is not None):
+            assert a.fee_before is not None
+            out.append(fee(a.fee_before, 0, n, a))
+        out.extend(e for a in applied for e in a.events)
+        for n, a in enumerate(x for x in applied if x.fee_after is not None):
+            assert a.fee_after is not None
+            out.append(fee(a.fee_after, TOID_TX_MASK, n, a))
+        return out
 
     def _prune(self) -> None:
         oldest = self.oldest
@@ -415,10 +452,21 @@ class Devnet:
                 op_results = [invoke_result(code, success_hash)]
         else:
             fee_charged = inclusion
-            ok, op_results, staged = self._apply_classic(p)
+            ok, op_results, staged, classic_events = self._apply_classic(p)
+            if ok:
+                op_events = [[_encode_event(e) for e in evs] for evs in classic_events]
         before = self._charge(p, fee_charged, seq)
         if ok and p.soroban is None:
             self._commit_classic(p, seq, *staged)
+        # CAP-67: the fee source pays the whole bid resource fee up front and gets the unused part of
+        # a Soroban transaction's resource fee back after all transactions (a negative amount).
+        up_front = inclusion + (p.resource_fee if p.soroban is not None else 0)
+        fee_before = self._fee_event(p.fee_source, up_front)
+        fee_after = self._fee_event(p.fee_source, fee_charged - up_front) if up_front > fee_charged else None
+        tx_events = [(TX_EVENT_BEFORE_ALL_TXS, fee_before)]
+        if fee_after is not None:
+            tx_events.append((TX_EVENT_AFTER_ALL_TXS, fee_after))
+        tx_events_raw = [_U32(stage) + ev.raw for stage, ev in tx_events]
         code = TRC.txSUCCESS if ok else TRC.txFAILED
         if p.fee_bump:
             result = fee_bump_result(fee_charged, p.inner_hash, code, op_results)
@@ -434,7 +482,7 @@ class Devnet:
             meta.append(_ONE + _ZERO + (_ONE + rv_bytes if ok and rv_bytes is not _VOID else _ZERO))
         else:
             meta.append(_ZERO)
-        meta += [_ZERO, _ZERO]  # transaction events, diagnostic events
+        meta += [_U32(len(tx_events_raw)), *tx_events_raw, _ZERO]  # transaction events, no diagnostic events
         full_hex = p.full_hash.hex()
         ev_b64 = [[e.b64 for e in evs] for evs in op_events]
         record = TxRecord(
@@ -443,8 +491,9 @@ class Devnet:
             result_xdr=result.to_xdr(), result_meta_xdr=base64.b64encode(b"".join(meta)).decode(),
             contract_events=ev_b64, created_at=close_time,
             fee_rate=p.inclusion_fee // max(1, p.fee_ops), soroban=p.soroban is not None,
+            transaction_events=[base64.b64encode(r).decode() for r in tx_events_raw],
         )
-        applied = Applied(record)
+        applied = Applied(record, fee_before=fee_before, fee_after=fee_after)
         for op_index, evs in enumerate(op_events):
             for i, e in enumerate(evs):
                 applied.events.append(EventRecord(
@@ -452,6 +501,26 @@ class Devnet:
                     contract_id=e.contract_id, topics=[base64.b64encode(t).decode() for t in e.topics],
                     value=base64.b64encode(e.data).decode(), tx_hash=full_hex, event_b64=e.b64))
         return applied
+
+    def _fee_event(self, fee_source: str, amount: int) -> _EncodedEvent:
+        """CAP-67 fee event of the native SAC: topics ["fee", feeSource], data i128 amount."""
+        ev = xdr.ContractEvent(
+            ext=xdr.ExtensionPoint(0), contract_id=xdr.ContractID(xdr.Hash(self.native_sac_raw)),
+            type=xdr.ContractEventType.CONTRACT,
+            body=xdr.ContractEventBody(0, v0=xdr.ContractEventV0(
+                topics=[sc_sym("fee"), sc_address(ADDR_ACCOUNT + StrKey.decode_ed25519_public_key(fee_source))],
+                data=sc_i128(amount))))
+        return _encode_event(ev)
+
+    def _native_transfer(self, src: str, dest: str, amount: int) -> xdr.ContractEvent:
+        """CAP-67: an XLM movement by a classic operation is the native SAC's transfer event."""
+        return xdr.ContractEvent(
+            ext=xdr.ExtensionPoint(0), contract_id=xdr.ContractID(xdr.Hash(self.native_sac_raw)),
+            type=xdr.ContractEventType.CONTRACT,
+            body=xdr.ContractEventBody(0, v0=xdr.ContractEventV0(
+                topics=[sc_sym("transfer"), sc_address(ADDR_ACCOUNT + StrKey.decode_ed25519_public_key(src)),
+                        sc_address(ADDR_ACCOUNT + StrKey.decode_ed25519_public_key(dest)), _NATIVE_NAME],
+                data=sc_i128(amount))))
 
     def _apply_soroban(self, p: Parsed, op: xdr.Operation, seq: int, close_time: int, non_refundable: int
                        ) -> tuple[xdr.InvokeHostFunctionResultCode, InvokeOutcome | None, list[_EncodedEvent]]:
@@ -496,12 +565,15 @@ class Devnet:
 
     # Classic operations: just enough for accounts and XLM (create account, native payment,
     # bump sequence); anything else fails with opNOT_SUPPORTED.
-    def _apply_classic(self, p: Parsed) -> tuple[bool, list[xdr.OperationResult], tuple[dict, dict]]:
-        """Run the classic operations against staged balances; nothing is written here."""
+    def _apply_classic(self, p: Parsed) -> tuple[bool, list[xdr.OperationResult], tuple[dict, dict],
+                                                 list[list[xdr.ContractEvent]]]:
+        """Run the classic operations against staged balances; nothing is written here. Also returns
+        each operation's CAP-67 events (the native SAC's transfer for CreateAccount and Payment)."""
         ot = xdr.OperationType
         staged: dict[str, int] = {}  # balance deltas
         created: dict[str, int] = {}
         results: list[xdr.OperationResult] = []
+        events: list[list[xdr.ContractEvent]] = []
         ok = True
 
         def bal(g: str) -> int | None:
@@ -513,6 +585,7 @@ class Devnet:
         for op in p.tx.operations:
             src = p.op_source(op)
             t = op.body.type
+            events.append([])
             if t == ot.CREATE_ACCOUNT:
                 body = op.body.create_account_op
                 assert body is not None
@@ -529,6 +602,7 @@ class Devnet:
                     code = rc.CREATE_ACCOUNT_SUCCESS
                     staged[src] = staged.get(src, 0) - amount
                     created[dest] = amount
+                    events[-1].append(self._native_transfer(src, dest, amount))
                 ok &= code == rc.CREATE_ACCOUNT_SUCCESS
                 results.append(xdr.OperationResult(code=xdr.OperationResultCode.opINNER, tr=xdr.OperationResultTr(
                     type=t, create_account_result=xdr.CreateAccountResult(code))))
@@ -548,6 +622,7 @@ class Devnet:
                     code = pc.PAYMENT_SUCCESS
                     staged[src] = staged.get(src, 0) - amount
                     staged[dest] = staged.get(dest, 0) + amount
+                    events[-1].append(self._native_transfer(src, dest, amount))
                 ok &= code == pc.PAYMENT_SUCCESS
                 results.append(xdr.OperationResult(code=xdr.OperationResultCode.opINNER, tr=xdr.OperationResultTr(
                     type=t, payment_result=xdr.PaymentResult(code))))
@@ -557,7 +632,7 @@ class Devnet:
             else:
                 ok = False
                 results.append(xdr.OperationResult(code=xdr.OperationResultCode.opNOT_SUPPORTED))
-        return ok, results, (staged, created)
+        return ok, results, (staged, created), events
 
     def _commit_classic(self, p: Parsed, seq: int, staged: dict[str, int], created: dict[str, int]) -> None:
         for g, amount in created.items():
@@ -611,6 +686,9 @@ def _footprint_op_result(t: xdr.OperationType) -> xdr.OperationResult:
 
 
 _U32 = struct.Struct(">I").pack
+TX_EVENT_BEFORE_ALL_TXS, TX_EVENT_AFTER_TX, TX_EVENT_AFTER_ALL_TXS = 0, 1, 2  # TransactionEventStage
+TOID_TX_MASK = 0xFFFFF  # the largest transaction index of a TOID (stellar-rpc's afterAllTxs cursor)
+_NATIVE_NAME = xdr.SCVal(xdr.SCValType.SCV_STRING, str=xdr.SCString(b"native"))
 _ZERO = b"\x00\x00\x00\x00"
 _ONE = b"\x00\x00\x00\x01"
 _VOID = b"\x00\x00\x00\x01"  # SCVal SCV_VOID

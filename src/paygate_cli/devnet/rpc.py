@@ -290,7 +290,9 @@ class Methods:
         return {"status": r.status, "applicationOrder": r.application_order, "feeBump": r.fee_bump,
                 "envelopeXdr": r.envelope_xdr, "resultXdr": r.result_xdr, "resultMetaXdr": r.result_meta_xdr,
                 "diagnosticEventsXdr": [],
-                "events": {"transactionEventsXdr": [], "contractEventsXdr": r.contract_events},
+                # get_transaction.go BuildEventsXDRFromTransaction: TransactionMetaV4's transaction-level
+                # events (CAP-67 fees) and each operation's contract events.
+                "events": {"transactionEventsXdr": r.transaction_events, "contractEventsXdr": r.contract_events},
                 "ledger": r.ledger}
 
     def get_transaction(self, params: dict) -> dict:
@@ -424,7 +426,7 @@ class Methods:
                               "ledgerClosedAt": rfc3339(self.dev.ledgers[e.ledger].close_time),
                               "contractId": e.contract_id, "id": e.id, "operationIndex": e.op_index,
                               "transactionIndex": e.tx_index, "txHash": e.tx_hash,
-                              "inSuccessfulContractCall": True, "topic": e.topics, "value": e.value})
+                              "inSuccessfulContractCall": e.successful, "topic": e.topics, "value": e.value})
                 if len(found) >= limit:
                     cursor_out = e.id
                     done = True
