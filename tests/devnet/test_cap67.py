@@ -96,3 +96,45 @@ def test_failed_transactions_keep_their_fee_event_only(server: SorobanServer, de
                                           "filters": [{"contractIds": [native(devnet)]}]})["result"]
     [ev] = page["events"]
     assert scval.to_native(ev["topic"][0]) == "fee" and ev["inSuccessfulContractCall"] is False
+
+
+def test_fee_events_allowances_and_admin_survive_a_restart(tmp_path) -> None:
+    """--state keeps the new state: CAP-67 transaction events, failed-tx event flags, SAC allowances
+    and a changed SAC admin (persist.py round trip of TxRecord, EventRecord and contract storage)."""
+    from stellar_sdk.client.requests_client import RequestsClient
+
+    from tests.devnet_support import start_devnet
+
+    state = tmp_path / "state.json"
+    dev = start_devnet(tmp_path, state=state, lanes=1, users=2)
+    try:
+        with SorobanServer(dev.url, client=RequestsClient(num_retries=0)) as server:
+            g = dev.genesis
+            user, lane = kp(g["users"][0]), kp(g["lanes"][0])
+            latest = server.get_latest_ledger().sequence
+            approve = invoke_tx(server, dev, user, g["contracts"]["usdc"], "approve",
+                                [addr(user.public_key), addr(lane.public_key), scval.to_int128(77),
+                                 scval.to_uint32(latest + 100)])
+            assert server.send_transaction(approve).status.value == "PENDING"
+            issuer = kp(g["issuer"])
+            handover = invoke_tx(server, dev, issuer, g["contracts"]["usdc"], "set_admin", [addr(g["admin"]["public"])])
+            assert server.send_transaction(handover).status.value == "PENDING"
+            dev.close_ledger()
+            assert server.get_transaction(handover.hash_hex()).status.value == "SUCCESS"
+            before = call(dev.url, "getTransaction", {"hash": approve.hash_hex()})["result"]["events"]
+    finally:
+        dev.stop()
+    dev = start_devnet(tmp_path, state=state, lanes=1, users=2)
+    try:
+        with SorobanServer(dev.url, client=RequestsClient(num_retries=0)) as server:
+            after = call(dev.url, "getTransaction", {"hash": approve.hash_hex()})["result"]["events"]
+            assert after == before and len(after["transactionEventsXdr"]) == 2
+            sim = server.simulate_transaction(invoke_tx(server, dev, lane, g["contracts"]["usdc"], "allowance",
+                                                        [addr(user.public_key), addr(lane.public_key)],
+                                                        prepare=False))
+            assert scval.to_native(xdr.SCVal.from_xdr(sim.results[0].xdr)) == 77
+            sim = server.simulate_transaction(invoke_tx(server, dev, lane, g["contracts"]["usdc"], "admin", [],
+                                                        prepare=False))
+            assert scval.to_native(xdr.SCVal.from_xdr(sim.results[0].xdr)).address == g["admin"]["public"]
+    finally:
+        dev.stop()
