@@ -89,8 +89,11 @@ class ChainClient:
             client._session.trust_env = False
             return SorobanServer(url, client=client)
 
+        from paygate_cli.settings import distinct_read_urls
+
         self.write_url = settings.rpc_url
-        self.read_urls = list(settings.rpc_read_urls) or [settings.rpc_url]
+        # One vote per distinct host (DESIGN §4): `url` and `url/` are one node, not a majority of two.
+        self.read_urls = distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)
         self.write = server(self.write_url)
         self.readers = [server(url) for url in self.read_urls]
         self.passphrase = settings.network_passphrase
