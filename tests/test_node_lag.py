@@ -95,3 +95,63 @@ def test_resolve_against_a_lagging_node_waits_and_never_declares_dead(chain: Cha
     deposit = next(x for x in lineages_of(db) if x["purpose"] == "deposit")
     assert deposit["state"] == "applied" and deposit["ledger"] == landed
     assert row_of(db, pending_id)["status"] == "settled"
+
+
+# -- issue 11: a lagging node that cannot see a brand-new lane is not a configuration error ------------
+
+def _only_lane(chain: ChainEnv, secret: str) -> None:
+    lanes = Path(chain.environ["PAYGATE_LANE_SECRETS_FILE"])
+    lanes.write_text(secret + "\n")
+
+
+def _pending_unclaimed(db: psycopg.Connection, pending_id: int) -> None:
+    row = row_of(db, pending_id)
+    assert row["status"] == "pending" and row["deposit_tx"] is None
+    assert row["lease_expires_at"] is None or db.execute(
+        "SELECT %s <= now()", (row["lease_expires_at"],)).fetchone()[0]  # handed back
+
+
+def test_a_new_lane_hidden_by_a_lagging_node_is_retried_not_78(chain: ChainEnv, db: psycopg.Connection) -> None:
+    pending_id = admit(chain, db)  # signed before the node lags (the wallet reads the latest ledger)
+    chain.devnet.close_ledger(n=2)
+    new = chain.devnet.rpc("devnet_createAccount", {})  # in the latest ledger
+    _only_lane(chain, new["secret"])
+    chain.devnet.set_fault("node_lag", ledgers=1)  # the node has not seen the ledger that created it
+    result = chain.tick("funding", "--once")
+    assert result.code == 69, result.err  # unknown, retry later — never 78 for a lagging read
+    assert "rpc.lane_not_visible" in result.err or "not visible on chain yet" in result.err, result.err
+    _pending_unclaimed(db, pending_id)
+    chain.devnet.clear_faults()
+    result = chain.tick("funding", "--once")
+    assert result.code != 78 and "not visible" not in result.err, result.err
+
+
+def test_two_nodes_a_lagging_reader_waits_and_only_caught_up_nodes_prove_a_lane_missing(
+        dsn: str, db: psycopg.Connection, tmp_path: Path) -> None:
+    a = start_devnet(tmp_path / "a", seed="lanes", lanes=2, users=2, host="127.0.0.1")
+    b = start_devnet(tmp_path / "b", seed="lanes", lanes=2, users=2, host="127.0.0.2")
+    try:
+        environ = chain_environ(a, dsn, tmp_path / "keys")
+        environ["PAYGATE_RPC_READ_URLS"] = b.url  # writes to a, reads from b
+        chain = ChainEnv(a, dsn, environ)
+        pending_id = admit(chain, db)
+        for node in (a, b):
+            node.close_ledger(n=2)
+        new = a.rpc("devnet_createAccount", {})  # the same account on both nodes, in the same ledger
+        b.rpc("devnet_createAccount", {"account": new["account"]})
+        for node in (a, b):
+            node.close_ledger(n=2)
+        _only_lane(chain, new["secret"])
+        b.set_fault("node_lag", ledgers=3)  # the reader is behind the ledger that created the lane
+        result = chain.tick("funding", "--once")
+        assert result.code == 69 and "127.0.0.2" in result.err and "behind ledger" in result.err, result.err
+        _pending_unclaimed(db, pending_id)
+        # A lane that really does not exist, said by a reader caught up with the write node: 78.
+        b.clear_faults()
+        _only_lane(chain, Keypair.random().secret)
+        wait_for_leases(db)
+        result = chain.tick("funding", "--once")
+        assert result.code == 78 and "does not exist on chain" in result.err, result.err
+    finally:
+        a.stop()
+        b.stop()
