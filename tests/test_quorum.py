@@ -131,3 +131,30 @@ def test_one_node_past_max_time_is_a_minority_even_named_twice(three: ChainEnv, 
         result = three.tick("funding", "--once", PAYGATE_RPC_READ_URLS=reads, PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT="1")
         assert result.code in (0, 1), result.err
         _assert_alive(db, pending_id)
+
+
+def test_a_minority_never_declares_a_lineage_dead_and_a_majority_does(three: ChainEnv, db: psycopg.Connection,
+                                                                      nodes: list[DevnetHandle]) -> None:
+    """Write node 0 holds the deposit (accepted, not landed). Node 1 sees the lane's sequence consumed
+    and its clock past maxTime (it alone would say dead); node 2 lags by design (`node_lag`). One vote
+    for dead of three is no decision: the lineage stays live through several ticks. When node 0 too
+    is past maxTime without the transaction, two of three say dead and the lineage is expired."""
+    for node in nodes:
+        node.close_ledger(n=5)
+    pending_id = _held_deposit(three, db, nodes)
+    [lineage] = lineages_of(db)
+    nodes[1].rpc("devnet_consumeSequence", {"account": lineage["lane"]})
+    nodes[1].close_ledger()
+    nodes[2].close_ledger(n=3)
+    nodes[2].set_fault("node_lag", ledgers=4)
+    for advance in (None, VALIDITY + 100):
+        if advance:
+            nodes[1].close_ledger(advance_seconds=advance)
+        result = three.tick("funding", "--once")
+        assert result.code in (0, 1), result.err
+        _assert_alive(db, pending_id)
+    nodes[0].close_ledger(advance_seconds=VALIDITY + 100)  # node 0 past maxTime; the held tx cannot land
+    result = three.tick("funding", "--once")
+    assert result.code in (0, 1), result.err
+    first = lineages_of(db)[0]
+    assert first["id"] == lineage["id"] and first["state"] == "expired", first
