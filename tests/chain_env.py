@@ -59,6 +59,7 @@ def chain_environ(devnet: DevnetHandle, dsn: str, directory: Path, *, lanes: int
         PAYGATE_USDC_CONTRACT=g["contracts"]["usdc"],
         PAYGATE_FUNDING_LEASE="1s",
         PAYGATE_RPC_TIMEOUT="3s",
+        PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT="1",  # one devnet: a development quorum of one host
     )
 
 

@@ -99,10 +99,11 @@ def _command() -> list[str]:
 
 def start_devnet(tmpdir: Path | str, *, seed: str = "test", lanes: int = 8, users: int = 4,
                  retention: int | None = None, ledger_interval: str = "manual", state: Path | str | None = None,
-                 extra_args: list[str] | None = None) -> DevnetHandle:
+                 extra_args: list[str] | None = None, host: str = "127.0.0.1") -> DevnetHandle:
+    """`host`: another loopback address (127.0.0.2, …) makes a node a distinct host for read quorums."""
     tmp = Path(tmpdir)
     tmp.mkdir(parents=True, exist_ok=True)
-    args = [*_command(), "devnet", "start", "--host", "127.0.0.1", "--port", "0",
+    args = [*_command(), "devnet", "start", "--host", host, "--port", "0",
             "--ledger-interval", ledger_interval, "--seed", seed, "--lanes", str(lanes), "--users", str(users)]
     if retention is not None:
         args += ["--retention", str(retention)]

@@ -192,6 +192,7 @@ def _funding_environ(dsn: str, directory: Path, keys: str | None, active: str | 
     if active is not None:
         extra["PAYGATE_JOURNAL_ACTIVE_KEY_ID"] = active
     return base_environ(dsn, PAYGATE_RPC_URL="http://127.0.0.1:9", PAYGATE_RPC_TIMEOUT="1s",
+                        PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT="1",
                         PAYGATE_BILLING_CONTRACT="C" + "A" * 55, PAYGATE_USDC_CONTRACT="C" + "B" * 55, **extra)
 
 

@@ -61,6 +61,16 @@ def _parse_list(text: str | list[str], name: str) -> list[str]:
     return [part.strip() for part in str(text).split(",") if part.strip()]
 
 
+def _parse_urls(text: str | list[str], name: str) -> list[str]:
+    """A list of RPC endpoints, each normalised; exact duplicates (after normalisation) dropped."""
+    out: list[str] = []
+    for url in _parse_list(text, name):
+        normal = normalise_rpc_url(url, name)
+        if normal not in out:
+            out.append(normal)
+    return out
+
+
 def _parse_choice(choices: tuple[str, ...]) -> Callable[[Any, str], str]:
     def parse(text: Any, name: str) -> str:
         value = str(text).strip().lower()
@@ -77,6 +87,77 @@ class Field:
     default: Any
     parse: Callable[[Any, str], Any]
     help: str
+
+
+# -- RPC endpoints (DESIGN §4 "RPC") ------------------------------------------------------------------
+# Decisions that declare a transaction dead need a majority of read endpoints, counted over distinct
+# hosts: two URLs of one node (`url`, `url/`, `HTTP://Host:80/`) are one vote, not two, and a
+# "majority" of one node is no quorum at all. These workers act on such decisions (a dead lineage is
+# re-prepared or its work handed back and paid again), so they refuse to start without enough hosts.
+MIN_READ_HOSTS = 3
+MONEY_MOVERS = frozenset({"funding", "settlement", "relay", "relay_drainer", "relay_expiry", "recovery"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def normalise_rpc_url(url: str, name: str = "RPC URL") -> str:
+    """scheme://host[:port]/path with scheme and host lower-cased, the default port and trailing
+    slashes dropped (query kept: providers put API keys there). Raises ConfigError when it is not
+    an http(s) URL with a host. Never echoes the URL: it may carry a credential."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"{name}: an endpoint is not a valid URL") from None
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").rstrip(".")
+    if scheme not in _DEFAULT_PORTS or not host:
+        raise ConfigError(f"{name}: every endpoint must be an http:// or https:// URL with a host")
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None and port != _DEFAULT_PORTS[scheme]:
+        netloc += f":{port}"
+    userinfo = parts.netloc.rpartition("@")[0]
+    if userinfo:
+        netloc = f"{userinfo}@{netloc}"
+    return urlunsplit((scheme, netloc, parts.path.rstrip("/"), parts.query, ""))
+
+
+def rpc_host(url: str) -> str:
+    """The host an endpoint runs on: what a vote is counted by (never resolved: DNS aliases of one
+    machine are the operator's to avoid)."""
+    from urllib.parse import urlsplit
+
+    return (urlsplit(normalise_rpc_url(url)).hostname or "").rstrip(".")
+
+
+def distinct_read_urls(read_urls: list[str], write_url: str | None) -> list[str]:
+    """The read endpoints that vote: normalised, the first URL of each host (the write endpoint
+    when none are configured)."""
+    urls = [normalise_rpc_url(u, "PAYGATE_RPC_READ_URLS") for u in read_urls]
+    if not urls and write_url:
+        urls = [normalise_rpc_url(write_url, "PAYGATE_RPC_URL")]
+    hosts: dict[str, str] = {}
+    for url in urls:
+        hosts.setdefault(rpc_host(url), url)
+    return list(hosts.values())
+
+
+def check_read_quorum(settings: Settings, worker: str) -> None:
+    """A money mover refuses to start (78) unless its read quorum spans MIN_READ_HOSTS distinct
+    hosts, or the development override is set."""
+    if worker not in MONEY_MOVERS or settings.values.get("rpc_allow_single_endpoint"):
+        return
+    if not settings.values.get("rpc_url"):
+        return  # the chain client says what is missing when the worker first needs it
+    hosts = [rpc_host(u) for u in distinct_read_urls(settings.values.get("rpc_read_urls") or [],
+                                                     settings.values.get("rpc_url"))]
+    if len(hosts) < MIN_READ_HOSTS:
+        raise ConfigError(
+            f"{worker} refuses to start: PAYGATE_RPC_READ_URLS must name read endpoints on at least "
+            f"{MIN_READ_HOSTS} distinct hosts (it declares transactions dead by a majority of them); it has "
+            f"{len(hosts)} ({', '.join(hosts)}). Add endpoints, or set PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT=1 "
+            f"for development against one node (never in production)", msgid="config.rpc_quorum")
 
 
 def _str(text: Any, name: str) -> str:
@@ -108,7 +189,10 @@ FIELDS: tuple[Field, ...] = (
     Field("log_level", "info", _parse_choice(("debug", "info", "warning", "error")), "log level"),
     Field("metrics_dir", None, _opt_str, "Prometheus textfile collector directory"),
     Field("rpc_url", None, _opt_str, "Stellar RPC write endpoint"),
-    Field("rpc_read_urls", [], _parse_list, "Stellar RPC read endpoints (comma-separated)"),
+    Field("rpc_read_urls", [], _parse_urls, "Stellar RPC read endpoints (comma-separated; one vote per distinct host)"),
+    Field("rpc_allow_single_endpoint", False, _parse_bool,
+          "development/devnet only: let the money movers run with read endpoints on fewer than "
+          f"{MIN_READ_HOSTS} distinct hosts (a quorum of one node can declare a transaction dead)"),
     Field("network_passphrase", "Standalone Network ; February 2017", _str, "Stellar network passphrase"),
     Field("billing_contract", None, _opt_str, "billing contract id (C…)"),
     Field("usdc_contract", None, _opt_str, "USDC Stellar Asset Contract id (C…)"),

@@ -12,7 +12,7 @@ from stellar_sdk import Address, scval, xdr
 
 from paygate_cli.chain.contracts import Invocation, SignedTransaction
 from paygate_cli.chain.rpc import ChainClient
-from paygate_cli.errors import PaygateError
+from paygate_cli.errors import PaygateError, Unavailable
 
 # Soroban per-transaction limits (reference/stellar.md §2.5; the devnet enforces the same values).
 MAX_FOOTPRINT_KEYS = 100
@@ -30,6 +30,17 @@ class RetentionGap(PaygateError):
     """The cursor is older than the RPC's oldest ledger: events in between may be lost."""
 
     msgid = "observer.retention_gap"
+
+
+class ReadersBehind(PaygateError):
+    """Every read endpoint that answered is behind the observer's position (its latest ledger is
+    before the cursor's): nothing is lost, the nodes have not caught up. Wait, or read elsewhere."""
+
+    msgid = "observer.readers_behind"
+
+
+class _OutOfRange(Exception):
+    """getEvents refused the position as outside the node's ledger range (either side of it)."""
 
 
 def charge_batch(billing: str, operator: str, accounts: list[str], amounts: list[int],
@@ -94,7 +105,12 @@ class EventsPage:
 def get_events(chain: ChainClient, contract: str, *, cursor: str | None = None, start_ledger: int | None = None,
                limit: int = 1000) -> EventsPage:
     """One getEvents page for the billing contract (raw JSON: the observer decodes only what it
-    needs). A start before the RPC's retention window raises RetentionGap."""
+    needs), from the first read endpoint that can serve the position.
+
+    A node that refuses the position is asked where its range is: only a node whose oldest ledger is
+    past the position proves events may be lost (RetentionGap); a node whose latest ledger is before
+    it is merely behind (issue 8 defect 7), so the next endpoint is tried, and when none can serve it
+    yet ReadersBehind says "wait" — never a false alarm."""
     chain._guard("getEvents")
     params: dict[str, Any] = {"filters": [{"type": "contract", "contractIds": [contract]}],
                               "pagination": {"limit": limit, **({"cursor": cursor} if cursor else {})}}
@@ -111,14 +127,56 @@ def get_events(chain: ChainClient, contract: str, *, cursor: str | None = None, 
             error = body["error"]
             message = str(error.get("message", ""))
             if error.get("code") == -32600 and "ledger range" in message:
-                raise RetentionGap(f"getEvents refused the observer's position: {message}")
+                raise _OutOfRange(message)
             raise ValueError(f"getEvents error {error.get('code')}: {message}")
         return body["result"]
 
-    result = chain._first_healthy("getEvents", call)
+    def window(srv: Any) -> tuple[int, int]:
+        health = srv.get_health()
+        return int(health.oldest_ledger), int(health.latest_ledger)
+
+    position = cursor_ledger(cursor) if cursor else int(start_ledger or 0)
+    behind: list[str] = []
+    gap: str | None = None
+    unavailable: Unavailable | None = None
+    result: dict[str, Any] | None = None
+    for url, srv in zip(chain.read_urls, chain.readers, strict=True):
+        try:
+            try:
+                answer = chain._retrying("getEvents", lambda srv=srv: call(srv))
+            except _OutOfRange as exc:
+                oldest, latest = chain._retrying("getHealth", lambda srv=srv: window(srv))
+                if position < oldest:
+                    gap = f"{_host(url)} keeps ledgers {oldest}-{latest} only ({exc})"
+                else:
+                    behind.append(f"{_host(url)} at ledger {latest}")
+                continue
+        except Unavailable as exc:
+            unavailable = exc
+            continue
+        if int(answer["latestLedger"]) < position:  # answered, but from behind the position: not usable
+            behind.append(f"{_host(url)} at ledger {answer['latestLedger']}")
+            continue
+        result = answer
+        break
+    if result is None:
+        if gap is not None:
+            raise RetentionGap(f"getEvents refused the observer's position ledger {position}: {gap}")
+        if behind:
+            raise ReadersBehind(f"every read endpoint that answered is behind the observer's position ledger "
+                                f"{position} ({', '.join(behind)}): waiting for them to catch up")
+        assert unavailable is not None
+        raise unavailable
     events = [RawEvent(e["id"], int(e["ledger"]), e.get("txHash"), e.get("contractId"), list(e.get("topic") or []),
                        e.get("value") or "") for e in result.get("events") or []]
     return EventsPage(events, str(result["cursor"]), int(result["latestLedger"]), int(result["oldestLedger"]))
+
+
+def _host(url: str) -> str:
+    """Only the host of an endpoint in messages: its path or query may carry a provider's API key."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).netloc.rpartition("@")[2]
 
 
 def _session(chain: ChainClient) -> requests.Session:

@@ -37,6 +37,13 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSPORT_ERRORS)
 
 
+class LaneNotVisible(Unavailable):
+    """A lane account was "not found" by read nodes that are not proven caught up: a lagging read
+    ("not there yet"), never a configuration error. Retry later (exit 69 if it ends the run)."""
+
+    msgid = "rpc.lane_not_visible"
+
+
 @dataclass(frozen=True)
 class LatestLedger:
     sequence: int
@@ -89,8 +96,11 @@ class ChainClient:
             client._session.trust_env = False
             return SorobanServer(url, client=client)
 
+        from paygate_cli.settings import distinct_read_urls
+
         self.write_url = settings.rpc_url
-        self.read_urls = list(settings.rpc_read_urls) or [settings.rpc_url]
+        # One vote per distinct host (DESIGN §4): `url` and `url/` are one node, not a majority of two.
+        self.read_urls = distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)
         self.write = server(self.write_url)
         self.readers = [server(url) for url in self.read_urls]
         self.passphrase = settings.network_passphrase
@@ -148,9 +158,45 @@ class ChainClient:
             account_id=Keypair.from_public_key(address).xdr_account_id()))
         answer = self.ledger_entries([key])
         if not answer.entries:
-            raise ConfigError(f"lane {address} does not exist on chain")
-        data = xdr.LedgerEntryData.from_xdr(answer.entries[0].xdr)
-        return int(data.account.seq_num.sequence_number.int64)
+            return self._account_not_found(address, key)
+        return _account_seq(answer.entries[0].xdr)
+
+    def _account_not_found(self, address: str, key: xdr.LedgerKey) -> int:
+        """One node said "no such account". A lagging node says that about a brand-new lane (issue 11),
+        so it proves nothing by itself: the lane is missing (78) only when a majority of the distinct
+        read hosts say so from at least the highest ledger any endpoint admits to — read before the
+        entries, and vouched for by two hosts or more (one node cannot tell that it lags). Otherwise
+        the read is "not visible yet" (LaneNotVisible, transient)."""
+        from paygate_cli.settings import rpc_host
+
+        reference, hosts = 0, set()
+        for url, srv in [(self.write_url, self.write), *zip(self.read_urls, self.readers, strict=True)]:
+            try:
+                seen = self._retrying("getLatestLedger", lambda srv=srv: srv.get_latest_ledger(), attempts=2)
+            except (Unavailable, SorobanRpcErrorResponse):
+                continue
+            reference = max(reference, int(seen.sequence))
+            hosts.add(rpc_host(url))
+        absent, views = 0, []
+        for url, srv in zip(self.read_urls, self.readers, strict=True):
+            try:
+                answer = self._retrying("getLedgerEntries", lambda srv=srv: srv.get_ledger_entries([key]), attempts=2)
+            except (Unavailable, SorobanRpcErrorResponse):
+                views.append(f"{rpc_host(url)} did not answer")
+                continue
+            if answer.entries:
+                return _account_seq(answer.entries[0].xdr)  # it exists: this node has caught up
+            if int(answer.latest_ledger) >= reference:
+                absent += 1
+                views.append(f"{rpc_host(url)} at ledger {answer.latest_ledger}: not found")
+            else:
+                views.append(f"{rpc_host(url)} at ledger {answer.latest_ledger}: behind ledger {reference}")
+        seen_by = f"({'; '.join(views)})"
+        if len(hosts) >= 2 and absent >= len(self.read_urls) // 2 + 1:
+            raise ConfigError(f"lane {address} does not exist on chain: not found by {absent} of "
+                              f"{len(self.read_urls)} read endpoints caught up to ledger {reference} {seen_by}")
+        raise LaneNotVisible(f"lane {address} is not visible on chain yet {seen_by}: the read nodes may lag; "
+                             f"retrying later (if it persists, create the account or remove the lane)"[:500])
 
     def simulate(self, tx: Any) -> Any:
         self._guard("simulateTransaction")
@@ -205,6 +251,11 @@ class ChainClient:
                 latest_ledger=int(tx.latest_ledger), latest_close_time=int(tx.latest_ledger_close_time),
                 oldest_ledger=int(tx.oldest_ledger)))
         return probes
+
+
+def _account_seq(entry_xdr: str) -> int:
+    data = xdr.LedgerEntryData.from_xdr(entry_xdr)
+    return int(data.account.seq_num.sequence_number.int64)
 
 
 def result_code_of(result_xdr: str | None) -> str | None:

@@ -94,7 +94,7 @@ def fault(
     url: UrlOpt = "http://127.0.0.1:8000",
     count: Annotated[int | None, typer.Option("--count", help="Uses before it clears itself.")] = None,
     ms: Annotated[int, typer.Option("--ms", help="Delay for 'slow'.")] = 0,
-    ledgers: Annotated[int, typer.Option("--ledgers", help="Ledgers for account_lag / hold_next.")] = 0,
+    ledgers: Annotated[int, typer.Option("--ledgers", help="Ledgers for account_lag / node_lag / hold_next.")] = 0,
     method: Annotated[list[str] | None, typer.Option("--method", help="Limit to this RPC method (repeatable).")]
     = None,
     json_flag: JsonFlag = False,

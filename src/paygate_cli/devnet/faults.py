@@ -16,6 +16,9 @@ KINDS = {
     "lose_send_answer": "sendTransaction is processed (queued) but the connection is closed unanswered",
     "try_again_later": "sendTransaction answers TRY_AGAIN_LATER without queuing",
     "account_lag": "getLedgerEntries serves ACCOUNT entries as of `ledgers` ledgers ago",
+    "node_lag": "the whole node answers as a node `ledgers` ledgers behind: latest ledger (getHealth, "
+                "getLatestLedger, every latestLedger), transactions and events past it unknown, ACCOUNT "
+                "entries as of then (contract data stays current: the devnet keeps no history of it)",
     "hold_next": "the next accepted transaction stays queued `ledgers` ledgers before it lands",
     "drop_next": "the next accepted transaction is never included: dropped after 4 ledgers and banned",
     "down": "every non-admin request has its connection closed without an answer",
@@ -55,7 +58,7 @@ class Faults:
             raise FaultError("methods must be a list of method names")
         if kind == "slow" and not ms:
             raise FaultError("slow needs ms > 0")
-        if kind in ("account_lag", "hold_next") and not ledgers:
+        if kind in ("account_lag", "node_lag", "hold_next") and not ledgers:
             raise FaultError(f"{kind} needs ledgers > 0")
         assert isinstance(kind, str)
         if count is None and kind in ("hold_next", "drop_next"):
@@ -63,7 +66,7 @@ class Faults:
         fault = Fault(kind=kind, count=count, ms=int(ms or 0), ledgers=int(ledgers or 0),  # type: ignore[arg-type]
                       methods=methods)  # type: ignore[arg-type]
         with self._lock:
-            if kind in ("down", "account_lag"):
+            if kind in ("down", "account_lag", "node_lag"):
                 self._faults = [f for f in self._faults if f.kind != kind]
             self._faults.append(fault)
         return fault
@@ -90,6 +93,11 @@ class Faults:
                 if f.kind == kind and (not method or f.applies_to(method)):
                     return f
         return None
+
+    def lagged_latest(self, latest: int, oldest: int) -> int:
+        """The latest ledger this node admits to under `node_lag` (never before its oldest)."""
+        lag = self.peek("node_lag")
+        return latest if lag is None else max(oldest, latest - lag.ledgers)
 
     def describe(self) -> list[dict]:
         with self._lock:

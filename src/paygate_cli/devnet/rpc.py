@@ -126,7 +126,8 @@ class Methods:
     def _window(self) -> tuple[int, int, int, int]:
         d = self.dev
         oldest = d.oldest_available()
-        return d.latest, d.latest_info.close_time, oldest, d.ledgers[oldest].close_time
+        latest = self.faults.lagged_latest(d.latest, oldest)  # node_lag: the whole node is behind
+        return latest, d.ledgers[latest].close_time, oldest, d.ledgers[oldest].close_time
 
     def get_health(self, params: dict) -> dict:
         latest, latest_ct, oldest, oldest_ct = self._window()
@@ -153,11 +154,12 @@ class Methods:
 
     def get_latest_ledger(self, params: dict) -> dict:
         d = self.dev
-        info = d.latest_info
-        return {"id": info.hash.hex(), "protocolVersion": PROTOCOL_VERSION, "sequence": d.latest,
+        latest = self._window()[0]  # a lagging node (node_lag) answers as of its own latest ledger
+        info = d.ledgers[latest]
+        return {"id": info.hash.hex(), "protocolVersion": PROTOCOL_VERSION, "sequence": latest,
                 # get_latest_ledger.go: here headerXdr is the bare LedgerHeader (unlike getLedgers).
                 "closeTime": str(info.close_time), "headerXdr": info.header.to_xdr(),
-                "metadataXdr": d.close_meta_xdr(d.latest)}
+                "metadataXdr": d.close_meta_xdr(latest)}
 
     def get_ledgers(self, params: dict) -> dict:
         """Validation as stellar-rpc: cmd/stellar-rpc/internal/methods/get_ledgers.go and
@@ -225,6 +227,7 @@ class Methods:
             raise invalid_params(f"key count ({len(keys)}) exceeds maximum supported ({MAX_LEDGER_ENTRY_KEYS})")
         d = self.dev
         lag = self.faults.peek("account_lag", "getLedgerEntries")
+        latest = self._window()[0]  # node_lag: accounts as of the node's lagged latest ledger
         entries = []
         for i, b64 in enumerate(keys):
             try:
@@ -237,7 +240,8 @@ class Methods:
             if key.type == xdr.LedgerEntryType.ACCOUNT:
                 assert key.account is not None
                 g = account_id_to_g(key.account.account_id)
-                acct = d.account_at(g, d.latest - lag.ledgers) if lag else d.accounts.get(g)
+                behind = d.latest - latest + (lag.ledgers if lag else 0)
+                acct = d.account_at(g, d.latest - behind) if behind else d.accounts.get(g)
                 if acct is None:
                     continue
                 entries.append({"key": key.to_xdr(), "xdr": acct.entry_data(g).to_xdr(),
@@ -256,7 +260,7 @@ class Methods:
             if key.type != xdr.LedgerEntryType.TRUSTLINE:
                 item["liveUntilLedgerSeq"] = live_until if live_until is not None else 0
             entries.append(item)
-        return {"entries": entries, "latestLedger": d.latest}
+        return {"entries": entries, "latestLedger": latest}
 
     # ----- transactions ---------------------------------------------------------------------------
 
@@ -310,7 +314,7 @@ class Methods:
         out: dict[str, Any] = {"txHash": h.lower(), "latestLedger": latest, "latestLedgerCloseTime": str(latest_ct),
                                "oldestLedger": oldest, "oldestLedgerCloseTime": str(oldest_ct)}
         r = self.dev.txs.get(h.lower())
-        if r is None or r.ledger < oldest:
+        if r is None or r.ledger < oldest or r.ledger > latest:  # node_lag: not seen yet
             out["status"] = "NOT_FOUND"
             return out
         out.update(self._tx_fields(r))

@@ -199,7 +199,7 @@ def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, 
                  webhook_backoff_base=0.2, rpc_url=genesis["url"], network_passphrase=genesis["passphrase"],
                  billing_contract=contracts["billing"], usdc_contract=contracts["usdc"],
                  journal_active_key_id="demo-1", funding_lease=2.0, settlement_lease=2.0,
-                 observer_start_ledger=1)
+                 observer_start_ledger=1, rpc_allow_single_endpoint=True)  # one devnet node
     receiver = Receiver()
     server = receiver.serve()
     base = f"http://127.0.0.1:{server.server_address[1]}"

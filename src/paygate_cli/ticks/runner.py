@@ -16,6 +16,7 @@ from paygate_cli.db.locks import acquire_slot, describe_key
 from paygate_cli.errors import ConfigError, ExitCode, NeedsHuman, PaygateError, Unavailable, UsageError
 from paygate_cli.logs import get_logger
 from paygate_cli.secrets import scrub
+from paygate_cli.settings import check_read_quorum
 from paygate_cli.ticks.context import TickContext, TickResult
 
 if TYPE_CHECKING:
@@ -151,6 +152,7 @@ def run_worker(env: Env, spec: WorkerSpec, opts: RunOptions) -> RunSummary:
 
     opts.validate()
     settings = env.settings
+    check_read_quorum(settings, spec.name)  # a money mover with a one-node "quorum" never starts (78)
     instance = settings.effective_instance_id()
     lock_conn = connect(settings, f"lock:{spec.name}")
     try:

@@ -14,7 +14,9 @@ nothing twice. An event that cannot be applied (undecodable, unknown charge id o
 or amount differing from the row, a charge already terminal) is stored quarantined with the reason
 and alarmed (error log, exit 3); the cursor moves on regardless (an Anchor Platform lesson: one
 poison event must never stall the stream). A cursor older than the RPC's retention window stops the
-observer with exit 3: events in between may be lost and a human must reconcile."""
+observer with exit 3: events in between may be lost and a human must reconcile. A read node behind
+the cursor is not that: the next read endpoint is tried, and when none has caught up the tick ends
+without moving the cursor and says so (details `waiting`, log `observer.readers_behind`)."""
 
 from __future__ import annotations
 
@@ -151,7 +153,7 @@ def tick(ctx: TickContext) -> TickResult:
                               "contract's deployment ledger)", msgid="observer.no_start_ledger")
     if not settings.billing_contract:
         raise ConfigError("PAYGATE_BILLING_CONTRACT is not set")
-    from paygate_cli.chain.charges import RetentionGap, cursor_ledger, get_events
+    from paygate_cli.chain.charges import ReadersBehind, RetentionGap, cursor_ledger, get_events
     from paygate_cli.chain.rpc import ChainClient
 
     chain = ChainClient(settings, guard_conn=ctx.conn)
@@ -168,6 +170,11 @@ def tick(ctx: TickContext) -> TickResult:
                 raise NeedsHuman(f"observer stopped: its position {where} is older than the RPC's retention "
                                  f"window; billing events may have been lost and must be reconciled by a human "
                                  f"({exc})", msgid="observer.retention_gap") from None
+            except ReadersBehind as exc:
+                # Lagging nodes lose nothing: wait for them (the cursor stays where it is).
+                ctx.log.warning("observer waiting: %s", exc, extra={"msgid": exc.msgid})
+                totals["waiting"] = str(exc)
+                break
             if cursor is not None and cursor_ledger(cursor) < page.oldest_ledger:
                 raise NeedsHuman(f"observer stopped: cursor {cursor} (ledger {cursor_ledger(cursor)}) is older than "
                                  f"the RPC's oldest ledger {page.oldest_ledger}; billing events may have been lost",
