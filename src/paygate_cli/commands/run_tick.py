@@ -27,16 +27,23 @@ def run_tick_command(
     ctx: typer.Context,
     worker: Annotated[str, typer.Argument(help="Worker name (see `paygate workers`).")],
     once: Annotated[bool, typer.Option("--once", help="Run one tick (the default).")] = False,
-    every: Annotated[str | None, typer.Option("--every", help="Tick on a fixed-rate schedule, e.g. 2s.")] = None,
-    for_: Annotated[str | None, typer.Option("--for", help="Stop looping after this long, e.g. 55s.")] = None,
-    lock_wait: Annotated[str, typer.Option("--lock-wait", help="Wait this long for the worker lock; 0 = try once.")]
+    every: Annotated[str | None, typer.Option("--every", metavar="DURATION",
+                                                           help="Tick on a fixed-rate schedule, e.g. 2s.")] = None,
+    for_: Annotated[str | None, typer.Option("--for", metavar="DURATION",
+                                                          help="Stop looping after this long, e.g. 55s.")] = None,
+    lock_wait: Annotated[str, typer.Option("--lock-wait", metavar="DURATION",
+                                             help="Wait this long for the worker lock; 0 = try once.")]
     = "10s",
     batch: Annotated[int | None, typer.Option("--batch", help="Items per tick (default: the worker's).")] = None,
-    metrics_dir: Annotated[str | None, typer.Option("--metrics-dir", help="Write paygate_<worker>.prom here.")]
+    metrics_dir: Annotated[str | None, typer.Option("--metrics-dir", metavar="DIR",
+                                                                  help="Write paygate_<worker>.prom here.")]
     = None,
     json_flag: JsonFlag = False,
 ) -> int:
-    """Run a background worker. Exit 75 when another process holds its lock (skipped)."""
+    """Run a background worker. Exit 75 when another process holds its lock (skipped), 78 when it
+    lacks what it needs (RPC, keys, contracts, a migrated schema, a writable --metrics-dir).
+
+    Example: `paygate run-tick settlement --every 2s --for 55s --metrics-dir /var/lib/node_exporter`"""
     env = get_env(ctx)
     spec = get_worker(worker)
     every_s = _duration(every, "--every")
