@@ -280,6 +280,8 @@ def test_completion_script_works_in_bash() -> None:
               "COMP_WORDS=(paygate wor); COMP_CWORD=1; _paygate_completion paygate\n"
               'echo "replies: ${COMPREPLY[*]}"\n'
               "COMP_WORDS=(paygate dev db u); COMP_CWORD=3; _paygate_completion paygate\n"
+              'echo "replies: ${COMPREPLY[*]}"\n'
+              "COMP_WORDS=(paygate run-tick sett); COMP_CWORD=2; _paygate_completion paygate\n"
               'echo "replies: ${COMPREPLY[*]}"\n')
     environ = {**base_environ(None), "PATH": os.path.dirname(paygate) + os.pathsep + os.environ.get("PATH", "")}
     proc = subprocess.run([bash, "-c", script], capture_output=True, text=True, env=environ, timeout=60)
@@ -288,4 +290,5 @@ def test_completion_script_works_in_bash() -> None:
     assert lines[0] == "complete -o default -F _paygate_completion paygate"
     assert lines[1] == "replies: workers"
     assert lines[2].split(": ")[1].split() == ["up", "url"]
+    assert lines[3] == "replies: settlement"
     assert "not supported" not in proc.stderr

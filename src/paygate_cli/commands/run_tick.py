@@ -10,8 +10,12 @@ from paygate_cli.commands._common import JsonFlag, get_env, output_mode
 from paygate_cli.errors import ConfigError, UsageError
 from paygate_cli.output import emit
 from paygate_cli.settings import parse_duration
-from paygate_cli.ticks.registry import get_worker
+from paygate_cli.ticks.registry import WORKERS, get_worker
 from paygate_cli.ticks.runner import RunOptions, run_worker
+
+
+def _worker_names(incomplete: str) -> list[str]:
+    return [name for name in sorted(WORKERS) if name.startswith(incomplete)]
 
 
 def _duration(value: str | None, flag: str) -> float | None:
@@ -25,7 +29,8 @@ def _duration(value: str | None, flag: str) -> float | None:
 
 def run_tick_command(
     ctx: typer.Context,
-    worker: Annotated[str, typer.Argument(help="Worker name (see `paygate workers`).")],
+    worker: Annotated[str, typer.Argument(help="Worker name (see `paygate workers`).",
+                                          autocompletion=_worker_names)],
     once: Annotated[bool, typer.Option("--once", help="Run one tick (the default).")] = False,
     every: Annotated[str | None, typer.Option("--every", metavar="DURATION",
                                                            help="Tick on a fixed-rate schedule, e.g. 2s.")] = None,
