@@ -173,3 +173,21 @@ def test_funding_names_only_what_is_missing(dsn: str, tmp_path: Path) -> None:
     assert result.code == ExitCode.CONFIG
     [line] = result.err.strip().splitlines()  # off a terminal the final line is JSON, like the logs
     assert json.loads(line)["msg"] == "funding cannot work: missing the USDC contract id (PAYGATE_USDC_CONTRACT)"
+
+
+def test_status_on_a_schema_behind_still_prints_its_document(dsn: str, db: psycopg.Connection) -> None:
+    # As if the newest migration had created the outbox and not run yet here.
+    db.execute("DELETE FROM paygate.schema_migrations WHERE version = %s", (SHIPPED,))
+    db.execute("DROP TABLE paygate.webhook_outbox")
+    result = run_cli("status", "--json", dsn=dsn)
+    assert result.code == ExitCode.FAILED, result.err
+    report = json.loads(result.out)["status"]
+    assert report["ready"] is False
+    assert f"schema behind: schema is at version {SHIPPED - 1}, this paygate needs {SHIPPED}" in report["problems"][0]
+
+
+def test_bad_flag_under_journald_is_one_prioritised_line() -> None:
+    result = run_proc("run-tick", "webhooks", "--no-such-flag", JOURNAL_STREAM="8:1234")
+    assert result.code == ExitCode.USAGE
+    [line] = result.err.strip().splitlines()
+    assert line.startswith("<3>") and "No such option: --no-such-flag" in json.loads(line[3:])["msg"]

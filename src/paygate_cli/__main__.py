@@ -133,7 +133,13 @@ def _main(argv: Sequence[str] | None, env: Env) -> int:
         result = app(args=args, prog_name="paygate", standalone_mode=False, obj=env)
         return int(result) if isinstance(result, int) else 0
     except ClickException as exc:  # bad flags: click already knows the text
-        exc.show(file=env.stderr)
+        from paygate_cli.logs import wants_json
+
+        fmt = env.log_format or _root_option(args, "--log-format") or env.environ.get("PAYGATE_LOG_FORMAT") or "auto"
+        if env.json_errors or wants_json(env, fmt):  # a log collector gets one parseable line, not click's usage
+            _report(env, ExitCode.USAGE, "usage", exc.format_message(), args)
+        else:
+            exc.show(file=env.stderr)
         return ExitCode.USAGE
     except SystemExit:
         # click turns EPIPE on stdout into exit 1 after wrapping sys.stdout; a closed pipe is not a failure.
