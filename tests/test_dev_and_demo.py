@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from paygate_cli.errors import ExitCode
-from tests.cli import run_proc
+from tests.cli import base_environ, run_proc
 
 
 @pytest.fixture
@@ -50,8 +50,7 @@ def private_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp())
     assert path.stat().st_mode & 0o777 == 0o700
     yield path
-    pointer = path / ".demo" / "pg" / "paygate-datadir"
-    if pointer.is_file():
+    for pointer in path.rglob("paygate-datadir"):
         shutil.rmtree(pointer.read_text().strip(), ignore_errors=True)
     shutil.rmtree(path, ignore_errors=True)
 
@@ -77,6 +76,21 @@ def test_dev_db_up_from_a_private_directory(private_tmp: Path) -> None:
     assert down.code == 0 and json.loads(down.out)["stopped"] is True, down.err
     with pytest.raises(psycopg.OperationalError):
         psycopg.connect(document["dsn"], connect_timeout=2)
+
+
+def test_dev_db_up_with_the_default_data_dir_in_a_private_home(private_tmp: Path) -> None:
+    """`paygate dev db up` with no flags, HOME private (as /root is): $HOME/.local/share/paygate/pg."""
+    environ = {**base_environ(None), "HOME": str(private_tmp)}
+    environ.pop("XDG_DATA_HOME", None)
+    up = run_proc("dev", "db", "up", "--json", environ=environ)
+    try:
+        assert up.code == 0, up.err
+        document = json.loads(up.out)
+        assert document["requested_data_dir"] == str(private_tmp / ".local" / "share" / "paygate" / "pg")
+        assert run_proc("dev", "db", "url", environ=environ).out.strip() == document["dsn"]
+    finally:
+        down = run_proc("dev", "db", "down", "--json", environ=environ)
+    assert down.code == 0 and json.loads(down.out)["stopped"] is True, down.err
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="running as an ordinary user needs root to switch to one")
