@@ -191,3 +191,8 @@ def test_bad_flag_under_journald_is_one_prioritised_line() -> None:
     assert result.code == ExitCode.USAGE
     [line] = result.err.strip().splitlines()
     assert line.startswith("<3>") and "No such option: --no-such-flag" in json.loads(line[3:])["msg"]
+
+
+def test_an_invalid_log_level_is_a_usage_error_not_a_crash() -> None:
+    result = run_cli("--log-level", "bogus", "workers", "--offline")
+    assert result.code == ExitCode.USAGE and "is not a log level" in result.err

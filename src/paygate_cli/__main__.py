@@ -47,7 +47,8 @@ def _report(env: Env, code: int, msgid: str, message: str, args: Sequence[str] =
     level = logging.INFO if code == ExitCode.SKIPPED else logging.ERROR
     threshold = (env.log_level or _root_option(args, "--log-level") or env.environ.get("PAYGATE_LOG_LEVEL")
                  or "info")
-    if level < logging.getLevelName(threshold.upper() if isinstance(threshold, str) else "INFO"):
+    threshold_no = logging.getLevelName(threshold.upper())
+    if isinstance(threshold_no, int) and level < threshold_no:  # an invalid level is reported, not applied
         return
     fmt = env.log_format or _root_option(args, "--log-format") or env.environ.get("PAYGATE_LOG_FORMAT") or "auto"
     journald = bool(env.environ.get("JOURNAL_STREAM"))
