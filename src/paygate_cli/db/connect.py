@@ -28,7 +28,7 @@ _TRANSIENT_SQLSTATES = {None, "57P03", "53300", "08000", "08001", "08006"}
 # failure), so a refusal is recognised by the server's FATAL text. None of these fixes itself.
 _REFUSED = re.compile(
     r"authentication failed|no password supplied|password is required|pg_hba\.conf|"
-    r"FATAL:\s+(role|database) \"[^\"]*\" does not exist|certificate|SSL error", re.IGNORECASE)
+    r"FATAL:\s+(role|database) \"[^\"]*\" does not exist|certificate", re.IGNORECASE)
 
 
 def _is_refused(exc: BaseException) -> bool:
