@@ -32,4 +32,6 @@ lint: $(STAMP)
 
 clean:
 	-$(VENV)/bin/paygate dev db down --data-dir $(CURDIR)/.demo/pg
+	@# as root in a private clone the demo's cluster lives in /var/tmp/paygate-pg-*, named by this pointer
+	-d=$$(cat .demo/pg/paygate-datadir 2>/dev/null); case "$$d" in /var/tmp/paygate-pg-*) rm -rf "$$d";; esac
 	rm -rf .demo

@@ -199,3 +199,96 @@ def test_run_tick_alone_still_gets_root_options_and_its_own_help() -> None:
     result = run_proc("--log-format", "json", "run-tick", "--help")  # click prints help to the real stdout
     assert result.code == 0 and "--lock-wait" in result.out
     assert run_cli("--log-format", "bogus", "run-tick", "webhooks").code == ExitCode.USAGE
+
+
+# -- output: pipes, help, completion --------------------------------------------------------------
+
+def _all_commands() -> list[list[str]]:
+    """Every command and group path of the full app, e.g. ["dev", "db", "up"]."""
+    import typer.main
+
+    from paygate_cli.app import make_app
+
+    paths: list[list[str]] = []
+
+    def walk(command: object, path: list[str]) -> None:
+        paths.append(path)
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(make_app()), [])
+    return paths
+
+
+def _help(*args: str) -> tuple[int, str]:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):  # click prints help to the real stdout
+        code = run_cli(*args).code
+    return code, out.getvalue()
+
+
+def test_every_command_has_h_and_an_example_in_its_help() -> None:
+    paths = _all_commands()
+    assert ["run-tick"] in paths and ["dev", "db", "up"] in paths and ["devnet", "fault"] in paths
+    for path in paths:
+        code, text = _help(*path, "-h")
+        assert code == 0, path
+        assert "Usage: paygate" in text, path
+        assert "Example: `paygate" in text or "Example: `export" in text, (path, text)
+
+
+def test_durations_show_as_duration_in_help() -> None:
+    _, text = _help("run-tick", "-h")
+    for flag in ("--every", "--for", "--lock-wait"):
+        assert f"{flag} DURATION" in text, text
+    assert "TEXT" not in text.split("Options:")[1]
+    assert "--ledger-interval DURATION" in _help("devnet", "start", "-h")[1]
+
+
+def test_tables_are_not_cut_when_piped() -> None:
+    result = run_proc("workers", "--offline")  # stdout is a pipe, not a TTY
+    settlement = [line for line in result.out.splitlines() if "settlement" in line]
+    assert len(settlement) == 1
+    assert "(1885436263, 200..203)" in settlement[0]
+    assert "subscriptions" in result.out and "idempotency_sweep" in result.out  # no cell wrapped or cut
+
+
+def test_a_closed_pipe_exits_0_quietly() -> None:
+    for args in (["workers", "--offline"], ["--help"]):
+        proc = subprocess.Popen([sys.executable, "-m", "paygate_cli", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=base_environ(None))
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # the reader is gone before paygate writes a byte (`| head -0`)
+        err = proc.stderr.read()
+        assert proc.wait(timeout=30) == 0, (args, err)
+        assert err == b"", err
+
+
+def test_completion_script_works_in_bash() -> None:
+    import os
+    import shutil
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash is not installed")
+    paygate = os.path.join(os.path.dirname(sys.executable), "paygate")
+    script = (f'source <("{paygate}" completion bash)\n'
+              "complete -p paygate\n"
+              "COMP_WORDS=(paygate wor); COMP_CWORD=1; _paygate_completion paygate\n"
+              'echo "replies: ${COMPREPLY[*]}"\n'
+              "COMP_WORDS=(paygate dev db u); COMP_CWORD=3; _paygate_completion paygate\n"
+              'echo "replies: ${COMPREPLY[*]}"\n'
+              "COMP_WORDS=(paygate run-tick sett); COMP_CWORD=2; _paygate_completion paygate\n"
+              'echo "replies: ${COMPREPLY[*]}"\n')
+    environ = {**base_environ(None), "PATH": os.path.dirname(paygate) + os.pathsep + os.environ.get("PATH", "")}
+    proc = subprocess.run([bash, "-c", script], capture_output=True, text=True, env=environ, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "complete -o default -F _paygate_completion paygate"
+    assert lines[1] == "replies: workers"
+    assert lines[2].split(": ")[1].split() == ["up", "url"]
+    assert lines[3] == "replies: settlement"
+    assert "not supported" not in proc.stderr

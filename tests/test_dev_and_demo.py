@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,7 @@ import psycopg
 import pytest
 
 from paygate_cli.errors import ExitCode
-from tests.cli import run_proc
+from tests.cli import base_environ, run_proc
 
 
 @pytest.fixture
@@ -42,16 +44,94 @@ def test_dev_db_up_url_down(public_tmp: Path) -> None:
     assert down.code == 0 and json.loads(down.out)["stopped"] is True
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the unreachable-directory case only exists when running as root")
-def test_dev_db_up_in_a_private_directory_explains_itself(tmp_path: Path) -> None:
-    tmp_path.chmod(0o700)
-    result = run_proc("dev", "db", "up", "--data-dir", str(tmp_path / "deep" / "pg"))
+@pytest.fixture
+def private_tmp() -> Iterator[Path]:
+    """Like `d=$(mktemp -d)`: mode 0700, so as root the postgres OS user cannot traverse it."""
+    path = Path(tempfile.mkdtemp())
+    assert path.stat().st_mode & 0o777 == 0o700
+    yield path
+    for pointer in path.rglob("paygate-datadir"):
+        shutil.rmtree(pointer.read_text().strip(), ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_dev_db_up_from_a_private_directory(private_tmp: Path) -> None:
+    data = str(private_tmp / ".demo" / "pg")
+    up = run_proc("dev", "db", "up", "--data-dir", data, "--json")
+    try:
+        assert up.code == 0, up.err
+        document = json.loads(up.out)
+        assert document["requested_data_dir"] == data
+        assert run_proc("dev", "db", "url", "--data-dir", data).out.strip() == document["dsn"]
+        with psycopg.connect(document["dsn"]) as conn:
+            assert conn.execute("SELECT 1").fetchone()[0] == 1
+        assert private_tmp.stat().st_mode & 0o777 == 0o700  # nobody chmod-ed the user's directory
+        if os.geteuid() == 0:  # relocated to a private directory the postgres user owns, found via the pointer
+            real = Path(document["data_dir"])
+            assert real.parent == Path("/var/tmp") and real.owner() == "postgres"
+            assert real.stat().st_mode & 0o777 == 0o700
+            assert (Path(data) / "paygate-datadir").read_text().strip() == str(real)
+    finally:
+        down = run_proc("dev", "db", "down", "--data-dir", data, "--json")
+    assert down.code == 0 and json.loads(down.out)["stopped"] is True, down.err
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(document["dsn"], connect_timeout=2)
+
+
+def test_dev_db_up_with_the_default_data_dir_in_a_private_home(private_tmp: Path) -> None:
+    """`paygate dev db up` with no flags, HOME private (as /root is): $HOME/.local/share/paygate/pg."""
+    environ = {**base_environ(None), "HOME": str(private_tmp)}
+    environ.pop("XDG_DATA_HOME", None)
+    up = run_proc("dev", "db", "up", "--json", environ=environ)
+    try:
+        assert up.code == 0, up.err
+        document = json.loads(up.out)
+        assert document["requested_data_dir"] == str(private_tmp / ".local" / "share" / "paygate" / "pg")
+        assert run_proc("dev", "db", "url", environ=environ).out.strip() == document["dsn"]
+    finally:
+        down = run_proc("dev", "db", "down", "--json", environ=environ)
+    assert down.code == 0 and json.loads(down.out)["stopped"] is True, down.err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as an ordinary user needs root to switch to one")
+def test_dev_db_up_as_an_ordinary_user(tmp_path: Path) -> None:
+    home = Path(tempfile.mkdtemp(prefix="pgu-", dir="/tmp"))
+    shutil.chown(home, "nobody")
+    try:
+        data = str(home / "pg")
+        environ = {"PATH": os.environ.get("PATH", ""), "HOME": str(home)}
+        python = sys.executable
+        if subprocess.run(["runuser", "-u", "nobody", "--", "test", "-x", python]).returncode != 0:
+            # This interpreter lives under a private home (pyenv in /root): use the system's same-version
+            # Python with this checkout's code and installed packages instead.
+            python = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}",
+                                  path="/usr/local/bin:/usr/bin") or ""
+            if not python:
+                pytest.skip("no interpreter an ordinary user can run")
+            site = next(p for p in sys.path if p.endswith("site-packages"))
+            environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), site])
+        as_user = ["runuser", "-u", "nobody", "--", python, "-m", "paygate_cli"]
+        up = subprocess.run([*as_user, "dev", "db", "up", "--data-dir", data, "--json"], env=environ,
+                            capture_output=True, text=True, timeout=120)
+        try:
+            assert up.returncode == 0, up.stderr
+            assert json.loads(up.stdout)["data_dir"] == data
+            assert (home / "pg" / "PG_VERSION").stat().st_uid == home.stat().st_uid  # the user's own cluster
+        finally:
+            subprocess.run([*as_user, "dev", "db", "down", "--data-dir", data], env=environ, capture_output=True,
+                           timeout=60)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def test_no_server_binaries_is_a_clear_78(public_tmp: Path) -> None:
+    result = run_proc("dev", "db", "up", "--data-dir", str(public_tmp / "pg"), PAYGATE_PG_BINDIR="/nonexistent/bin")
     assert result.code == ExitCode.CONFIG
-    assert "cannot reach" in result.err and "--data-dir" in result.err
+    assert "no PostgreSQL server binaries found" in result.err and "apt-get install postgresql" in result.err
 
 
-def test_demo_runs_end_to_end(public_tmp: Path) -> None:
-    data = str(public_tmp / "demo-pg")
+def test_demo_runs_end_to_end_from_a_private_directory(private_tmp: Path) -> None:
+    data = str(private_tmp / ".demo" / "pg")  # what `make demo` uses in a clone made in `mktemp -d`
     try:
         result = run_proc("demo", "--data-dir", data, "--json", timeout=180)
         assert result.code == 0, result.err

@@ -3,21 +3,41 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
+import pytest
 
+from paygate_cli.db.locks import LOCK_NAMESPACE
 from paygate_cli.errors import ExitCode
+from tests.chain_env import chain_environ
 from tests.cli import run_cli
+from tests.devnet_support import DevnetHandle, start_devnet
 
 
-def status(dsn: str) -> tuple[int, dict]:
-    result = run_cli("status", "--json", dsn=dsn)
+@pytest.fixture(scope="module")
+def devnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevnetHandle]:
+    handle = start_devnet(tmp_path_factory.mktemp("devnet"), lanes=1, users=1)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def configured(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> dict[str, str]:
+    """Everything the money movers need: RPC, contracts, lane, fee and journal keys."""
+    return chain_environ(devnet, dsn, tmp_path / "keys")
+
+
+def status(dsn: str, environ: dict[str, str] | None = None) -> tuple[int, dict]:
+    result = run_cli("status", "--json", dsn=dsn, environ=environ)
     return result.code, json.loads(result.out)["status"] if result.out else {}
 
 
-def test_status_ready_on_a_migrated_database(dsn: str) -> None:
-    code, report = status(dsn)
-    assert code == 0 and report["ready"] is True
+def test_status_ready_on_a_migrated_and_configured_deployment(dsn: str, configured: dict[str, str]) -> None:
+    code, report = status(dsn, configured)
+    assert code == 0 and report["ready"] is True, report["problems"]
+    assert report["cannot_work"] == []
     assert report["schema"]["schema_version"] == report["schema"]["expected_version"] >= 1
     assert {q["queue"] for q in report["queues"]} >= {"webhooks.pending", "webhooks.dead", "idempotency.expired"}
 
@@ -28,13 +48,14 @@ def test_status_not_ready_when_schema_is_behind(empty_dsn: str) -> None:
     assert "schema behind" in report["problems"][0]
 
 
-def test_halt_shows_in_status_and_resume_clears_it_with_audit(dsn: str, db: psycopg.Connection) -> None:
+def test_halt_shows_in_status_and_resume_clears_it_with_audit(dsn: str, db: psycopg.Connection,
+                                                              configured: dict[str, str]) -> None:
     assert run_cli("halt", "--reason", "incident 42", "--yes", dsn=dsn, PAYGATE_OPERATOR="alice").code == 0
-    code, report = status(dsn)
+    code, report = status(dsn, configured)
     assert code == ExitCode.FAILED and report["halts"][0]["reason"] == "incident 42"
     assert report["halts"][0]["set_by"] == "alice"
     assert run_cli("resume", "--yes", dsn=dsn, PAYGATE_OPERATOR="bob").code == 0
-    assert status(dsn)[0] == 0
+    assert status(dsn, configured)[0] == 0
     audit = db.execute("SELECT actor, action, details->>'reason' FROM paygate.audit_log ORDER BY id").fetchall()
     assert audit == [("alice", "halt", "incident 42"), ("bob", "resume", None)]
 
@@ -69,6 +90,47 @@ def test_workers_lists_lock_ids_cadence_and_last_runs(dsn: str) -> None:
     assert sweep["lock"] == f"({document['lock_namespace']}, 1100)"
 
 
-def test_status_human_output_says_ready(dsn: str) -> None:
-    result = run_cli("status", dsn=dsn)
+def test_status_human_output_says_ready(dsn: str, configured: dict[str, str]) -> None:
+    result = run_cli("status", environ=configured)
     assert result.code == 0 and result.out.startswith("READY")
+
+
+def test_status_not_ready_when_the_money_movers_cannot_work(dsn: str, configured: dict[str, str]) -> None:
+    code, report = status(dsn)  # a migrated database, nothing else configured
+    assert code == ExitCode.FAILED and report["ready"] is False
+    assert {w["worker"] for w in report["cannot_work"]} == {"funding", "settlement", "observer"}
+    assert any(p.startswith("funding cannot work: missing an RPC endpoint (PAYGATE_RPC_URL)")
+               for p in report["problems"])
+    without_keys = {k: v for k, v in configured.items() if k != "PAYGATE_LANE_SECRETS_FILE"}
+    code, report = status(dsn, without_keys)
+    assert code == ExitCode.FAILED
+    assert [p for p in report["problems"] if "cannot work" in p] == [
+        "funding cannot work: missing lane keys (PAYGATE_LANE_SECRETS_FILE)",
+        "settlement cannot work: missing lane keys (PAYGATE_LANE_SECRETS_FILE)"]
+    human = run_cli("status", environ=without_keys)
+    assert human.out.startswith("NOT READY: funding cannot work: missing lane keys (PAYGATE_LANE_SECRETS_FILE)")
+
+
+def test_status_not_ready_when_a_worker_last_stalled(dsn: str, db: psycopg.Connection,
+                                                    configured: dict[str, str]) -> None:
+    db.execute("INSERT INTO paygate.worker_runs (worker, instance_id, slot, pid, started_at, finished_at, outcome,"
+               " error) VALUES ('settlement', 'h1', 0, 1, now() - interval '3 s', now() - interval '2 s', 'ok', NULL),"
+               " ('settlement', 'h1', 1, 2, now() - interval '2 s', now(), 'stalled', 'no free lane for 30s')")
+    code, report = status(dsn, configured)
+    assert code == ExitCode.FAILED
+    assert report["problems"] == ["settlement stalled: no free lane for 30s"]
+    settlement = next(w for w in report["workers"] if w["worker"] == "settlement")
+    assert settlement["stalled_reason"] == "no free lane for 30s"
+    db.execute("INSERT INTO paygate.worker_runs (worker, instance_id, slot, pid, finished_at, outcome)"
+               " VALUES ('settlement', 'h1', 0, 3, now() + interval '1 s', 'ok')")
+    assert status(dsn, configured)[0] == 0  # the next finished run moved work again
+
+
+def test_status_lists_only_this_databases_lock_holders(dsn: str, empty_dsn: str) -> None:
+    with psycopg.connect(empty_dsn, autocommit=True) as elsewhere, psycopg.connect(dsn, autocommit=True) as here:
+        elsewhere.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_NAMESPACE, 1200))  # webhooks slot 0, other db
+        _, report = status(dsn)
+        assert report["locks"] == []
+        here.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_NAMESPACE, 1100))  # idempotency_sweep, this db
+        _, report = status(dsn)
+        assert [(lock["lock"], lock["slot"]) for lock in report["locks"]] == [("idempotency_sweep", 0)]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -12,13 +15,22 @@ from paygate_cli.errors import ExitCode, PaygateError
 from paygate_cli.secrets import scrub
 
 
-def _classify_database_error(exc: BaseException) -> tuple[ExitCode, str, str] | None:
-    """psycopg failures that are not bugs: unreachable server, missing privilege."""
+def _classify_database_error(env: Env, exc: BaseException) -> tuple[ExitCode, str, str] | None:
+    """psycopg failures that are not bugs: unreachable server, missing privilege, a schema older
+    than this build."""
     psycopg = sys.modules.get("psycopg")
     if psycopg is None or not isinstance(exc, psycopg.Error):
         return None
     if isinstance(exc, psycopg.errors.InsufficientPrivilege):
         return ExitCode.NOPERM, "db.permission_denied", f"database permission denied: {exc}".strip()
+    missing = (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedFunction,
+               psycopg.errors.InvalidSchemaName)
+    if isinstance(exc, missing):
+        from paygate_cli.db.migrate import explain_missing_object
+
+        behind = explain_missing_object(env.settings)
+        if behind is not None:
+            return behind.exit_code, behind.msgid, str(behind)
     from paygate_cli.db.connect import is_connection_lost
 
     if is_connection_lost(exc):
@@ -28,14 +40,38 @@ def _classify_database_error(exc: BaseException) -> tuple[ExitCode, str, str] | 
     return None
 
 
-def _report(env: Env, code: int, msgid: str, message: str) -> None:
+def _report(env: Env, code: int, msgid: str, message: str, args: Sequence[str] = ()) -> None:
+    """The run's last line on stderr. A skip (75) is not an error: it is said at info level (and
+    not at all under --log-level warning/error); everything else at error level."""
     message = scrub(message.strip().splitlines()[0] if message.strip() else msgid)
+    level = logging.INFO if code == ExitCode.SKIPPED else logging.ERROR
+    threshold = (env.log_level or _root_option(args, "--log-level") or env.environ.get("PAYGATE_LOG_LEVEL")
+                 or "info")
+    threshold_no = logging.getLevelName(threshold.upper())
+    if isinstance(threshold_no, int) and level < threshold_no:  # an invalid level is reported, not applied
+        return
+    fmt = env.log_format or _root_option(args, "--log-format") or env.environ.get("PAYGATE_LOG_FORMAT") or "auto"
+    journald = bool(env.environ.get("JOURNAL_STREAM"))
     if env.json_errors:
-        env.stderr.write(json.dumps({"message_type": "exit_error", "code": code, "msgid": msgid,
-                                     "message": message}) + "\n")
+        line = json.dumps({"message_type": "exit_error", "code": code, "msgid": msgid, "message": message})
+        if journald:
+            line = f"<{3 if level >= logging.ERROR else 6}>{line}"
     else:
-        env.stderr.write(f"paygate: error: {message}\n")
+        from paygate_cli.logs import final_line
+
+        line = final_line(env, fmt=fmt, level=level, msgid=msgid, message=message, code=code)
+    env.stderr.write(line + "\n")
     env.stderr.flush()
+
+
+def _root_option(args: Sequence[str], name: str) -> str | None:
+    """A root option's value from the raw arguments, for failures before the root callback ran."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 # Root options that take a value: the command name is the first word that is neither one of these
@@ -55,41 +91,80 @@ def _command_name(args: list[str]) -> str | None:
     return None
 
 
+COMPLETE_VAR = "_PAYGATE_COMPLETE"
+
+
+def _stdout_gone(env: Env) -> int:
+    """The reader of stdout went away (`paygate workers | head -1`): that is how pipes end, not a
+    failure. Point fd 1 at /dev/null so the interpreter's final flush cannot complain either."""
+    if env.stdout is sys.__stdout__:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
+    return ExitCode.OK
+
+
 def main(argv: Sequence[str] | None = None, env: Env | None = None) -> int:
     env = env or Env()
+    code = _main(argv, env)
+    if env.stdout is sys.__stdout__:
+        try:  # what is still buffered must fail here, not in the interpreter's exit flush
+            env.stdout.flush()
+        except BrokenPipeError:
+            code = _stdout_gone(env)
+    return code
+
+
+def _main(argv: Sequence[str] | None, env: Env) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     env.json_errors = "--json" in args
     from typer._click.exceptions import ClickException
+    from typer._click.utils import PacifyFlushWrapper
 
     from paygate_cli.app import COMMANDS, make_app  # typer is imported here so a broken env still maps errors
 
+    completing = COMPLETE_VAR in env.environ
+    if completing:  # the script from `paygate completion SHELL` calls back with this variable set
+        from typer._completion_classes import completion_init
+
+        completion_init()
     command = _command_name(args)
-    app = make_app(command if command in COMMANDS else None)
+    app = make_app(command if command in COMMANDS and not completing else None)
 
     try:
         result = app(args=args, prog_name="paygate", standalone_mode=False, obj=env)
         return int(result) if isinstance(result, int) else 0
     except ClickException as exc:  # bad flags: click already knows the text
-        exc.show(file=env.stderr)
+        from paygate_cli.logs import wants_json
+
+        fmt = env.log_format or _root_option(args, "--log-format") or env.environ.get("PAYGATE_LOG_FORMAT") or "auto"
+        if env.json_errors or wants_json(env, fmt):  # a log collector gets one parseable line, not click's usage
+            _report(env, ExitCode.USAGE, "usage", exc.format_message(), args)
+        else:
+            exc.show(file=env.stderr)
         return ExitCode.USAGE
+    except SystemExit:
+        # click turns EPIPE on stdout into exit 1 after wrapping sys.stdout; a closed pipe is not a failure.
+        if isinstance(sys.stdout, PacifyFlushWrapper):
+            return _stdout_gone(env)
+        raise
     except PaygateError as exc:
-        _report(env, exc.exit_code, exc.msgid, str(exc))
+        _report(env, exc.exit_code, exc.msgid, str(exc), args)
         return exc.exit_code
     except KeyboardInterrupt:
         return ExitCode.SIGINT
     except BrokenPipeError:
-        return ExitCode.FAILED
+        return _stdout_gone(env)
     except Exception as exc:
-        classified = _classify_database_error(exc)
+        classified = _classify_database_error(env, exc)
         if classified:
             code, msgid, message = classified
-            _report(env, code, msgid, message)
+            _report(env, code, msgid, message, args)
             return code
         if env.environ.get("PAYGATE_DEBUG"):
             env.stderr.write(scrub("".join(traceback.format_exception(exc))))
         first_line = (str(exc).strip().splitlines() or [""])[0]
         _report(env, ExitCode.SOFTWARE, "bug", f"unexpected {type(exc).__name__}: {first_line} "
-                "(a bug; rerun with PAYGATE_DEBUG=1 for the traceback)")
+                "(a bug; rerun with PAYGATE_DEBUG=1 for the traceback)", args)
         return ExitCode.SOFTWARE
 
 

@@ -53,6 +53,7 @@ def root(
         raise typer.BadParameter(f"{fmt!r} is not one of auto, text, json", param_hint="--log-format")
     if level not in ("debug", "info", "warning", "error"):
         raise typer.BadParameter(f"{level!r} is not a log level", param_hint="--log-level")
+    env.log_format, env.log_level = fmt, level
     configure_logging(env, fmt=fmt, level=level)
 
 
@@ -79,11 +80,13 @@ def make_app(only: str | None = None) -> typer.Typer:
     `run-tick` pays that on every start for commands it never runs."""
     app = typer.Typer(
         name="paygate",
-        help="Operator toolkit and batch workers of the paygate Stellar payment gateway.",
+        help="Operator toolkit and batch workers of the paygate Stellar payment gateway.\n\n"
+             "Example: `paygate status`, `paygate run-tick funding --every 2s --for 55s`",
         add_completion=False,  # `paygate completion SHELL` prints scripts instead of editing rc files
         pretty_exceptions_enable=False,  # __main__ maps every exception; locals could hold secrets
         no_args_is_help=True,
         rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every subcommand
     )
     app.callback()(root)
     registered: set[Callable[[typer.Typer], None]] = set()

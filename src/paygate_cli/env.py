@@ -23,6 +23,9 @@ class Env:
     config_path: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     json_errors: bool = False  # set by --json: a fatal error also becomes a JSON object on stderr
+    # Resolved by the root callback (flags > PAYGATE_LOG_*); the final error line uses them too.
+    log_format: str | None = None
+    log_level: str | None = None
     _settings: Settings | None = None
 
     @property

@@ -73,6 +73,24 @@ class SecretMissing(ConfigError):
     msgid = "config.secret_missing"
 
 
+class DatabaseAuthFailed(ConfigError):
+    """Wrong password, unknown role or database, no pg_hba entry: retrying never fixes it (78, not 69)."""
+
+    msgid = "db.auth_failed"
+
+
+class SchemaBehind(ConfigError):
+    """Code newer than the database: `paygate migrate` has not run yet (78, not a bug)."""
+
+    msgid = "schema.behind"
+
+
+class CannotWork(ConfigError):
+    """A worker lacks what it needs to move money (RPC, keys, contracts): it must not tick as if idle."""
+
+    msgid = "worker.cannot_work"
+
+
 class ItemsFailed(PaygateError):
     """A tick ran and some items failed; the next tick may retry them."""
 

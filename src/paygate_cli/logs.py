@@ -52,13 +52,17 @@ class TextFormatter(logging.Formatter):
         return scrub(line)
 
 
+def wants_json(env: Env, fmt: str) -> bool:
+    return fmt == "json" or (fmt == "auto" and (bool(env.environ.get("JOURNAL_STREAM")) or not env.stderr_isatty))
+
+
 def configure_logging(env: Env, *, fmt: str = "auto", level: str = "info") -> None:
     logger = logging.getLogger("paygate")
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
     handler = logging.StreamHandler(env.stderr)
     journald = bool(env.environ.get("JOURNAL_STREAM"))
-    if fmt == "json" or (fmt == "auto" and (journald or not env.stderr_isatty)):
+    if wants_json(env, fmt):
         handler.setFormatter(JsonFormatter(journald=journald))
     else:
         handler.setFormatter(TextFormatter())
@@ -69,3 +73,14 @@ def configure_logging(env: Env, *, fmt: str = "auto", level: str = "info") -> No
 
 def get_logger(name: str) -> logging.Logger:
     return logging.getLogger(f"paygate.{name}")
+
+
+def final_line(env: Env, *, fmt: str, level: int, msgid: str, message: str, code: int) -> str:
+    """The one line a run ends with when it fails or is skipped, in the same format as its logs:
+    `paygate: error: …` on a terminal, a JSON line otherwise, `<N>`-prefixed under journald (so a
+    skip is stored at info priority and an error at err)."""
+    if not wants_json(env, fmt):
+        return f"paygate: {'error' if level >= logging.ERROR else 'skipped'}: {scrub(message)}"
+    record = logging.makeLogRecord({"levelno": level, "levelname": logging.getLevelName(level), "msg": message,
+                                    "msgid": msgid, "exit_code": code, "name": "paygate.main"})
+    return JsonFormatter(journald=bool(env.environ.get("JOURNAL_STREAM"))).format(record)

@@ -15,6 +15,7 @@ from typing import Any
 from paygate_cli.env import Env
 
 SCHEMA_VERSION = 1
+_UNBOUNDED_WIDTH = 100_000
 
 
 class Mode(StrEnum):
@@ -61,6 +62,11 @@ def _tsv(text: str) -> str:
     return text.replace("\t", " ").replace("\n", " ")
 
 
+def _reader_gone() -> None:
+    """The reader of stdout left (`| head -1`): let `__main__` end the run quietly with 0."""
+    raise BrokenPipeError
+
+
 def emit(
     env: Env,
     mode: Mode,
@@ -101,9 +107,13 @@ def emit(
     from rich.table import Table
 
     no_color = bool(env.environ.get("NO_COLOR") or env.environ.get("PAYGATE_NO_COLOR"))
-    console = Console(file=env.stdout, no_color=no_color, highlight=False, soft_wrap=False)
+    # Off a terminal there is no width to fit: rich's default of 80 columns would cut and wrap cells
+    # so `paygate workers | grep settlement` finds nothing. Tables never pad to the width.
+    width = None if env.stdout_isatty else _UNBOUNDED_WIDTH
+    console = Console(file=env.stdout, no_color=no_color, highlight=False, soft_wrap=False, width=width)
+    console.on_broken_pipe = _reader_gone  # type: ignore[method-assign]  # rich would exit 1 on its own
     for line in lines:
-        console.print(line, markup=False)
+        console.print(line, markup=False, soft_wrap=True)
     if rows is not None:
         table = Table(title=title, show_lines=False)
         for column in columns or []:

@@ -17,7 +17,9 @@ class Shell(StrEnum):
 
 
 def completion_command(ctx: typer.Context, shell: Annotated[Shell, typer.Argument(help="bash, zsh or fish")]) -> int:
-    """Print a shell completion script, e.g. `paygate completion bash > /etc/bash_completion.d/paygate`."""
+    """Print a shell completion script (it calls paygate back for the candidates).
+
+    Example: `paygate completion bash > /etc/bash_completion.d/paygate`, or `source <(paygate completion bash)`"""
     from typer._completion_shared import get_completion_script
 
     env = get_env(ctx)

@@ -10,14 +10,16 @@ from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mo
 from paygate_cli.output import emit
 from paygate_cli.settings import describe
 
-app = typer.Typer(help="Inspect configuration.", no_args_is_help=True)
+app = typer.Typer(help="Inspect configuration.\n\nExample: `paygate config show --sources`", no_args_is_help=True)
 
 
 @app.command("show")
 def show(ctx: typer.Context,
          sources: Annotated[bool, typer.Option("--sources", help="Also say where each value came from.")] = False,
          json_flag: JsonFlag = False, plain_flag: PlainFlag = False) -> int:
-    """Print every effective setting (flags > env > file > defaults); secrets are never shown."""
+    """Print every effective setting (flags > env > file > defaults); secrets are never shown.
+
+    Example: `paygate --config /etc/paygate/config.toml config show --sources`"""
     env = get_env(ctx)
     settings = env.settings
     rows = describe(settings)

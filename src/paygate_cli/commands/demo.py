@@ -15,7 +15,9 @@ def demo_command(ctx: typer.Context,
                  data_dir: Annotated[str, typer.Option("--data-dir", help="Where the demo's Postgres lives.")]
                  = ".demo/pg",
                  json_flag: JsonFlag = False) -> int:
-    """Start a private Postgres and the devnet; deposits, charges and a subscription settle; report."""
+    """Start a private Postgres and the devnet; deposits, charges and a subscription settle; report.
+
+    Example: `paygate demo --data-dir /tmp/paygate-demo` (what `make demo` runs)"""
     from paygate_cli.ops.demo import run_demo
 
     env = get_env(ctx)

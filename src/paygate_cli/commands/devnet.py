@@ -12,7 +12,8 @@ from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mo
 from paygate_cli.errors import UsageError
 from paygate_cli.output import emit
 
-app = typer.Typer(help="Run and steer the local Stellar RPC stand-in.", no_args_is_help=True)
+app = typer.Typer(help="Run and steer the local Stellar RPC stand-in.\n\n"
+                       "Example: `paygate devnet start --port 8000 --ledger-interval 5s`", no_args_is_help=True)
 
 UrlOpt = Annotated[str, typer.Option("--url", help="URL of a running devnet (from its genesis line).",
                                      envvar="PAYGATE_DEVNET_URL")]
@@ -24,7 +25,8 @@ def start(
     host: Annotated[str, typer.Option("--host", help="Address to listen on (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port; 0 picks a free one.")] = 8000,
     ledger_interval: Annotated[str, typer.Option(
-        "--ledger-interval", help="Close a ledger every DURATION (5s, 500ms) or only on devnet_closeLedger (manual).")
+        "--ledger-interval", metavar="DURATION",
+        help="Close a ledger every DURATION (5s, 500ms) or only on devnet_closeLedger (manual).")
     ] = "5s",
     state: Annotated[Path | None, typer.Option("--state", help="Keep state in FILE across restarts.")] = None,
     retention: Annotated[int, typer.Option("--retention", help="Ledgers of transactions/events kept.")] = 120_960,
@@ -33,7 +35,9 @@ def start(
     users: Annotated[int, typer.Option("--users", help="Sample users funded with XLM and USDC.")] = 4,
 ) -> None:
     """Serve a devnet: prints the genesis as one JSON line on stdout, logs to stderr, runs until
-    SIGTERM/SIGINT. The keys it prints are throwaway devnet keys."""
+    SIGTERM/SIGINT. The keys it prints are throwaway devnet keys.
+
+    Example: `paygate devnet start --port 0 --ledger-interval manual --seed demo`"""
     from paygate_cli.devnet.runner import start as run
 
     if not 0 <= port <= 65535:
@@ -63,7 +67,9 @@ def fund(
     json_flag: JsonFlag = False,
     plain_flag: PlainFlag = False,
 ) -> None:
-    """Give an account XLM and/or USDC."""
+    """Give an account XLM and/or USDC.
+
+    Example: `paygate devnet fund GABC… --usdc 100000000 --url http://127.0.0.1:8000`"""
     if xlm < 0 or usdc < 0:
         raise UsageError("--xlm and --usdc must be >= 0")
     _show(ctx, _call(url, "devnet_fund", {"account": account, "xlm": xlm, "usdc": usdc}), json_flag, plain_flag)
@@ -78,7 +84,9 @@ def close(
     json_flag: JsonFlag = False,
     plain_flag: PlainFlag = False,
 ) -> None:
-    """Close ledgers now (applies the queued transactions)."""
+    """Close ledgers now (applies the queued transactions).
+
+    Example: `paygate devnet close -n 3 --advance-seconds 5`"""
     if n < 1:
         raise UsageError("--count must be >= 1")
     params: dict[str, Any] = {"n": n}
@@ -100,7 +108,9 @@ def fault(
     json_flag: JsonFlag = False,
     plain_flag: PlainFlag = False,
 ) -> None:
-    """Inject a fault (or `clear` them all)."""
+    """Inject a fault (or `clear` them all).
+
+    Example: `paygate devnet fault slow --ms 2000 --count 3`, then `paygate devnet fault clear`"""
     if kind == "clear":
         result = _call(url, "devnet_clearFaults", {})
     else:
@@ -120,5 +130,7 @@ def state(
     json_flag: JsonFlag = False,
     plain_flag: PlainFlag = False,
 ) -> None:
-    """Summary of a running devnet: ledger, queue, bans, faults."""
+    """Summary of a running devnet: ledger, queue, bans, faults.
+
+    Example: `paygate devnet state --json`"""
     _show(ctx, _call(url, "devnet_state", {}), json_flag, plain_flag)

@@ -17,7 +17,9 @@ def halt_command(
     reason: Annotated[str, typer.Option("--reason", help="Why; shown by `status` and recorded in audit_log.")],
     yes: YesFlag = False, dry_run: DryRunFlag = False, json_flag: JsonFlag = False,
 ) -> int:
-    """Close admission (the operator halt). Workers keep draining committed work."""
+    """Close admission (the operator halt). Workers keep draining committed work.
+
+    Example: `paygate halt --reason "incident 42: RPC provider degraded" --yes`"""
     env = get_env(ctx)
     if not dry_run:
         confirm(env, "halt admission", yes=yes)
@@ -30,7 +32,9 @@ def halt_command(
 
 def resume_command(ctx: typer.Context, yes: YesFlag = False, dry_run: DryRunFlag = False,
                    json_flag: JsonFlag = False) -> int:
-    """Clear the operator halt (the gas halt clears itself when headroom returns)."""
+    """Clear the operator halt (the gas halt clears itself when headroom returns).
+
+    Example: `paygate resume --yes`"""
     env = get_env(ctx)
     if not dry_run:
         confirm(env, "resume admission", yes=yes)

@@ -19,7 +19,9 @@ def migrate_command(
     dry_run: DryRunFlag = False,
     json_flag: JsonFlag = False,
 ) -> int:
-    """Apply pending migrations in order, under an advisory lock (safe from two hosts at once)."""
+    """Apply pending migrations in order, under an advisory lock (safe from two hosts at once).
+
+    Example: `paygate migrate --dry-run`, then `paygate migrate --roles`"""
     env = get_env(ctx)
     with connect(env.settings, "migrate") as conn:
         result = migrate(conn, dry_run=dry_run)

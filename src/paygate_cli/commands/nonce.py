@@ -18,7 +18,9 @@ def nonce_inspect_command(
     json_flag: JsonFlag = False, plain_flag: PlainFlag = False,
 ) -> int:
     """Journal vs chain: lane sequences, in-flight lineages and what resolve would do, deposit nonces.
-    Read-only. Exit 3 when something needs a human (a sequence gap, a nonce spent elsewhere)."""
+    Read-only. Exit 3 when something needs a human (a sequence gap, a nonce spent elsewhere).
+
+    Example: `paygate nonce-inspect --credit 42 --json`"""
     from paygate_cli.ops.nonce_inspect import nonce_inspect
 
     env = get_env(ctx)

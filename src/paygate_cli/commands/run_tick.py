@@ -10,8 +10,12 @@ from paygate_cli.commands._common import JsonFlag, get_env, output_mode
 from paygate_cli.errors import ConfigError, UsageError
 from paygate_cli.output import emit
 from paygate_cli.settings import parse_duration
-from paygate_cli.ticks.registry import get_worker
+from paygate_cli.ticks.registry import WORKERS, get_worker
 from paygate_cli.ticks.runner import RunOptions, run_worker
+
+
+def _worker_names(incomplete: str) -> list[str]:
+    return [name for name in sorted(WORKERS) if name.startswith(incomplete)]
 
 
 def _duration(value: str | None, flag: str) -> float | None:
@@ -25,18 +29,26 @@ def _duration(value: str | None, flag: str) -> float | None:
 
 def run_tick_command(
     ctx: typer.Context,
-    worker: Annotated[str, typer.Argument(help="Worker name (see `paygate workers`).")],
+    worker: Annotated[str, typer.Argument(help="Worker name (see `paygate workers`).",
+                                          autocompletion=_worker_names)],
     once: Annotated[bool, typer.Option("--once", help="Run one tick (the default).")] = False,
-    every: Annotated[str | None, typer.Option("--every", help="Tick on a fixed-rate schedule, e.g. 2s.")] = None,
-    for_: Annotated[str | None, typer.Option("--for", help="Stop looping after this long, e.g. 55s.")] = None,
-    lock_wait: Annotated[str, typer.Option("--lock-wait", help="Wait this long for the worker lock; 0 = try once.")]
+    every: Annotated[str | None, typer.Option("--every", metavar="DURATION",
+                                                           help="Tick on a fixed-rate schedule, e.g. 2s.")] = None,
+    for_: Annotated[str | None, typer.Option("--for", metavar="DURATION",
+                                                          help="Stop looping after this long, e.g. 55s.")] = None,
+    lock_wait: Annotated[str, typer.Option("--lock-wait", metavar="DURATION",
+                                             help="Wait this long for the worker lock; 0 = try once.")]
     = "10s",
     batch: Annotated[int | None, typer.Option("--batch", help="Items per tick (default: the worker's).")] = None,
-    metrics_dir: Annotated[str | None, typer.Option("--metrics-dir", help="Write paygate_<worker>.prom here.")]
+    metrics_dir: Annotated[str | None, typer.Option("--metrics-dir", metavar="DIR",
+                                                                  help="Write paygate_<worker>.prom here.")]
     = None,
     json_flag: JsonFlag = False,
 ) -> int:
-    """Run a background worker. Exit 75 when another process holds its lock (skipped)."""
+    """Run a background worker. Exit 75 when another process holds its lock (skipped), 78 when it
+    lacks what it needs (RPC, keys, contracts, a migrated schema, a writable --metrics-dir).
+
+    Example: `paygate run-tick settlement --every 2s --for 55s --metrics-dir /var/lib/node_exporter`"""
     env = get_env(ctx)
     spec = get_worker(worker)
     every_s = _duration(every, "--every")

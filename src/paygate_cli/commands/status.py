@@ -6,17 +6,28 @@ import typer
 
 from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode
 from paygate_cli.db.connect import connect
-from paygate_cli.errors import ExitCode
-from paygate_cli.ops.status import readiness
+from paygate_cli.errors import DatabaseAuthFailed, ExitCode, Unavailable
+from paygate_cli.ops.status import readiness, unreachable
 from paygate_cli.output import Mode, emit
 
 
 def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: PlainFlag = False) -> int:
-    """Readiness: DB, schema version, halts, lock holders, queue depths, last success per worker."""
+    """Readiness: DB, schema version, halts, lock holders, queue depths, last success per worker.
+
+    Example: `paygate status --json | jq .status.problems` (exit 1 when not ready)."""
     env = get_env(ctx)
     mode = output_mode(json_flag, plain_flag)
-    with connect(env.settings, "status", attempts=2) as conn:
-        report = readiness(conn, env.settings)
+    try:
+        with connect(env.settings, "status", attempts=2) as conn:
+            report = readiness(conn, env.settings)
+    except (Unavailable, DatabaseAuthFailed) as exc:
+        # Still print the document (not ready, with the reason), then end with the error's own code.
+        report = unreachable(str(exc), env.settings)
+        emit(env, mode, {"status": report}, rows=[{"check": "ready", "value": False,
+                                                   "detail": "; ".join(report["problems"])}],
+             columns=["check", "value", "detail"],
+             lines=[] if mode is not Mode.HUMAN else ["NOT READY: " + "; ".join(report["problems"])])
+        raise
     rows = [{"check": "ready", "value": report["ready"], "detail": "; ".join(report["problems"])},
             {"check": "schema", "value": report["schema"]["schema_version"],
              "detail": f"expected {report['schema']['expected_version']}"}]
@@ -30,8 +41,12 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
              for e in report.get("rpc", {}).get("endpoints", [])]
     rows += [{"check": f"lock:{lock['lock']}", "value": f"pid {lock['pid']}",
               "detail": f"slot {lock['slot']}, {lock['application_name']}"} for lock in report["locks"]]
+    rows += [{"check": f"cannot_work:{w['worker']}", "value": "missing", "detail": ", ".join(w["missing"])}
+             for w in report.get("cannot_work", [])]
     rows += [{"check": f"worker:{w['worker']}", "value": w["last_outcome"] or "never run",
-              "detail": f"last success {w['last_success'] or 'never'}"} for w in report["workers"]]
+              "detail": f"last success {w['last_success'] or 'never'}"
+                        + (f"; stalled: {w['stalled_reason']}" if w["last_finished_outcome"] == "stalled" else "")}
+             for w in report["workers"]]
     lines = [] if mode is not Mode.HUMAN else [
         "READY" if report["ready"] else "NOT READY: " + "; ".join(report["problems"])]
     emit(env, mode, {"status": report}, rows=rows, columns=["check", "value", "detail"], lines=lines)

@@ -14,7 +14,9 @@ from paygate_cli.ticks.registry import WORKERS
 
 def workers_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: PlainFlag = False,
                     offline: bool = typer.Option(False, "--offline", help="Skip the database (no last runs).")) -> int:
-    """List the workers: lock ids, cadence, batch, concurrency and their last runs."""
+    """List the workers: lock ids, cadence, batch, concurrency and their last runs.
+
+    Example: `paygate workers --plain | grep settlement`"""
     env = get_env(ctx)
     runs: dict[str, dict] = {}
     if not offline:

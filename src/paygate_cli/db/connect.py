@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from paygate_cli.errors import ConfigError, ExitCode, PaygateError, Unavailable
+from paygate_cli.errors import ConfigError, DatabaseAuthFailed, ExitCode, PaygateError, Unavailable
 
 if TYPE_CHECKING:
     import psycopg
@@ -23,10 +24,29 @@ def _ms(seconds: float) -> int:
 _TRANSIENT_SQLSTATES = {None, "57P03", "53300", "08000", "08001", "08006"}
 
 
+# libpq reports a refused login without a SQLSTATE (psycopg's sqlstate is None for every connection
+# failure), so a refusal is recognised by the server's FATAL text. None of these fixes itself.
+_REFUSED = re.compile(
+    r"authentication failed|no password supplied|password is required|pg_hba\.conf|"
+    r"FATAL:\s+(role|database) \"[^\"]*\" does not exist|certificate", re.IGNORECASE)
+
+
+def _is_refused(exc: BaseException) -> bool:
+    return bool(_REFUSED.search(str(exc)))
+
+
 def _is_transient(exc: BaseException) -> bool:
     import psycopg
 
-    return isinstance(exc, psycopg.OperationalError) and exc.sqlstate in _TRANSIENT_SQLSTATES
+    return (isinstance(exc, psycopg.OperationalError) and exc.sqlstate in _TRANSIENT_SQLSTATES
+            and not _is_refused(exc))
+
+
+def describe_connect_error(exc: BaseException) -> str:
+    """libpq's whole message on one line: it names the socket or host and port tried (never the
+    password), and its hint; the last line alone ("Is the server running…") loses where."""
+    text = " ".join(part.strip() for part in str(exc).strip().splitlines() if part.strip())
+    return re.sub(r"^connection (failed|is bad): ", "", text) or type(exc).__name__
 
 
 def connect(settings: Settings, purpose: str, *, autocommit: bool = True,
@@ -74,8 +94,10 @@ def connect(settings: Settings, purpose: str, *, autocommit: bool = True,
                          wait=wait_random_exponential(multiplier=0.2, max=2))
         return retrying(_open)()
     except psycopg.OperationalError as exc:
-        # libpq's message names host/port/socket, never the password.
-        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        detail = describe_connect_error(exc)
+        if _is_refused(exc):
+            raise DatabaseAuthFailed(f"Postgres refused the login (fix the database URL, role or password; "
+                                     f"retrying will not help): {detail}") from None
         raise Unavailable(f"cannot connect to Postgres: {detail}", msgid="db.unavailable") from None
 
 

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paygate_cli.db.locks import LOCK_NAMESPACE, MIGRATE_KEY
-from paygate_cli.errors import ConfigError, NeedsHuman
+from paygate_cli.errors import ConfigError, NeedsHuman, SchemaBehind
 
 if TYPE_CHECKING:
     import psycopg
+
+    from paygate_cli.settings import Settings
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -41,6 +43,61 @@ def available_migrations(sql_dir: Path = SQL_DIR) -> list[Migration]:
     if len(set(versions)) != len(versions):
         raise ConfigError(f"two migrations share a version number in {sql_dir}")
     return found
+
+
+def shipped_version(sql_dir: Path = SQL_DIR) -> int:
+    """The highest migration this build ships, from file names alone (no hashing: every cold tick
+    asks)."""
+    if not sql_dir.is_dir():
+        raise ConfigError(f"migrations directory {sql_dir} is missing (broken install?)")
+    return max((int(m.group(1)) for m in map(_MIGRATION_NAME.match, (p.name for p in sql_dir.iterdir())) if m),
+               default=0)
+
+
+CURRENT_VERSION_SQL = "SELECT coalesce(max(version), 0) FROM paygate.schema_migrations"
+
+
+def current_version(conn: psycopg.Connection) -> int:
+    """The database's schema version; 0 when nothing was ever migrated. One round trip on an
+    autocommit connection (a missing table is the answer, not an error)."""
+    import psycopg
+
+    if not conn.autocommit:
+        if not conn.execute(HAS_TABLE_SQL).fetchone()[0]:
+            return 0
+        return int(conn.execute(CURRENT_VERSION_SQL).fetchone()[0])
+    try:
+        return int(conn.execute(CURRENT_VERSION_SQL).fetchone()[0])
+    except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName):
+        return 0
+
+
+def schema_behind_message(current: int, needed: int) -> str:
+    return f"schema is at version {current}, this paygate needs {needed}: run `paygate migrate`"
+
+
+def require_schema(conn: psycopg.Connection) -> None:
+    """Code deployed before `migrate`: say so (78) before anything touches a table that is not
+    there yet, instead of failing later as a bug (70) on UndefinedTable."""
+    needed = shipped_version()
+    current = current_version(conn)
+    if current < needed:
+        raise SchemaBehind(schema_behind_message(current, needed))
+
+
+def explain_missing_object(settings: Settings) -> SchemaBehind | None:
+    """After an UndefinedTable/Column/Function: a SchemaBehind when the schema is behind this build
+    (then that is the cause), else None (the schema is current: a real bug)."""
+    from paygate_cli.db.connect import connect
+
+    try:
+        with connect(settings, "schema-check", attempts=1) as conn:
+            require_schema(conn)
+    except SchemaBehind as exc:
+        return exc
+    except Exception:  # the original error is the one to report
+        return None
+    return None
 
 
 APPLIED_SQL = """
@@ -107,9 +164,11 @@ def schema_state(conn: psycopg.Connection) -> dict[str, object]:
     """For `status`: current version vs what this build ships."""
     available = available_migrations()
     applied = applied_migrations(conn)
+    current, needed = max(applied, default=0), max((m.version for m in available), default=0)
     return {
-        "schema_version": max(applied, default=0),
-        "expected_version": max((m.version for m in available), default=0),
+        "schema_version": current,
+        "expected_version": needed,
+        "message": schema_behind_message(current, needed) if current < needed else None,
         "pending": [f"{m.version:04d}_{m.name}" for m in available if m.version not in applied],
     }
 

@@ -64,6 +64,8 @@ SELECT l.objid::bigint, a.pid, a.application_name, a.client_addr::text,
        extract(epoch FROM now() - a.backend_start)::float8
 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.classid::bigint = %s AND l.objsubid = 2 AND l.granted
+  -- advisory locks are server-wide in pg_locks: only this database's are ours
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 ORDER BY l.objid
 """
 LAST_RUNS_SQL = """
@@ -71,8 +73,14 @@ SELECT w.worker,
        (SELECT max(finished_at) FROM paygate.worker_runs r WHERE r.worker = w.worker AND r.outcome = 'ok'),
        (SELECT outcome FROM paygate.worker_runs r WHERE r.worker = w.worker
         ORDER BY started_at DESC LIMIT 1),
-       (SELECT max(started_at) FROM paygate.worker_runs r WHERE r.worker = w.worker)
+       (SELECT max(started_at) FROM paygate.worker_runs r WHERE r.worker = w.worker),
+       last_finished.outcome, last_finished.error
 FROM unnest(%s::text[]) AS w(worker)
+LEFT JOIN LATERAL (
+    SELECT outcome, error FROM paygate.worker_runs r
+    WHERE r.worker = w.worker AND r.finished_at IS NOT NULL
+    ORDER BY r.finished_at DESC LIMIT 1
+) AS last_finished ON true
 """
 
 
@@ -89,7 +97,15 @@ def lock_holders(conn: psycopg.Connection) -> list[dict[str, Any]]:
 
 def last_runs(conn: psycopg.Connection) -> list[dict[str, Any]]:
     rows = conn.execute(LAST_RUNS_SQL, (sorted(WORKERS),)).fetchall()
-    return [{"worker": w, "last_success": s, "last_outcome": o, "last_started": st} for w, s, o, st in rows]
+    return [{"worker": w, "last_success": s, "last_outcome": o, "last_started": st,
+             "last_finished_outcome": fo, "stalled_reason": err if fo == "stalled" else None}
+            for w, s, o, st, fo, err in rows]
+
+
+def workers_that_cannot_work(settings: Any) -> list[dict[str, Any]]:
+    """Workers whose configuration lacks what they need (the same check `run-tick` makes)."""
+    return [{"worker": spec.name, "missing": missing} for spec in WORKERS.values()
+            if (missing := spec.missing(settings))]
 
 
 def queue_depths(conn: psycopg.Connection) -> list[dict[str, Any]]:
@@ -133,7 +149,9 @@ def rpc_health(settings: Any) -> dict[str, Any]:
 def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
     schema = schema_state(conn)
     problems: list[str] = []
-    if schema["pending"]:
+    if schema["message"]:
+        problems.append(f"schema behind: {schema['message']}")
+    elif schema["pending"]:
         problems.append(f"schema behind: {len(schema['pending'])} migration(s) pending (run `paygate migrate`)")
     server_version = conn.execute("SHOW server_version").fetchone()[0]
     report: dict[str, Any] = {
@@ -148,9 +166,41 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
     if schema["schema_version"] == 0:
         return report  # nothing else exists to look at yet
     if settings is not None:
+        report["cannot_work"] = workers_that_cannot_work(settings)
+        problems += [f"{w['worker']} cannot work: missing {', '.join(w['missing'])}" for w in report["cannot_work"]]
         report["rpc"] = rpc_health(settings)
         problems += report["rpc"]["problems"]
-    report["halts"] = list_halts(conn)
-    problems += [f"{h['kind']} halt set by {h['set_by']}: {h['reason']}" for h in report["halts"]]
-    report.update(queues=queue_depths(conn), workers=last_runs(conn), ready=not problems)
+    tolerated = _missing_object_errors() if schema["message"] else ()
+    try:
+        report["halts"] = list_halts(conn)
+        problems += [f"{h['kind']} halt set by {h['set_by']}: {h['reason']}" for h in report["halts"]]
+        report.update(queues=queue_depths(conn), workers=last_runs(conn))
+    except tolerated as exc:
+        # A schema behind this build may lack what these read; the report already says why (not ready).
+        report["incomplete"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+        return report
+    problems += [f"{w['worker']} stalled: {w['stalled_reason'] or 'no reason recorded'}"
+                 for w in report["workers"] if w["last_finished_outcome"] == "stalled"]
+    report["ready"] = not problems
+    return report
+
+
+def _missing_object_errors() -> tuple[type[Exception], ...]:
+    import psycopg
+
+    return (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedFunction)
+
+
+def unreachable(error: str, settings: Any = None) -> dict[str, Any]:
+    """The report when the database cannot be reached: still a document (a probe parsing `--json`
+    must get one), not ready, with the reason."""
+    report: dict[str, Any] = {
+        "ready": False, "problems": [f"database unreachable: {error}"],
+        "database": {"reachable": False, "error": error},
+        "schema": None, "halts": [], "locks": [], "queues": [], "workers": [],
+    }
+    if settings is not None:
+        report["cannot_work"] = workers_that_cannot_work(settings)
+        report["problems"] += [f"{w['worker']} cannot work: missing {', '.join(w['missing'])}"
+                               for w in report["cannot_work"]]
     return report

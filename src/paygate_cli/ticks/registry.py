@@ -11,10 +11,33 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from paygate_cli.db.locks import worker_lock_key
-from paygate_cli.errors import UsageError
+from paygate_cli.errors import CannotWork, UsageError
 
 if TYPE_CHECKING:
+    from paygate_cli.settings import Settings
     from paygate_cli.ticks.context import TickContext, TickResult
+
+
+def _has_secret(settings: Settings, name: str) -> bool:
+    secret = settings.secret(name)
+    return secret is not None and bool(secret.reveal().strip())
+
+
+# What a worker may need before it can do its job, and how to say it is missing. Checked from
+# configuration alone (no database, no RPC call), before the first tick, even an idle one: a worker
+# that cannot move money must not report success while work would pile up behind it.
+REQUIREMENTS: dict[str, tuple[str, Callable[[Settings], bool]]] = {
+    "rpc": ("an RPC endpoint (PAYGATE_RPC_URL)", lambda s: bool(s.rpc_url)),
+    "billing_contract": ("the billing contract id (PAYGATE_BILLING_CONTRACT)", lambda s: bool(s.billing_contract)),
+    "usdc_contract": ("the USDC contract id (PAYGATE_USDC_CONTRACT)", lambda s: bool(s.usdc_contract)),
+    "lane_keys": ("lane keys (PAYGATE_LANE_SECRETS_FILE)", lambda s: _has_secret(s, "lane_secrets")),
+    "fee_key": ("the fee account key (PAYGATE_FEE_SECRET_FILE)", lambda s: _has_secret(s, "fee_secret")),
+    "journal_keys": ("journal keys (PAYGATE_JOURNAL_KEYS_FILE)", lambda s: _has_secret(s, "journal_keys")),
+    "journal_active_key": ("the active journal key id (PAYGATE_JOURNAL_ACTIVE_KEY_ID)",
+                           lambda s: bool(s.journal_active_key_id)),
+}
+# A worker that signs and sends transactions from lanes, fee-bumped, journaled before broadcast.
+SENDS_TRANSACTIONS = ("rpc", "billing_contract", "lane_keys", "fee_key", "journal_keys", "journal_active_key")
 
 # DESIGN §3 catalogue order. Never renumber: ids are lock keys shared by every running host.
 RESERVED_WORKER_IDS: dict[str, int] = {
@@ -33,6 +56,16 @@ class WorkerSpec:
     concurrency: int  # slots; single writers have exactly 1
     target: str  # "module:function" of the tick, imported only when the worker runs
     description: str
+    requires: tuple[str, ...] = ()  # keys of REQUIREMENTS, checked before the first tick
+
+    def missing(self, settings: Settings) -> list[str]:
+        """What this worker lacks to do its job, as phrases naming the setting; [] when it can work."""
+        return [REQUIREMENTS[name][0] for name in self.requires if not REQUIREMENTS[name][1](settings)]
+
+    def check_requirements(self, settings: Settings) -> None:
+        missing = self.missing(settings)
+        if missing:
+            raise CannotWork(f"{self.name} cannot work: missing {', '.join(missing)}")
 
     @property
     def worker_id(self) -> int:
@@ -51,13 +84,16 @@ WORKERS: dict[str, WorkerSpec] = {
     for spec in (
         WorkerSpec("funding", cadence=2, batch=16, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.funding:tick",
-                   description="pending deposits -> SAC transfer (user-signed auth) -> credit on the billing contract"),
+                   description="pending deposits -> SAC transfer (user-signed auth) -> credit on the billing contract",
+                   requires=(*SENDS_TRANSACTIONS, "usdc_contract")),
         WorkerSpec("settlement", cadence=2, batch=48, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.settlement:tick",
-                   description="authorized charges -> charge_batch (<=50 read-write footprint keys per batch)"),
+                   description="authorized charges -> charge_batch (<=50 read-write footprint keys per batch)",
+                   requires=SENDS_TRANSACTIONS),
         WorkerSpec("observer", cadence=2, batch=1000, single_writer=True, concurrency=1,
                    target="paygate_cli.workers.observer:tick",
-                   description="billing contract events (credit, charge, charge_failed) -> promotions; owns cursor"),
+                   description="billing contract events (credit, charge, charge_failed) -> promotions; owns cursor",
+                   requires=("rpc", "billing_contract")),
         WorkerSpec("subscriptions", cadence=60, batch=16, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.subscriptions:tick",
                    description="due subscriptions -> one charge per period (UNIQUE(subscription, period_start))"),

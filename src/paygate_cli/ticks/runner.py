@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from paygate_cli.db.connect import connect, is_connection_lost
 from paygate_cli.db.locks import acquire_slot, describe_key
+from paygate_cli.db.migrate import require_schema
 from paygate_cli.errors import ConfigError, ExitCode, NeedsHuman, PaygateError, Unavailable, UsageError
 from paygate_cli.logs import get_logger
 from paygate_cli.secrets import scrub
@@ -147,15 +148,37 @@ def _run_one_tick(ctx: TickContext, spec: WorkerSpec) -> TickResult:
     return spec.load()(ctx)
 
 
+def check_metrics_dir(directory: str) -> None:
+    """An unwritable --metrics-dir is a configuration error (78) found before any work, not a crash
+    (70) after a tick already moved money and could not report it. Probed by creating a file, the
+    way the writer will (access() says yes to root on a read-only mount)."""
+    import tempfile
+
+    path = os.path.abspath(directory)
+    if not os.path.isdir(path):
+        raise ConfigError(f"--metrics-dir {path} is not a directory (create it, writable by this user)",
+                          msgid="config.metrics_dir")
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".paygate-probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--metrics-dir {path} is not writable: {exc.strerror or exc}",
+                          msgid="config.metrics_dir") from None
+
+
 def run_worker(env: Env, spec: WorkerSpec, opts: RunOptions) -> RunSummary:
     import psycopg
 
     opts.validate()
     settings = env.settings
+    spec.check_requirements(settings)
     check_read_quorum(settings, spec.name)  # a money mover with a one-node "quorum" never starts (78)
+    if opts.metrics_dir:
+        check_metrics_dir(opts.metrics_dir)
     instance = settings.effective_instance_id()
     lock_conn = connect(settings, f"lock:{spec.name}")
     try:
+        require_schema(lock_conn)
         key = acquire_slot(lock_conn, spec.lock_keys(), opts.lock_wait, what=f"run-tick {spec.name}")
         slot = describe_key(key)[1]
         summary = RunSummary(worker=spec.name, slot=slot)

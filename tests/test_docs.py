@@ -1,0 +1,46 @@
+"""The README and docs/ stand alone in a clone and agree with the code they describe."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from paygate_cli.db.locks import LOCK_NAMESPACE
+from paygate_cli.errors import ExitCode
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def test_readme_starts_with_make_demo_and_make_test() -> None:
+    body = README.split("\n", 1)[1].lstrip("\n")  # after the title
+    assert body.startswith("```sh\nmake demo")
+    first_block = body.split("```")[1]
+    assert [line.split()[:2] for line in first_block.strip().splitlines()[1:]] == [["make", "demo"], ["make", "test"]]
+
+
+def test_readme_is_self_contained() -> None:
+    assert "../shared" not in README and "DESIGN.md" not in README
+    for target in re.findall(r"\]\(([^)#]+)\)", README):
+        if not target.startswith(("http://", "https://")):
+            assert (ROOT / target).is_file(), target
+
+
+def test_architecture_doc_covers_the_design() -> None:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    assert "../shared" not in text and "DESIGN.md" not in text
+    for heading in ("Invariants", "Layout", "Ticks", "Stellar model", "Money paths", "Safety nets", "Exit codes"):
+        assert re.search(rf"^## \d+\. {heading}", text, re.MULTILINE), heading
+
+
+def test_lock_namespace_in_the_docs_is_the_codes() -> None:
+    for text in (README, ARCHITECTURE.read_text(encoding="utf-8")):
+        numbers = {int(n) for n in re.findall(r"\b(1[0-9]{9})\b", text)}
+        assert numbers == {LOCK_NAMESPACE}, numbers
+
+
+def test_readme_documents_every_exit_code() -> None:
+    table = {int(m) for m in re.findall(r"^\| (\d+)(?: / \d+)? \|", README, re.MULTILINE)}
+    table |= {int(m) for m in re.findall(r"^\| \d+ / (\d+) \|", README, re.MULTILINE)}
+    assert {int(code) for code in ExitCode} <= table
