@@ -27,7 +27,7 @@ def samples(path: Path) -> dict[str, tuple[dict[str, str], float]]:
 def test_a_tick_writes_its_slot_file_with_paygate_instance_not_instance(dsn: str, tmp_path: Path) -> None:
     result = run_cli("run-tick", "webhooks", "--metrics-dir", str(tmp_path), dsn=dsn, PAYGATE_INSTANCE_ID="host-a")
     assert result.code == 0, result.err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["paygate_webhooks_slot0.prom"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["paygate_state.prom", "paygate_webhooks_slot0.prom"]
     got = samples(tmp_path / "paygate_webhooks_slot0.prom")
     labels, _ = got["paygate_tick_exit_code"]
     assert labels == {"worker": "webhooks", "slot": "0", "paygate_instance": "host-a"}
@@ -49,8 +49,9 @@ def test_concurrent_slots_write_separate_files(dsn: str, tmp_path: Path) -> None
     finally:
         holder.terminate()
         holder.communicate(timeout=30)
-    assert {p.name for p in tmp_path.glob("*.prom")} == {"paygate_webhooks_slot0.prom", "paygate_webhooks_slot1.prom"}
-    slots = {samples(p)["paygate_tick_exit_code"][0]["slot"] for p in tmp_path.glob("*.prom")}
+    files = sorted(tmp_path.glob("paygate_webhooks_*.prom"))
+    assert [p.name for p in files] == ["paygate_webhooks_slot0.prom", "paygate_webhooks_slot1.prom"]
+    slots = {samples(p)["paygate_tick_exit_code"][0]["slot"] for p in files}
     assert slots == {"0", "1"}
 
 
@@ -71,7 +72,7 @@ def test_bad_config_writes_78_and_a_later_good_start_clears_it(dsn: str, tmp_pat
     assert result.code == ExitCode.CONFIG, result.err
     assert samples(tmp_path / "paygate_webhooks_start.prom")["paygate_tick_exit_code"][1] == 78
     assert run_cli("run-tick", "webhooks", "--metrics-dir", str(tmp_path), dsn=dsn).code == 0
-    assert sorted(p.name for p in tmp_path.glob("*.prom")) == ["paygate_webhooks_slot0.prom"]
+    assert sorted(p.name for p in tmp_path.glob("paygate_webhooks_*.prom")) == ["paygate_webhooks_slot0.prom"]
 
 
 # Test workers plugged into the real runner (the registry's shape, a tick function from this module),
@@ -108,3 +109,22 @@ def test_config_error_inside_the_first_tick_writes_78_to_the_slot_file(dsn: str,
     got = samples(tmp_path / "paygate_gas_slot0.prom")
     assert got["paygate_tick_exit_code"][1] == 78
     assert got["paygate_worker_stalled"][1] == 0
+
+
+def test_a_tick_writes_the_state_file_with_dead_webhooks_queue_age_and_halts(dsn: str, tmp_path: Path) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as db:
+        db.execute("INSERT INTO paygate.webhook_outbox (event_type, payload, status, dead_at, created_at)"
+                   " VALUES ('credit.settled', '{}', 'dead', now() - interval '10 minutes', now())")
+        db.execute("INSERT INTO paygate.halts (kind, reason, set_by) VALUES ('gas', 'headroom below floor', 'gas')")
+    assert run_cli("run-tick", "idempotency_sweep", "--metrics-dir", str(tmp_path), dsn=dsn,
+                   PAYGATE_INSTANCE_ID="host-a").code == 0
+    families = {f.name: f for f in text_string_to_metric_families((tmp_path / "paygate_state.prom").read_text())}
+    depth = {s.labels["queue"]: s.value for s in families["paygate_queue_depth"].samples}
+    age = {s.labels["queue"]: s.value for s in families["paygate_queue_oldest_age_seconds"].samples}
+    halts = {s.labels["kind"]: s.value for s in families["paygate_halt"].samples}
+    assert depth["webhooks.dead"] == 1 and 590 < age["webhooks.dead"] < 900
+    assert depth["funding.pending"] == 0 and age["funding.pending"] == 0
+    assert halts == {"gas": 1.0, "operator": 0.0}
+    assert all(s.labels["paygate_instance"] == "host-a" for f in families.values() for s in f.samples)

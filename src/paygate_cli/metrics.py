@@ -74,3 +74,62 @@ def write_textfile(directory: str, metrics: TickMetrics) -> str:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(textfile_path(directory, metrics.worker, None))
     return path
+
+
+# --- the shared state file -----------------------------------------------------------------------
+# Queue ages, dead webhooks, halts and open findings are facts of the database, not of one tick. Any
+# worker ticking on a host rewrites `paygate_state.prom` when it is older than STATE_INTERVAL, so the
+# alert rules have them without another process to run. Every host writes the same values; the rules
+# aggregate with max() over paygate_instance.
+STATE_FILE = "paygate_state.prom"
+STATE_INTERVAL = 30.0
+
+STATE_HELP = {
+    "paygate_queue_depth": "Items in a queue state (paygate status --json: queues)",
+    "paygate_queue_oldest_age_seconds": "Age of the oldest item in a queue state; 0 when empty",
+    "paygate_halt": "1 while a halt of this kind is set (operator, gas)",
+    "paygate_findings_open": "Open reconciliation findings (unexplained drift)",
+    "paygate_state_timestamp_seconds": "Unix time this state file was written",
+}
+
+
+@dataclass
+class StateMetrics:
+    instance: str
+    queues: list[dict]  # ops.status.queue_depths()
+    halts: list[str]  # kinds currently set
+    findings_open: int | None  # None: this schema has no findings table yet
+    written: float
+
+
+def state_is_stale(directory: str, now: float) -> bool:
+    try:
+        return now - os.stat(os.path.join(directory, STATE_FILE)).st_mtime >= STATE_INTERVAL
+    except FileNotFoundError:
+        return True
+
+
+def write_state_textfile(directory: str, state: StateMetrics) -> str:
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+    registry = CollectorRegistry()
+    depth = Gauge("paygate_queue_depth", STATE_HELP["paygate_queue_depth"], ["queue", "paygate_instance"],
+                  registry=registry)
+    age = Gauge("paygate_queue_oldest_age_seconds", STATE_HELP["paygate_queue_oldest_age_seconds"],
+                ["queue", "paygate_instance"], registry=registry)
+    for queue in state.queues:
+        depth.labels(queue["queue"], state.instance).set(queue["depth"])
+        age.labels(queue["queue"], state.instance).set(queue["oldest_age_s"] or 0.0)
+    halt = Gauge("paygate_halt", STATE_HELP["paygate_halt"], ["kind", "paygate_instance"], registry=registry)
+    for kind in ("operator", "gas", *sorted(set(state.halts) - {"operator", "gas"})):
+        # Both usual kinds always present (0 or 1), so "cleared" is a value, not a vanished series.
+        halt.labels(kind, state.instance).set(1.0 if kind in state.halts else 0.0)
+    if state.findings_open is not None:
+        Gauge("paygate_findings_open", STATE_HELP["paygate_findings_open"], ["paygate_instance"],
+              registry=registry).labels(state.instance).set(state.findings_open)
+    Gauge("paygate_state_timestamp_seconds", STATE_HELP["paygate_state_timestamp_seconds"], ["paygate_instance"],
+          registry=registry).labels(state.instance).set(state.written)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, STATE_FILE)
+    write_to_textfile(path, registry)
+    return path
