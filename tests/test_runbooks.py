@@ -140,6 +140,16 @@ def _settled_deposit(world: World) -> None:
             raise AssertionError("the deposit did not settle")
 
 
+def _restore_lost_a_commit(world: World) -> None:
+    """A restore that lost the journal row of a transaction which did reach the chain looks like
+    this: the lane's sequence on chain is ahead of everything the journal holds for it."""
+    _settled_deposit(world)
+    with world.db() as db:
+        lane = db.execute("SELECT lane FROM paygate.lineages ORDER BY id DESC LIMIT 1").fetchone()[0]
+    world.devnet.rpc("devnet_consumeSequence", {"account": lane})
+    world.devnet.close_ledger()
+
+
 def _lanes(world: World) -> None:
     """The lanes of lane-secrets registered, as the journal does at its first allocation."""
     with world.db() as db:
@@ -192,8 +202,8 @@ def _observer_unconfigured(world: World) -> None:
 
 SCENARIOS: dict[str, Callable[[World], None]] = {
     "idle": _idle, "observer-behind-retention": _observer_behind_retention,
-    "deposit-needs-human": _deposit_needs_human, "settled-deposit": _settled_deposit, "gas-halt": _gas_halt,
-    "lanes": _lanes,
+    "deposit-needs-human": _deposit_needs_human, "gas-halt": _gas_halt,
+    "lanes": _lanes, "restore-lost-a-commit": _restore_lost_a_commit,
     "drift": _drift, "dead-webhooks": _dead_webhooks, "rpc-outage": _rpc_outage,
     "observer-unconfigured": _observer_unconfigured,
 }
