@@ -123,7 +123,7 @@ def test_loop_writes_a_heartbeat_per_tick_and_stops_after_for(dsn: str, db: psyc
 def test_metrics_textfile_is_written_with_last_success(dsn: str, tmp_path: Path) -> None:
     result = run_cli("run-tick", "webhooks", "--metrics-dir", str(tmp_path), dsn=dsn)
     assert result.code == 0
-    text = (tmp_path / "paygate_webhooks.prom").read_text()
+    text = (tmp_path / "paygate_webhooks_slot0.prom").read_text()
     from prometheus_client.parser import text_string_to_metric_families
 
     samples = {s.name: s for family in text_string_to_metric_families(text) for s in family.samples}

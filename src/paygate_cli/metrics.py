@@ -1,38 +1,135 @@
-"""Prometheus textfile gauges, one file per worker, rewritten atomically after every tick."""
+"""Prometheus textfile gauges, one file per worker slot, rewritten atomically after every tick.
+
+Label names: `worker`, `slot` and `paygate_instance`. Never `instance`: Prometheus sets that label
+itself on every scraped series (the node_exporter's address), so ours would be renamed to
+`exported_instance` or overwrite the target's, depending on `honor_labels`.
+
+Files: `paygate_<worker>_slot<N>.prom` for a run that holds slot N (slots of one worker run side by
+side on one host, so each needs its own file), and `paygate_<worker>_start.prom` for a run that ended
+before it held a slot (database down 69, configuration 78, a bug 70): without it a worker that cannot
+even start would leave only its last good file behind and look healthy. A later run that gets a slot
+removes the start file, so a fixed start failure does not alert for ever. node_exporter merges every
+file of the directory, so the label sets of the files never collide (the slot label differs)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
+
+START_SLOT = "none"  # the slot label of a run that never held a slot
+
+HELP = {
+    "paygate_tick_last_run_timestamp_seconds": "Unix time the last tick (or failed start) of this slot finished",
+    "paygate_tick_last_success_timestamp_seconds": "Unix time of the worker's last successful tick (worker_runs)",
+    "paygate_tick_duration_seconds": "Duration of the last tick",
+    "paygate_tick_processed_items": "Items processed by the last tick",
+    "paygate_tick_exit_code": "Exit code the last tick (or failed start) maps to",
+    "paygate_worker_stalled": "1 when the last tick's outcome was 'stalled' (work waiting that it could not move)",
+}
 
 
 @dataclass
 class TickMetrics:
     worker: str
     instance: str
+    slot: int | None  # None: the run ended before it held a slot
     last_run: float
-    last_success: float | None  # from worker_runs, so a failed process does not erase it
-    duration: float
-    processed: int
+    last_success: float | None  # from worker_runs, so a failed process does not erase it; None = unknown
+    duration: float | None
+    processed: int | None
     exit_code: int
+    stalled: bool = False
+
+
+def textfile_path(directory: str, worker: str, slot: int | None) -> str:
+    suffix = "start" if slot is None else f"slot{slot}"
+    return os.path.join(directory, f"paygate_{worker}_{suffix}.prom")
 
 
 def write_textfile(directory: str, metrics: TickMetrics) -> str:
     from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
     registry = CollectorRegistry()  # not the default one: no process metrics in a textfile
-    labels = ["worker", "instance"]
-    values = {
-        "paygate_tick_last_run_timestamp_seconds": ("Unix time the last tick finished", metrics.last_run),
-        "paygate_tick_last_success_timestamp_seconds": ("Unix time of the last successful tick",
-                                                        metrics.last_success or 0.0),
-        "paygate_tick_duration_seconds": ("Duration of the last tick", metrics.duration),
-        "paygate_tick_processed_items": ("Items processed by the last tick", metrics.processed),
-        "paygate_tick_exit_code": ("Exit code the last tick maps to", metrics.exit_code),
+    values: dict[str, float | None] = {
+        "paygate_tick_last_run_timestamp_seconds": metrics.last_run,
+        # Unknown is left out, not written as 0: a 0 would read as "last success in 1970".
+        "paygate_tick_last_success_timestamp_seconds": metrics.last_success,
+        "paygate_tick_duration_seconds": metrics.duration,
+        "paygate_tick_processed_items": metrics.processed,
+        "paygate_tick_exit_code": metrics.exit_code,
+        "paygate_worker_stalled": 1.0 if metrics.stalled else 0.0,
     }
-    for name, (help_text, value) in values.items():
-        Gauge(name, help_text, labels, registry=registry).labels(metrics.worker, metrics.instance).set(value)
+    slot = START_SLOT if metrics.slot is None else str(metrics.slot)
+    for name, value in values.items():
+        if value is None:
+            continue
+        gauge = Gauge(name, HELP[name], ["worker", "slot", "paygate_instance"], registry=registry)
+        gauge.labels(metrics.worker, slot, metrics.instance).set(value)
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"paygate_{metrics.worker}.prom")
+    path = textfile_path(directory, metrics.worker, metrics.slot)
     write_to_textfile(path, registry)  # temp file + rename: the collector never reads half a file
+    if metrics.slot is not None:
+        # This run started, so an older "could not start" file on this host no longer tells the truth.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(textfile_path(directory, metrics.worker, None))
+    return path
+
+
+# --- the shared state file -----------------------------------------------------------------------
+# Queue ages, dead webhooks, halts and open findings are facts of the database, not of one tick. Any
+# worker ticking on a host rewrites `paygate_state.prom` when it is older than STATE_INTERVAL, so the
+# alert rules have them without another process to run. Every host writes the same values; the rules
+# aggregate with max() over paygate_instance.
+STATE_FILE = "paygate_state.prom"
+STATE_INTERVAL = 30.0
+
+STATE_HELP = {
+    "paygate_queue_depth": "Items in a queue state (paygate status --json: queues)",
+    "paygate_queue_oldest_age_seconds": "Age of the oldest item in a queue state; 0 when empty",
+    "paygate_halt": "1 while a halt of this kind is set (operator, gas)",
+    "paygate_findings_open": "Open reconciliation findings (unexplained drift)",
+    "paygate_state_timestamp_seconds": "Unix time this state file was written",
+}
+
+
+@dataclass
+class StateMetrics:
+    instance: str
+    queues: list[dict]  # ops.status.queue_depths()
+    halts: list[str]  # kinds currently set
+    findings_open: int | None  # None: this schema has no findings table yet
+    written: float
+
+
+def state_is_stale(directory: str, now: float) -> bool:
+    try:
+        return now - os.stat(os.path.join(directory, STATE_FILE)).st_mtime >= STATE_INTERVAL
+    except FileNotFoundError:
+        return True
+
+
+def write_state_textfile(directory: str, state: StateMetrics) -> str:
+    from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+    registry = CollectorRegistry()
+    depth = Gauge("paygate_queue_depth", STATE_HELP["paygate_queue_depth"], ["queue", "paygate_instance"],
+                  registry=registry)
+    age = Gauge("paygate_queue_oldest_age_seconds", STATE_HELP["paygate_queue_oldest_age_seconds"],
+                ["queue", "paygate_instance"], registry=registry)
+    for queue in state.queues:
+        depth.labels(queue["queue"], state.instance).set(queue["depth"])
+        age.labels(queue["queue"], state.instance).set(queue["oldest_age_s"] or 0.0)
+    halt = Gauge("paygate_halt", STATE_HELP["paygate_halt"], ["kind", "paygate_instance"], registry=registry)
+    for kind in ("operator", "gas", *sorted(set(state.halts) - {"operator", "gas"})):
+        # Both usual kinds always present (0 or 1), so "cleared" is a value, not a vanished series.
+        halt.labels(kind, state.instance).set(1.0 if kind in state.halts else 0.0)
+    if state.findings_open is not None:
+        Gauge("paygate_findings_open", STATE_HELP["paygate_findings_open"], ["paygate_instance"],
+              registry=registry).labels(state.instance).set(state.findings_open)
+    Gauge("paygate_state_timestamp_seconds", STATE_HELP["paygate_state_timestamp_seconds"], ["paygate_instance"],
+          registry=registry).labels(state.instance).set(state.written)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, STATE_FILE)
+    write_to_textfile(path, registry)
     return path

@@ -41,7 +41,7 @@ def run_tick_command(
     = "10s",
     batch: Annotated[int | None, typer.Option("--batch", help="Items per tick (default: the worker's).")] = None,
     metrics_dir: Annotated[str | None, typer.Option("--metrics-dir", metavar="DIR",
-                                                                  help="Write paygate_<worker>.prom here.")]
+                                                  help="Write paygate_<worker>_slot<N>.prom here.")]
     = None,
     json_flag: JsonFlag = False,
 ) -> int:
@@ -58,7 +58,7 @@ def run_tick_command(
         for_seconds=_duration(for_, "--for"),
         lock_wait=_duration(lock_wait, "--lock-wait") or 0.0,
         batch=batch,
-        metrics_dir=metrics_dir or env.settings.metrics_dir,
+        metrics_dir=metrics_dir,  # the runner falls back to the setting (after a bad config too)
     )
     if once and every_s is not None:
         raise UsageError("--once and --every are mutually exclusive")

@@ -60,6 +60,16 @@ DELETE FROM paygate.worker_runs WHERE id IN (
 )
 """
 
+# Findings come from the reconciler (its own migration); until that table exists there is nothing to
+# count. "Open" = not resolved when the table records resolution, else every stored finding.
+FINDINGS_SHAPE_SQL = """
+SELECT to_regclass('paygate.findings') IS NOT NULL,
+       EXISTS (SELECT 1 FROM information_schema.columns
+               WHERE table_schema = 'paygate' AND table_name = 'findings' AND column_name = 'resolved_at')
+"""
+OPEN_FINDINGS_SQL = "SELECT count(*) FROM paygate.findings WHERE resolved_at IS NULL"
+ALL_FINDINGS_SQL = "SELECT count(*) FROM paygate.findings"
+
 _SEVERITY = {"ok": ExitCode.OK, "stalled": ExitCode.FAILED, "failed": ExitCode.FAILED,
              "needs_human": ExitCode.NEEDS_HUMAN}
 
@@ -167,27 +177,45 @@ def check_metrics_dir(directory: str) -> None:
 
 
 def run_worker(env: Env, spec: WorkerSpec, opts: RunOptions) -> RunSummary:
+    # Until settings load, the instance comes from the environment: a bad config must still report.
+    report = _MetricsReport(worker=spec.name, directory=opts.metrics_dir, instance=_fallback_instance(env))
+    try:
+        return _run_worker(env, spec, opts, report)
+    except PaygateError as exc:
+        if exc.exit_code != ExitCode.SKIPPED:  # a skip is normal: the lock holder reports for the worker
+            report.failed(int(exc.exit_code))
+        raise
+    except Exception:
+        report.failed(int(ExitCode.SOFTWARE))
+        raise
+
+
+def _run_worker(env: Env, spec: WorkerSpec, opts: RunOptions, report: _MetricsReport) -> RunSummary:
     import psycopg
 
     opts.validate()
     settings = env.settings
+    opts.metrics_dir = opts.metrics_dir or settings.metrics_dir
+    report.directory = opts.metrics_dir
+    instance = report.instance = settings.effective_instance_id()
     spec.check_requirements(settings)
     check_read_quorum(settings, spec.name)  # a money mover with a one-node "quorum" never starts (78)
     if opts.metrics_dir:
         check_metrics_dir(opts.metrics_dir)
-    instance = settings.effective_instance_id()
     lock_conn = connect(settings, f"lock:{spec.name}")
     try:
         require_schema(lock_conn)
         key = acquire_slot(lock_conn, spec.lock_keys(), opts.lock_wait, what=f"run-tick {spec.name}")
-        slot = describe_key(key)[1]
+        slot = report.slot = describe_key(key)[1]
         summary = RunSummary(worker=spec.name, slot=slot)
         work = connect(settings, f"tick:{spec.name}:{slot}")
+        report.conn = work
         try:
             work.execute(INSTANCE_SEEN_SQL, (instance,))
             work.execute(PRUNE_RUNS_SQL, (spec.name,))
-            _loop(env, spec, opts, lock_conn, work, instance, slot, summary)
+            _loop(env, spec, opts, lock_conn, work, instance, slot, summary, report)
         finally:
+            report.conn = None
             work.close()
         return summary
     except psycopg.OperationalError as exc:
@@ -197,7 +225,8 @@ def run_worker(env: Env, spec: WorkerSpec, opts: RunOptions) -> RunSummary:
 
 
 def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Connection,
-          work: psycopg.Connection, instance: str, slot: int, summary: RunSummary) -> None:
+          work: psycopg.Connection, instance: str, slot: int, summary: RunSummary,
+          report: _MetricsReport) -> None:
     stop = _Stop()
     previous = stop.install() if threading.current_thread() is threading.main_thread() else {}
     worst = ExitCode.OK
@@ -205,7 +234,7 @@ def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Conne
     try:
         while True:
             lock_conn.execute("SELECT 1")  # lost lock session = lost exclusivity: stop (69)
-            outcome = _tick_once(env, spec, opts, work, instance, slot, summary)
+            outcome = _tick_once(env, spec, opts, work, instance, slot, summary, report)
             worst = max(worst, _SEVERITY[outcome])
             if opts.once or stop.event.is_set():
                 break
@@ -228,7 +257,7 @@ def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Conne
 
 
 def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Connection, instance: str,
-               slot: int, summary: RunSummary) -> str:
+               slot: int, summary: RunSummary, report: _MetricsReport) -> str:
     import psycopg
 
     tick_started = time.monotonic()
@@ -285,8 +314,7 @@ def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Conne
     log.log(level, "tick %s: %s processed=%d failed=%d in %.1f ms", spec.name, outcome, result.processed,
             result.failed, duration * 1000,
             extra={"msgid": "tick.done", "worker": spec.name, "slot": slot, "outcome": outcome})
-    if opts.metrics_dir:
-        _write_metrics(work, spec, instance, opts.metrics_dir, duration, result, outcome)
+    report.tick(duration, result, outcome)
     return outcome
 
 
@@ -295,11 +323,74 @@ def _finish(work: psycopg.Connection, run_id: int, outcome: str, result: TickRes
                                                   error[:2000] if error else None, run_id))
 
 
-def _write_metrics(work: psycopg.Connection, spec: WorkerSpec, instance: str, directory: str,
-                   duration: float, result: TickResult, outcome: str) -> None:
-    from paygate_cli.metrics import TickMetrics, write_textfile
+def _fallback_instance(env: Env) -> str:
+    import socket
 
-    last_success = work.execute(LAST_SUCCESS_SQL, (spec.name,)).fetchone()[0]
-    write_textfile(directory, TickMetrics(worker=spec.name, instance=instance, last_run=time.time(),
-                                          last_success=last_success, duration=duration,
-                                          processed=result.processed, exit_code=int(_SEVERITY[outcome])))
+    return env.environ.get("PAYGATE_INSTANCE_ID") or socket.gethostname()
+
+
+@dataclass
+class _MetricsReport:
+    """The run's textfile: rewritten after every tick, and once more when the run ends with an error
+    (69/70/78) so the last file says how the run ended, even when it ended before its first tick."""
+
+    worker: str
+    directory: str | None
+    instance: str = ""
+    slot: int | None = None  # None until the run holds a slot
+    conn: psycopg.Connection | None = None  # the work connection, to read the last success
+    last_success: float | None = None
+
+    def _last_success(self) -> float | None:
+        if self.conn is not None and not self.conn.closed:
+            try:
+                row = self.conn.execute(LAST_SUCCESS_SQL, (self.worker,)).fetchone()
+                self.last_success = row[0] if row else None
+            except Exception:  # the database may be what failed; keep the last value read
+                pass
+        return self.last_success
+
+    def tick(self, duration: float, result: TickResult, outcome: str) -> None:
+        if not self.directory:
+            return
+        from paygate_cli.metrics import TickMetrics, write_textfile
+
+        write_textfile(self.directory, TickMetrics(
+            worker=self.worker, instance=self.instance, slot=self.slot, last_run=time.time(),
+            last_success=self._last_success(), duration=duration, processed=result.processed,
+            exit_code=int(_SEVERITY[outcome]), stalled=outcome == "stalled"))
+        self._state()
+
+    def _state(self) -> None:
+        """The shared state file (queues, halts, findings), at most every STATE_INTERVAL per host."""
+        from paygate_cli.metrics import StateMetrics, state_is_stale, write_state_textfile
+        from paygate_cli.ops.halts import list_halts
+        from paygate_cli.ops.status import queue_depths
+
+        now = time.time()
+        if self.conn is None or not self.directory or not state_is_stale(self.directory, now):
+            return
+        try:
+            present, resolvable = self.conn.execute(FINDINGS_SHAPE_SQL).fetchone()
+            findings = (self.conn.execute(OPEN_FINDINGS_SQL if resolvable else ALL_FINDINGS_SQL).fetchone()[0]
+                        if present else None)
+            write_state_textfile(self.directory, StateMetrics(
+                instance=self.instance, queues=queue_depths(self.conn),
+                halts=[h["kind"] for h in list_halts(self.conn)], findings_open=findings, written=now))
+        except Exception as exc:  # observability must not fail the tick it describes
+            log.warning("could not write the state metrics: %s", exc, extra={"msgid": "metrics.state_failed"})
+
+    def failed(self, exit_code: int) -> None:
+        """Best effort: reporting a failure must never replace the failure being reported."""
+        if not self.directory:
+            return
+        from paygate_cli.metrics import TickMetrics, write_textfile
+
+        if exit_code == ExitCode.UNAVAILABLE:
+            self.conn = None  # the database is gone: a query could hang until its timeouts
+        try:
+            write_textfile(self.directory, TickMetrics(
+                worker=self.worker, instance=self.instance, slot=self.slot, last_run=time.time(),
+                last_success=self._last_success(), duration=None, processed=None, exit_code=exit_code))
+        except Exception as exc:
+            log.warning("could not write the metrics file: %s", exc, extra={"msgid": "metrics.write_failed"})
