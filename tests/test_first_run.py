@@ -81,11 +81,13 @@ def test_wrong_password_exits_78_without_retrying() -> None:
 
 # -- --metrics-dir is checked before the tick does work ------------------------------------------
 
-@pytest.mark.parametrize("where", ["missing", "proc"])
+@pytest.mark.parametrize("where", ["under_a_file", "proc"])
 def test_unwritable_metrics_dir_exits_78_before_any_tick(dsn: str, db: psycopg.Connection, tmp_path: Path,
                                                          where: str) -> None:
-    # /proc refuses new files even to root: a real unwritable directory whoever runs the suite.
-    directory = str(tmp_path / "no" / "such") if where == "missing" else "/proc/self"
+    # A missing directory is created (as the writer would); one under a regular file cannot be, and
+    # /proc refuses new files even to root: real unwritable places whoever runs the suite.
+    (tmp_path / "a-file").write_text("")
+    directory = str(tmp_path / "a-file" / "metrics") if where == "under_a_file" else "/proc/self"
     result = run_cli("run-tick", "webhooks", "--metrics-dir", directory, dsn=dsn)
     assert result.code == ExitCode.CONFIG, result.err
     assert "--metrics-dir" in result.err

@@ -165,10 +165,8 @@ def check_metrics_dir(directory: str) -> None:
     import tempfile
 
     path = os.path.abspath(directory)
-    if not os.path.isdir(path):
-        raise ConfigError(f"--metrics-dir {path} is not a directory (create it, writable by this user)",
-                          msgid="config.metrics_dir")
     try:
+        os.makedirs(path, exist_ok=True)  # as the writer would: a missing collector dir is created
         with tempfile.NamedTemporaryFile(dir=path, prefix=".paygate-probe-"):
             pass
     except OSError as exc:
