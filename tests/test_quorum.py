@@ -60,9 +60,18 @@ def test_readers_that_move_no_money_may_run_on_one_endpoint() -> None:
         check_read_quorum(_settings(), worker)  # type: ignore[arg-type]
 
 
-def test_funding_refuses_to_start_on_one_host_with_78_and_one_line(dsn: str) -> None:
+def test_funding_refuses_to_start_on_one_host_with_78_and_one_line(dsn: str, tmp_path: Path) -> None:
+    # Everything else a money mover needs is configured: the one-host "quorum" is the only problem.
+    for name in ("lanes", "fee", "journal-keys"):
+        (tmp_path / name).write_text("unused: the run must stop before reading it\n")
+        (tmp_path / name).chmod(0o600)
     environ = base_environ(dsn, PAYGATE_RPC_URL="http://127.0.0.1:9",
-                           PAYGATE_RPC_READ_URLS="http://127.0.0.1:9,http://127.0.0.1:9/")
+                           PAYGATE_RPC_READ_URLS="http://127.0.0.1:9,http://127.0.0.1:9/",
+                           PAYGATE_BILLING_CONTRACT="C" + "A" * 55, PAYGATE_USDC_CONTRACT="C" + "B" * 55,
+                           PAYGATE_LANE_SECRETS_FILE=str(tmp_path / "lanes"),
+                           PAYGATE_FEE_SECRET_FILE=str(tmp_path / "fee"),
+                           PAYGATE_JOURNAL_KEYS_FILE=str(tmp_path / "journal-keys"),
+                           PAYGATE_JOURNAL_ACTIVE_KEY_ID="k1")
     result = run_cli("run-tick", "funding", "--once", environ=environ)
     assert result.code == ExitCode.CONFIG, result.err
     lines = [line for line in result.err.splitlines() if line.strip()]
