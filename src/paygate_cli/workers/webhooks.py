@@ -265,8 +265,15 @@ def _retry_or_dead(row: Claimed, max_attempts: int, code: int | None, error: str
     return Delivery(row, "pending", code=code, error=error, delay=delay)
 
 
+# A webhook tick holds nothing between ticks (its claims are settled in the same tick), so a
+# drained instance's tick has nothing to finish and claims nothing new.
+HONOURS_DRAIN = True
+
+
 def tick(ctx: TickContext) -> TickResult:
     settings = ctx.settings
+    if ctx.draining:
+        return TickResult(details={"draining": True})
     with ctx.conn.transaction():
         cursor = ctx.conn.execute(CLAIM_SQL, {"batch": ctx.batch, "lease": settings.webhook_lease,
                                               "instance": f"{ctx.instance_id}:{ctx.slot}"})
