@@ -39,3 +39,6 @@ CREATE TABLE paygate.account_checks (
 );
 CREATE INDEX account_checks_checked_at ON paygate.account_checks (checked_at);
 CREATE INDEX account_checks_regime ON paygate.account_checks (regime) WHERE regime <> 'match';
+
+-- The reconciler sums each checked account's admitted-but-unobserved charges: walk only those.
+CREATE INDEX charges_open_account ON paygate.charges (account) WHERE status = 'authorized';
