@@ -36,3 +36,31 @@ def token_balance_at(chain: ChainClient, *, token: str, holder: str, source: str
     """-> (balance, ledger): a SAC's balance of `holder` (a G- or C-address)."""
     value, ledger = _read(chain, source=source, contract=token, function="balance", address=holder)
     return int(value), ledger
+
+
+def nonce_consumed_by_quorum(chain: ChainClient, account: str, nonce: int) -> tuple[bool | None, int | None,
+                                                                                   dict[str, Any]]:
+    """Is this authorisation nonce consumed on chain, as a majority of read endpoints see it?
+    -> (True/False when a majority agrees, else None; the highest latest ledger seen; per endpoint).
+    Used where a decision re-verifies an effect (replay): one endpoint's word is not enough."""
+    from paygate_cli.chain.contracts import nonce_key
+    from paygate_cli.errors import Unavailable
+
+    chain._guard("nonce quorum read")
+    key = nonce_key(account, nonce)
+    answers: dict[str, Any] = {}
+    latest: int | None = None
+    for url, srv in zip(chain.read_urls, chain.readers, strict=True):
+        try:
+            answer = chain._retrying("getLedgerEntries", lambda srv=srv: srv.get_ledger_entries([key]), 2)
+        except Unavailable as exc:
+            answers[url] = f"error: {exc}"[:200]
+            continue
+        answers[url] = bool(answer.entries)
+        latest = max(latest or 0, int(answer.latest_ledger))
+    majority = len(chain.read_urls) // 2 + 1
+    votes = [v for v in answers.values() if isinstance(v, bool)]
+    for verdict in (True, False):
+        if votes.count(verdict) >= majority:
+            return verdict, latest, answers
+    return None, latest, answers
