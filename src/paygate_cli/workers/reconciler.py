@@ -219,6 +219,7 @@ def tick(ctx: TickContext) -> TickResult:
         raise ConfigError("the reconciler needs PAYGATE_BILLING_CONTRACT and PAYGATE_USDC_CONTRACT")
 
     from paygate_cli.chain.balances import billing_balance_at, token_balance_at
+    from paygate_cli.chain.contracts import SimulationFailed
     from paygate_cli.chain.rpc import ChainClient
 
     # Snapshot 1: the database side, in one short transaction.
@@ -236,8 +237,17 @@ def tick(ctx: TickContext) -> TickResult:
             from paygate_cli.chain.keys import Signer
 
             source = Signer.from_settings(settings).fee.public_key
-        balances = {a: billing_balance_at(chain, billing=settings.billing_contract, account=a, source=source)
-                    for a in before}
+        balances: dict[str, tuple[int, int | None]] = {}
+        unreadable: dict[str, str] = {}
+        for account in before:
+            try:
+                balances[account] = billing_balance_at(chain, billing=settings.billing_contract, account=account,
+                                                       source=source)
+            except (ValueError, SimulationFailed) as exc:
+                # Poison data (an address the chain cannot parse) or a contract that refuses the read:
+                # a finding for that account, never a crash of the whole tick.
+                unreadable[account] = f"{type(exc).__name__}: {exc}"[:300]
+                balances[account] = (0, None)
         usdc = token_balance_at(chain, token=settings.usdc_contract, holder=settings.billing_contract, source=source)
         lane_seqs = {lane: chain.account_sequence(lane) for lane, _, _ in lanes_before}
         events = _events_past_cursor(conn, chain, settings, cursor, set(before), ctx.log)
@@ -258,6 +268,16 @@ def tick(ctx: TickContext) -> TickResult:
     clear: dict[str, list[str]] = defaultdict(list)
     for account, (cached, in_flight) in before.items():
         chain_balance, ledger = balances[account]
+        if account in unreadable:
+            counts["unreadable"] += 1
+            findings.append(Finding("balance_drift", account, f"cannot read its chain balance: {unreadable[account]}",
+                                    {"cached_balance": str(cached), "error": unreadable[account]}))
+            for key, value in (("address", account), ("ledger", None), ("chain", 0), ("cached", cached),
+                               ("in_flight", in_flight), ("lagging", 0), ("regime", "unexplained"),
+                               ("drift", -cached)):
+                checks[key].append(value)
+            continue
+        assert ledger is not None
         if after.get(account) != (cached, in_flight) or (events.complete_to is None and cursor is not None) \
                 or (events.complete_to is not None and ledger > events.complete_to):
             counts["moving"] += 1
