@@ -149,3 +149,14 @@ def test_reads_are_paced_least_recently_checked_first(chain: ChainEnv, db: psyco
     newer = next(a for a in funded if a != oldest)
     assert after[oldest] > before[oldest]  # the least recently checked one was read again ...
     assert after[newer] == before[newer]  # ... and only that one
+
+
+def test_an_unreadable_account_is_a_finding_not_a_crash(chain: ChainEnv, db: psycopg.Connection,
+                                                       funded: list[str]) -> None:
+    bad = "G" + "A" * 55  # passes the table's shape check, but its StrKey checksum is wrong
+    db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 5)", (bad,))
+    details = reconcile(chain, code=3)
+    assert details["unreadable"] == 1 and details["match"] == 2
+    summary = db.execute("SELECT summary FROM paygate.findings WHERE subject = %s AND cleared_at IS NULL",
+                         (bad,)).fetchone()[0]
+    assert "cannot read its chain balance" in summary
