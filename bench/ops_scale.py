@@ -265,7 +265,7 @@ def main() -> None:
             if tick_s > 5.0:
                 explain_slow(conn, {"total": (reconciler.TOTAL_SQL, None),
                                     "pick": (reconciler.PICK_ACCOUNTS_SQL, {"n": 50}),
-                                    "lanes": (reconciler.LANES_SQL, None)})
+                                    "lanes": (reconciler.LANES_SQL, ([],))})
     finally:
         devnet.stop()
         if cluster is not None:
