@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 CLAIM_SQL = """
 WITH claimable AS (
     SELECT id FROM paygate.pending_credits
-    WHERE status = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+    WHERE status = 'pending'
+      AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
+           OR lease_expires_at < now() - make_interval(secs => %(grace)s))
       AND (NOT %(draining)s OR deposit_lineage_id IS NOT NULL OR credit_lineage_id IS NOT NULL)
     ORDER BY (deposit_lineage_id IS NULL AND credit_lineage_id IS NULL), id
     LIMIT %(batch)s
@@ -150,11 +152,55 @@ class Deps:
         return self.ctx.conn
 
 
-def tick(ctx: TickContext) -> TickResult:
+# Recovery (workers/recovery.py) takes over through claim() and drive_taken_over() below: this
+# queue's one take-over routine, shared with the worker's own claim.
+HONOURS_DRAIN = True  # a drained instance drives what is in flight and claims no fresh row
+
+
+def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) -> list[Deposit]:
+    """Claim up to `batch` rows under a new lease: free rows (unless `lapsed_only`) and rows whose
+    lease lapsed more than `grace` seconds ago. The FOR UPDATE SKIP LOCKED claim is the CAS: the
+    old lease token is replaced, so its late writes match nothing."""
     with relaxed_transaction(ctx.conn):
-        rows = [Deposit(r[0], r[1], int(r[2]), *r[3:]) for r in ctx.conn.execute(CLAIM_SQL, {
+        return [Deposit(r[0], r[1], int(r[2]), *r[3:]) for r in ctx.conn.execute(CLAIM_SQL, {
             "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
-            "draining": ctx.draining})]
+            "draining": ctx.draining, "grace": grace, "lapsed_only": lapsed_only})]
+
+
+def drive_taken_over(ctx: TickContext, rows: list[Deposit]) -> dict[str, int]:
+    """Recovery's step for rows taken over from a dead owner: drive the lineage in flight through
+    the engine (resolve: record what the chain proves, or resend the same bytes), then release the
+    rows to the worker. Never starts a new transaction for an entitlement."""
+    from paygate_cli.chain.keys import Signer
+    from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.journal.engine import Engine
+    from paygate_cli.journal.keyring import Keyring
+
+    chain, signer, keyring = (ChainClient(ctx.settings, guard_conn=ctx.conn), Signer.from_settings(ctx.settings),
+                              Keyring.from_settings(ctx.settings))
+    deps = Deps(ctx, chain, signer, keyring, Engine(ctx, chain, signer, keyring))
+    outcomes: dict[str, int] = {}
+    try:
+        for row in rows:
+            purpose = "credit" if row.credit_lineage_id is not None else "deposit"
+            lineage_id = row.credit_lineage_id or row.deposit_lineage_id
+            outcome = "released"
+            if lineage_id is not None:
+                try:
+                    outcome = f"{purpose}_{_drive(deps, row, lineages.load(ctx.conn, lineage_id), purpose)}"
+                except LeaseLost:
+                    outcome = "lease_lost"
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    finally:
+        deps.chain.close()
+        _release_all(deps, rows)
+    if deps.engine.needs_human:
+        outcomes["lane_fenced"] = deps.engine.needs_human
+    return outcomes
+
+
+def tick(ctx: TickContext) -> TickResult:
+    rows = claim(ctx)
     orphans = ctx.conn.execute(ORPHANS_SQL, {"limit": 1}).fetchone() is not None
     if not rows and not orphans:
         return TickResult()

@@ -6,23 +6,20 @@ The grace window must exceed the longest a live owner may legitimately hold a ro
 (its receipt timeout) plus one of its ticks; a shorter one could take a row from a worker that is
 still about to write, so such a configuration is refused (78).
 
-Queues are a table of `Recoverable` entries. Webhook deliveries are recovered here; deposits and
-charge batches join once funding and settlement share one take-over routine per queue (the phase
-engine), until then their own workers take over lapsed leases and recovery only raises findings
-for them."""
+Queues are a table of `Recoverable` entries: webhook deliveries, deposits and charge batches (relays
+and bot jobs add one entry each). Each entry calls its queue's own routine in its worker module; for
+the money paths that drives the lineage in flight through the phase engine (journal/engine.py:
+resolve, or resend the same bytes) and never starts a new transaction."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from paygate_cli.errors import ConfigError
 from paygate_cli.ticks.context import TickContext, TickResult
 from paygate_cli.workers.reconciler import Finding, clear_findings, record_findings
-
-if TYPE_CHECKING:
-    import psycopg
 
 HONOURS_DRAIN = True  # a drained instance takes nothing over
 
@@ -31,20 +28,37 @@ HONOURS_DRAIN = True  # a drained instance takes nothing over
 class Recoverable:
     queue: str
     worker: str  # the worker that owns the queue's claims (its cadence is "a tick")
-    receipt_timeout: Callable[[Any], float]  # longest a live owner may hold a row without a result
-    take_over: Callable[[psycopg.Connection, Any, float, int], list[tuple[int, str]]]
+    receipt_timeout: Callable[[Any], float]  # longest a live owner may wait on one answer without a write
+    take_over: Callable[[TickContext, float], dict[str, int]]  # the queue's own routine -> outcome counts
 
 
-def _webhooks_take_over(conn: psycopg.Connection, settings: Any, grace: float, batch: int) -> list[tuple[int, str]]:
+def _webhooks(ctx: TickContext, grace: float) -> dict[str, int]:
     from paygate_cli.workers.webhooks import take_over_lapsed
 
-    with conn.transaction():
-        return take_over_lapsed(conn, settings, grace=grace, batch=batch, by="recovery")
+    with ctx.conn.transaction():
+        taken = take_over_lapsed(ctx.conn, ctx.settings, grace=grace, batch=ctx.batch, by="recovery")
+    return {status: sum(1 for _, s in taken if s == status) for status in {s for _, s in taken}}
+
+
+def _deposits(ctx: TickContext, grace: float) -> dict[str, int]:
+    from paygate_cli.workers import funding
+
+    rows = funding.claim(ctx, grace=grace, lapsed_only=True)
+    return funding.drive_taken_over(ctx, rows) if rows else {}
+
+
+def _charge_batches(ctx: TickContext, grace: float) -> dict[str, int]:
+    from paygate_cli.workers import settlement
+
+    return settlement.take_over(ctx, grace=grace)
 
 
 RECOVERABLE: tuple[Recoverable, ...] = (
     # A delivery holds its row for at most the HTTP timeout; its settle follows at once.
-    Recoverable("webhooks", "webhooks", lambda s: float(s.webhook_timeout), _webhooks_take_over),
+    Recoverable("webhooks", "webhooks", lambda s: float(s.webhook_timeout), _webhooks),
+    # A money worker renews its lease before each phase; within a phase it waits on one RPC answer.
+    Recoverable("deposits", "funding", lambda s: float(s.rpc_timeout), _deposits),
+    Recoverable("charge_batches", "settlement", lambda s: float(s.rpc_timeout), _charge_batches),
 )
 
 # Items in flight longer than the alarm age, per queue (at most `limit` each): each a finding.
@@ -93,16 +107,19 @@ def tick(ctx: TickContext) -> TickResult:
     grace = check_grace(ctx.settings)
     details: dict[str, Any] = {}
     processed = 0
+    fenced = 0
     for entry in RECOVERABLE:
-        taken = entry.take_over(ctx.conn, ctx.settings, grace, ctx.batch)
+        outcomes = entry.take_over(ctx, grace)
+        fenced += outcomes.pop("lane_fenced", 0)
+        taken = sum(outcomes.values())
         if taken:
-            ctx.log.warning("recovery took over %d %s row(s) whose owner left no result for %gs past its lease",
-                            len(taken), entry.queue, grace,
+            ctx.log.warning("recovery took over %d %s row(s) whose owner left no result for %gs past its lease: %s",
+                            taken, entry.queue, grace, outcomes,
                             extra={"msgid": "recovery.took_over", "queue": entry.queue})
-        details[entry.queue] = {status: sum(1 for _, s in taken if s == status) for status in {s for _, s in taken}}
-        processed += len(taken)
+        details[entry.queue] = outcomes
+        processed += taken
     new = _stuck_findings(ctx, details)
-    return TickResult(processed=processed, needs_human=new, details=details)
+    return TickResult(processed=processed, needs_human=new + fenced, details=details)
 
 
 def _stuck_findings(ctx: TickContext, details: dict[str, Any]) -> int:

@@ -75,7 +75,9 @@ RETURNING entries
 CLAIM_OPEN_BATCHES_SQL = """
 WITH open AS (
     SELECT lineage_id FROM paygate.charge_batches
-    WHERE closed_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at < now())
+    WHERE closed_at IS NULL
+      AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
+           OR lease_expires_at < now() - make_interval(secs => %(grace)s))
     ORDER BY created_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -202,6 +204,38 @@ def trim_to_fit(rows: list[Entry], limit: int) -> list[Entry]:
         chosen.append(row)
         accounts = new_accounts
     return chosen
+
+
+HONOURS_DRAIN = True  # a drained instance drives open batches and starts no new one
+
+# Batches whose owner died holding the lease, more than %(grace)s seconds ago (recovery's question).
+LAPSED_BATCHES_SQL = """
+SELECT EXISTS (SELECT 1 FROM paygate.charge_batches
+               WHERE closed_at IS NULL AND lease_expires_at < now() - make_interval(secs => %(grace)s))
+"""
+
+
+def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
+    """Recovery's entry: open batches whose lease lapsed more than `grace` seconds ago are driven
+    through the same routine the worker uses (resolve the lineage; a proven-dead one hands its rows
+    back), under a new lease."""
+    if not ctx.conn.execute(LAPSED_BATCHES_SQL, {"grace": grace}).fetchone()[0]:
+        return {}
+    from paygate_cli.chain.keys import Signer
+    from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.journal.engine import Engine
+    from paygate_cli.journal.keyring import Keyring
+
+    chain, signer, keyring = (ChainClient(ctx.settings, guard_conn=ctx.conn), Signer.from_settings(ctx.settings),
+                              Keyring.from_settings(ctx.settings))
+    deps = Deps(ctx, chain, signer, keyring, Engine(ctx, chain, signer, keyring))
+    try:
+        _drive_open_batches(deps, TickResult(), grace=grace, lapsed_only=True, limit=ctx.batch)
+    finally:
+        deps.chain.close()
+    if deps.engine.needs_human:
+        deps.count("lane_fenced", deps.engine.needs_human)
+    return deps.outcomes
 
 
 def tick(ctx: TickContext) -> TickResult:
@@ -393,11 +427,14 @@ def _give_back(deps: Deps, lineage_id: int, token: uuid.UUID, why: str) -> None:
 
 # -- open batches ------------------------------------------------------------------------------------
 
-def _drive_open_batches(deps: Deps, result: TickResult) -> None:
+def _drive_open_batches(deps: Deps, result: TickResult, *, grace: float = 0.0, lapsed_only: bool = False,
+                        limit: int | None = None) -> None:
+    """This queue's one take-over routine: the worker drives every open batch nobody holds; recovery
+    (`lapsed_only`, past its grace) only those whose owner died holding the lease."""
     with deps.conn.transaction():
         batches = deps.conn.execute(CLAIM_OPEN_BATCHES_SQL, {
-            "limit": max(8, len(deps.signer.lanes)), "lease": deps.ctx.settings.settlement_lease,
-            "owner": deps.owner}).fetchall()
+            "limit": limit or max(8, len(deps.signer.lanes)), "lease": deps.ctx.settings.settlement_lease,
+            "owner": deps.owner, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
     for lineage_id, token in batches:
         try:
             outcome = _drive(deps, int(lineage_id), token, result)
