@@ -87,7 +87,16 @@ def _rows(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> list[di
 
 def report(conn: psycopg.Connection, *, since: Any = None, account: str | None = None,
            older_than: float = 600.0) -> dict[str, Any]:
-    """The whole report as one document; `unexplained` decides the exit code (3 when any)."""
+    """The whole report as one document; `unexplained` decides the exit code (3 when any). Every
+    section reads the same snapshot (one read-only transaction), so the sections agree."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        # Plain aggregates over large tables: JIT compilation costs seconds here and saves nothing.
+        conn.execute("SET LOCAL jit = off")
+        return _report(conn, since=since, account=account, older_than=older_than)
+
+
+def _report(conn: psycopg.Connection, *, since: Any, account: str | None, older_than: float) -> dict[str, Any]:
     params = {"since": since, "account": account, "limit": ROW_LIMIT, "older": older_than}
     totals = [{"regime": r, "accounts": int(n), "drift": d, "in_flight": f, "lagging": lag,
                "oldest_check": lo, "newest_check": hi}
