@@ -117,3 +117,12 @@ def test_wait_times_out_with_75_naming_what_is_still_in_flight(dsn: str, db: psy
     assert run_cli("drain", "--instance", "host-b", "--wait", "1s", "--yes", dsn=dsn).code == 75
     lanes(db)
     assert run_cli("drain", "--lane", LANE_A, "--wait", "1s", "--yes", dsn=dsn).code == 0  # nothing on the lane
+
+
+def test_a_drained_instance_runs_only_the_ticks_that_obey_draining() -> None:
+    """The others (they could take new claims) are skipped on a drained instance, as before."""
+    from paygate_cli.ticks.registry import WORKERS
+    from paygate_cli.ticks.runner import honours_drain
+
+    assert {name for name, spec in WORKERS.items() if honours_drain(spec)} == {
+        "funding", "settlement", "webhooks", "idempotency_sweep", "recovery", "reconciler"}
