@@ -148,3 +148,40 @@ def test_concurrent_workers_charge_each_period_once(dsn: str, db: psycopg.Connec
     assert all(total == 6 and distinct == 6 for _, total, distinct in per_period)
     debited = 2 * 10**9 - db.execute("SELECT sum(cached_balance) FROM paygate.accounts").fetchone()[0]
     assert debited == 40 * 6 * 7
+
+
+# -- drills and draining (issue 8) ---------------------------------------------------------------------
+
+def test_a_crash_before_commit_charges_nothing_and_a_fresh_process_charges_once(dsn: str, db: psycopg.Connection
+                                                                                ) -> None:
+    """Killed inside the transaction, after the charges were admitted but before the commit: nothing
+    of it survives; a fresh OS process then charges each period exactly once."""
+    from tests.cli import base_environ, run_proc
+    from tests.drill_support import crash_tick
+
+    fund(db, ACCOUNT, 1000)
+    sid = subscribe(db, ACCOUNT, 100, "1 hour", 2.5, "s-crash")
+    environ = base_environ(dsn)
+    crash_tick(environ, "subscriptions", "subscriptions.before_commit")
+    assert charges(db, sid) == []
+    balance = db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s", (ACCOUNT,)).fetchone()[0]
+    assert balance == 1000
+    assert db.execute("SELECT next_period_index FROM paygate.subscriptions WHERE id = %s", (sid,)).fetchone()[0] == 0
+    resumed = run_proc("run-tick", "subscriptions", "--once", "--json", environ=environ)
+    assert resumed.code == 0, resumed.err
+    assert len(charges(db, sid)) == 3
+    assert db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s", (ACCOUNT,)).fetchone()[0] == 700
+    assert db.execute("SELECT count(*) FROM paygate.idempotency_keys WHERE key LIKE %s",
+                      (f"subscription:{sid}:%",)).fetchone()[0] == 3
+
+
+def test_a_drained_instance_takes_no_subscription(dsn: str, db: psycopg.Connection) -> None:
+    fund(db, ACCOUNT, 1000)
+    sid = subscribe(db, ACCOUNT, 100, "1 hour", 1.5, "s-drain")
+    db.execute("INSERT INTO paygate.instances (instance_id, drained_at, drained_by) VALUES ('drained-host', now(), "
+               "'test')")
+    result = run_cli("run-tick", "subscriptions", "--json", dsn=dsn, PAYGATE_INSTANCE_ID="drained-host")
+    assert result.code == 0, result.err
+    assert charges(db, sid) == []
+    tick(dsn)  # another instance charges them
+    assert len(charges(db, sid)) == 2
