@@ -176,12 +176,19 @@ def test_a_crash_before_commit_charges_nothing_and_a_fresh_process_charges_once(
 
 
 def test_a_drained_instance_takes_no_subscription(dsn: str, db: psycopg.Connection) -> None:
+    """The worker itself, with TickContext.draining set (as the runner passes it for a drained instance)."""
+    import logging
+
+    from paygate_cli.settings import load_settings
+    from paygate_cli.ticks.context import TickContext
+    from paygate_cli.workers import subscriptions
+    from tests.cli import base_environ
+
     fund(db, ACCOUNT, 1000)
     sid = subscribe(db, ACCOUNT, 100, "1 hour", 1.5, "s-drain")
-    db.execute("INSERT INTO paygate.instances (instance_id, drained_at, drained_by) VALUES ('drained-host', now(), "
-               "'test')")
-    result = run_cli("run-tick", "subscriptions", "--json", dsn=dsn, PAYGATE_INSTANCE_ID="drained-host")
-    assert result.code == 0, result.err
+    ctx = TickContext(conn=db, settings=load_settings(base_environ(dsn)), worker="subscriptions",
+                      instance_id="drained-host", slot=0, batch=16, log=logging.getLogger("test"), draining=True)
+    assert subscriptions.tick(ctx).processed == 0
     assert charges(db, sid) == []
-    tick(dsn)  # another instance charges them
+    tick(dsn)  # an instance that is not drained charges them
     assert len(charges(db, sid)) == 2
