@@ -13,6 +13,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.cli import base_environ, run_cli, spawn
+from tests.drill_support import crash_tick
 from tests.webhook_receiver import Receiver
 
 SECRET = "whsec_test_0123456789abcdef"
@@ -47,10 +48,7 @@ def test_a_worker_killed_mid_delivery_is_taken_over_after_the_grace(dsn: str, db
                                                                     receiver: Receiver) -> None:
     outbox_id = db.execute("INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload) VALUES "
                            "(%s, 't', %s) RETURNING id", (endpoint(db, receiver.base + "/ok"), Jsonb({}))).fetchone()[0]
-    proc = spawn("run-tick", "webhooks", environ=base_environ(
-        dsn, PAYGATE_ENABLE_CRASHPOINTS="1", PAYGATE_CRASH_AT="webhooks.after_claim", **FAST))
-    proc.wait(timeout=30)
-    assert proc.returncode == -9  # it really died at its crash point, holding the row
+    crash_tick(base_environ(dsn, **FAST), "webhooks", "webhooks.after_claim")  # died there, holding the row
     token = db.execute("SELECT lease_token FROM paygate.webhook_outbox WHERE status = 'delivering'").fetchone()[0]
     assert token is not None and receiver.requests == []
     code, details = recover(dsn)  # the lease has not lapsed by the grace yet: hands off

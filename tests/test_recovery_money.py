@@ -15,8 +15,9 @@ import pytest
 
 from tests.chain_env import ChainEnv, admit_deposit, billing_balance, contract_events, sign_deposit
 from tests.charges_support import admit_charge, charge_chain, check_invariants, fund, run_until_quiet
-from tests.cli import run_cli, run_proc, spawn
+from tests.cli import run_cli, spawn
 from tests.devnet_support import DevnetHandle, start_devnet
+from tests.drill_support import crash_tick
 
 AMOUNT = 7_000_000
 # Grace 3 s > rpc timeout 0.5 s + a funding/settlement tick (2 s) and > webhook timeout 1 s + 1 s.
@@ -45,9 +46,7 @@ def recover(chain: ChainEnv) -> dict:
 
 
 def kill_at(chain: ChainEnv, worker: str, point: str) -> None:
-    result = run_proc("run-tick", worker, "--once", environ={
-        **chain.environ, "PAYGATE_ENABLE_CRASHPOINTS": "1", "PAYGATE_CRASH_AT": point})
-    assert result.code == -9, (result.code, result.err)  # it really died at its crash point
+    crash_tick(chain.environ, worker, point)  # it really died there: exit -9 and the point's marker
 
 
 def deposit(chain: ChainEnv, db: psycopg.Connection, user: int = 0) -> int:

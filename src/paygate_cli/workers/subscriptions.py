@@ -60,6 +60,9 @@ RETURNING retry_at
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
 
 
+HONOURS_DRAIN = True  # a drained instance takes no due subscription (see tick)
+
+
 def tick(ctx: TickContext) -> TickResult:
     result = TickResult(details={"charged": 0, "past_due": 0, "halted": 0})
     if ctx.draining:
