@@ -160,3 +160,26 @@ def test_an_unreadable_account_is_a_finding_not_a_crash(chain: ChainEnv, db: psy
     summary = db.execute("SELECT summary FROM paygate.findings WHERE subject = %s AND cleared_at IS NULL",
                          (bad,)).fetchone()[0]
     assert "cannot read its chain balance" in summary
+
+
+def test_a_lane_used_behind_the_journal_is_a_lane_gap(chain: ChainEnv, db: psycopg.Connection,
+                                                      funded: list[str]) -> None:
+    from stellar_sdk import Keypair, TransactionBuilder
+
+    lane = db.execute("SELECT lane FROM paygate.lineages WHERE state = 'applied' ORDER BY id LIMIT 1").fetchone()[0]
+    secret = next(p["secret"] for p in chain.genesis["lanes"] if p["public"] == lane)
+    details = reconcile(chain)
+    assert details.get("lane_gap", 0) == 0 and details["lane_match"] >= 1
+    # Someone with the lane's key sends a transaction paygate never journaled.
+    with chain.server() as server:
+        tx = (TransactionBuilder(server.load_account(lane), chain.genesis["passphrase"], base_fee=100)
+              .append_bump_sequence_op(0).set_timeout(300).build())
+        tx.sign(Keypair.from_secret(secret))
+        assert server.send_transaction(tx).status.value == "PENDING"
+    chain.devnet.close_ledger()
+    reconcile(chain, code=3)
+    finding = db.execute("SELECT summary FROM paygate.findings WHERE kind = 'lane_gap' AND cleared_at IS NULL"
+                         ).fetchone()[0]
+    assert lane in finding and "never journaled" in finding
+    code, document = report(chain)
+    assert code == 3 and [g["subject"] for g in document["lane_gaps"]] == [lane]  # a nonce gap needs a human

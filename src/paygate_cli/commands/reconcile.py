@@ -120,9 +120,12 @@ def reconcile_report_command(
         raise UsageError(str(exc)) from None
     with connect(env.settings, "reconcile-report") as conn:
         document = report(conn, since=_since(since), account=account, older_than=older)
-    code = ExitCode.NEEDS_HUMAN if document["unexplained"] else ExitCode.OK
+    # A lane gap is a nonce gap (the exit-code contract's other "needs a human" of this report).
+    code = ExitCode.NEEDS_HUMAN if document["unexplained"] or document["lane_gaps"] else ExitCode.OK
     headline = (f"UNEXPLAINED DRIFT: {document['unexplained']} item(s) need a human" if document["unexplained"]
                 else "no unexplained drift") + f"; {document['accounts_never_checked']} account(s) never checked"
+    if document["lane_gaps"]:
+        headline += f"; LANE GAPS: {len(document['lane_gaps'])} lane(s) used outside the journal"
     if fmt == "json":
         text = to_json({"reconcile_report": document}) + "\n"
     elif fmt == "csv":
