@@ -154,3 +154,19 @@ def test_deposit_replay_refusals_and_a_replay_that_settles(chain: ChainEnv, db: 
         chain.tick("funding")
         chain.devnet.close_ledger()
     assert status_of(db, retry) == "settled"
+
+
+def test_on_a_tty_a_progress_bar_goes_to_stderr_and_the_table_to_stdout(dsn: str, db: psycopg.Connection) -> None:
+    import io
+
+    from paygate_cli.__main__ import main
+    from paygate_cli.env import Env
+    from tests.cli import _FakeTTY
+
+    ids = [dead_webhook(db, "http://127.0.0.1:9/h") for _ in range(3)]
+    out, err = io.StringIO(), _FakeTTY()
+    env = Env(stdin=_FakeTTY("y\n"), stdout=out, stderr=err, environ=base_environ(dsn, NO_COLOR="1"))
+    assert main(["replay", "webhooks", "--all-dead"], env=env) == 0  # confirmed at the prompt
+    assert "replay 3 webhooks row(s)? [y/N]" in err.getvalue()
+    assert "3 replayed" in out.getvalue() and all(str(i) in out.getvalue() for i in ids)
+    assert db.execute("SELECT count(*) FROM paygate.webhook_outbox WHERE status = 'pending'").fetchone()[0] == 3

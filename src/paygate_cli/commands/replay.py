@@ -32,13 +32,17 @@ def replay_command(
     with ExitStack() as stack:
         progress = None
         if env.stderr_isatty and not json_flag:
-            from rich.console import Console
-            from rich.progress import Progress
-
-            bar = stack.enter_context(Progress(console=Console(file=env.stderr), transient=True))
-            task = bar.add_task(f"replay {queue}", total=None)
+            bars: list[Any] = []
 
             def progress(done: int, total: int) -> None:
+                # Started on the first row, i.e. after the confirmation prompt: never drawn over it.
+                if not bars:
+                    from rich.console import Console
+                    from rich.progress import Progress
+
+                    bar = stack.enter_context(Progress(console=Console(file=env.stderr), transient=True))
+                    bars.append((bar, bar.add_task(f"replay {queue}", total=total)))
+                bar, task = bars[0]
                 bar.update(task, completed=done, total=total)
 
         def ask(count: int) -> None:
