@@ -111,3 +111,15 @@ def test_items_stuck_beyond_the_alarm_age_are_findings_until_they_move(dsn: str,
     code, details = recover(dsn, PAYGATE_RECOVERY_ALARM_AGE="1h")
     assert code == 0 and details["stuck"]["cleared"] == 1
     assert db.execute("SELECT cleared_by FROM paygate.findings").fetchone()[0] == "recovery"
+
+
+@pytest.mark.parametrize("worker", ["recovery", "reconciler"])
+def test_an_idle_safety_tick_does_not_import_stellar_sdk(dsn: str, worker: str) -> None:
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom paygate_cli.__main__ import main\n"
+             f"code = main(['run-tick', '{worker}', '--json'])\n"
+             "print('RESULT', code, 'stellar_sdk' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=base_environ(dsn))
+    assert proc.stdout.strip().splitlines()[-1].split() == ["RESULT", "0", "False"], proc.stderr[-2000:]
