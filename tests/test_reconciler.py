@@ -65,6 +65,8 @@ def test_everything_matches_after_funding(chain: ChainEnv, db: psycopg.Connectio
     assert [check(db, a)[0] for a in funded] == ["match", "match"]
     code, document = report(chain)
     assert code == 0 and document["unexplained"] == 0 and document["totals"][0]["accounts"] == 2
+    assert report(chain, "--since", "7d")[1]["totals"] == document["totals"]  # days too (runbooks use 7d)
+    assert run_cli("reconcile-report", "--since", "soon", environ=chain.environ).code == 2
 
 
 def test_an_unobserved_charge_is_in_flight(chain: ChainEnv, db: psycopg.Connection, funded: list[str]) -> None:
@@ -104,7 +106,7 @@ def test_a_balance_edited_behind_paygates_back_is_a_finding_until_repaired(
     assert check(db, funded[0]) == ("unexplained", -777, 0, 0)
     assert details["findings_new"] == 2  # the account, and the contract's total
     findings = db.execute("SELECT kind, subject, seen_count, alerted_at IS NOT NULL FROM paygate.findings "
-                          "WHERE cleared_at IS NULL ORDER BY kind").fetchall()
+                          "WHERE resolved_at IS NULL ORDER BY kind").fetchall()
     assert findings == [("balance_drift", funded[0], 1, True), ("total_drift", "contract", 1, True)]
     details = reconcile(chain, code=0)  # ... once: the next sighting updates the same finding
     assert details["findings_new"] == 0 and details["findings_open_seen"] == 2
@@ -128,9 +130,9 @@ def test_a_balance_edited_behind_paygates_back_is_a_finding_until_repaired(
     db.execute("UPDATE paygate.accounts SET cached_balance = cached_balance - 777 WHERE address = %s", (funded[0],))
     details = reconcile(chain)
     assert details["findings_cleared"] == 2 and check(db, funded[0])[0] == "match"
-    assert db.execute("SELECT count(*) FROM paygate.findings WHERE cleared_at IS NULL").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM paygate.findings WHERE resolved_at IS NULL").fetchone()[0] == 0
     code, document = report(chain, "--since", "1h")
-    assert code == 0 and {f["cleared_by"] for f in document["findings"]} == {"reconciler"}
+    assert code == 0 and {f["resolved_by"] for f in document["findings"]} == {"reconciler"}
 
 
 def test_reads_are_paced_least_recently_checked_first(chain: ChainEnv, db: psycopg.Connection,
@@ -157,7 +159,7 @@ def test_an_unreadable_account_is_a_finding_not_a_crash(chain: ChainEnv, db: psy
     db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 5)", (bad,))
     details = reconcile(chain, code=3)
     assert details["unreadable"] == 1 and details["match"] == 2
-    summary = db.execute("SELECT summary FROM paygate.findings WHERE subject = %s AND cleared_at IS NULL",
+    summary = db.execute("SELECT summary FROM paygate.findings WHERE subject = %s AND resolved_at IS NULL",
                          (bad,)).fetchone()[0]
     assert "cannot read its chain balance" in summary
 
@@ -178,7 +180,7 @@ def test_a_lane_used_behind_the_journal_is_a_lane_gap(chain: ChainEnv, db: psyco
         assert server.send_transaction(tx).status.value == "PENDING"
     chain.devnet.close_ledger()
     reconcile(chain, code=3)
-    finding = db.execute("SELECT summary FROM paygate.findings WHERE kind = 'lane_gap' AND cleared_at IS NULL"
+    finding = db.execute("SELECT summary FROM paygate.findings WHERE kind = 'lane_gap' AND resolved_at IS NULL"
                          ).fetchone()[0]
     assert lane in finding and "never journaled" in finding
     code, document = report(chain)

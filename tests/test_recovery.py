@@ -105,12 +105,12 @@ def test_items_stuck_beyond_the_alarm_age_are_findings_until_they_move(dsn: str,
     assert code == 3 and details["stuck"] == {"open": 1, "new": 1, "cleared": 0}  # alerted once ...
     code, details = recover(dsn, PAYGATE_RECOVERY_ALARM_AGE="1h")
     assert code == 0 and details["stuck"]["new"] == 0  # ... not again
-    finding = db.execute("SELECT subject, seen_count FROM paygate.findings WHERE cleared_at IS NULL").fetchone()
+    finding = db.execute("SELECT subject, seen_count FROM paygate.findings WHERE resolved_at IS NULL").fetchone()
     assert finding == (f"deposit:{deposit}", 2)
     db.execute("UPDATE paygate.pending_credits SET status = 'failed', reason = 'x' WHERE id = %s", (deposit,))
     code, details = recover(dsn, PAYGATE_RECOVERY_ALARM_AGE="1h")
     assert code == 0 and details["stuck"]["cleared"] == 1
-    assert db.execute("SELECT cleared_by FROM paygate.findings").fetchone()[0] == "recovery"
+    assert db.execute("SELECT resolved_by FROM paygate.findings").fetchone()[0] == "recovery"
 
 
 @pytest.mark.parametrize("worker", ["recovery", "reconciler"])

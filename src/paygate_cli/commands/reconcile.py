@@ -27,14 +27,20 @@ SECTIONS: dict[str, list[str]] = {
     "unresolved_lineages": ["id", "purpose", "entitlement", "lane", "state", "send_count", "age_s"],
     "quarantined_events": ["event_id", "ledger", "kind", "quarantine_reason", "observed_at"],
     "stuck": ["queue", "count", "oldest"],
-    "findings": ["id", "kind", "subject", "summary", "first_seen", "seen_count", "cleared_at"],
+    "findings": ["id", "kind", "subject", "summary", "first_seen", "seen_count", "resolved_at"],
 }
 
 
 def _since(text: str | None) -> datetime | None:
-    """An ISO timestamp or a duration back from now ('1h', '30min')."""
+    """An ISO timestamp or a duration back from now ('1h', '30min', '7d')."""
     if not text:
         return None
+    days = text.strip().lower().removesuffix("days").removesuffix("day").removesuffix("d")
+    if days != text.strip().lower():
+        try:
+            return datetime.now(UTC) - timedelta(days=float(days))
+        except ValueError:
+            pass
     try:
         return datetime.now(UTC) - timedelta(seconds=parse_duration(text, name="--since"))
     except ConfigError:

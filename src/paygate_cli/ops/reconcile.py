@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 # Walks findings_one_open (a partial index on open findings): cheap however long the history is.
 OPEN_FINDINGS_SUMMARY_SQL = """
-SELECT kind, count(*), min(first_seen) FROM paygate.findings WHERE cleared_at IS NULL GROUP BY kind ORDER BY kind
+SELECT kind, count(*), min(first_seen) FROM paygate.findings WHERE resolved_at IS NULL GROUP BY kind ORDER BY kind
 """
 ROW_LIMIT = 1000  # rows listed per section; the totals always count everything
 
@@ -66,11 +66,11 @@ SELECT 'webhooks.delivering', count(*), min(lease_expires_at) FROM paygate.webho
 WHERE status = 'delivering' AND lease_expires_at < now() - make_interval(secs => %(older)s)
 """
 FINDINGS_SQL = """
-SELECT id, kind, subject, summary, first_seen, last_seen, seen_count, cleared_at, cleared_by
+SELECT id, kind, subject, summary, first_seen, last_seen, seen_count, resolved_at, resolved_by
 FROM paygate.findings
-WHERE (cleared_at IS NULL OR (%(since)s::timestamptz IS NOT NULL AND cleared_at >= %(since)s))
+WHERE (resolved_at IS NULL OR (%(since)s::timestamptz IS NOT NULL AND resolved_at >= %(since)s))
   AND (%(account)s::text IS NULL OR subject = %(account)s)
-ORDER BY cleared_at IS NOT NULL, first_seen LIMIT %(limit)s
+ORDER BY resolved_at IS NOT NULL, first_seen LIMIT %(limit)s
 """
 
 
@@ -108,7 +108,7 @@ def _report(conn: psycopg.Connection, *, since: Any, account: str | None, older_
     unresolved = _rows(conn, UNRESOLVED_SQL, params)
     quarantined = _rows(conn, QUARANTINED_SQL, params)
     unchecked = int(conn.execute(UNCHECKED_SQL, params).fetchone()[0])
-    open_findings = [f for f in findings if f["cleared_at"] is None]
+    open_findings = [f for f in findings if f["resolved_at"] is None]
     unexplained_accounts = sum(t["accounts"] for t in totals if t["regime"] == "unexplained")
     unexplained = unexplained_accounts + sum(1 for f in open_findings if f["kind"] in ("balance_drift",
                                                                                      "total_drift")

@@ -6,7 +6,7 @@ ALTER TABLE paygate.lanes ADD COLUMN drain_reason text;
 
 -- One table of facts a human must look at: the reconciler's unexplained drift, lane gaps, the
 -- recovery worker's stuck items. `reconcile-report`, `status` and alerts all read this table.
--- A finding is open until a later check matches (cleared_at); at most one open finding per subject.
+-- A finding is open until a later check matches (resolved_at); at most one open finding per subject.
 CREATE TABLE paygate.findings (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     kind        text NOT NULL CHECK (kind IN ('balance_drift', 'total_drift', 'lane_gap', 'stuck')),
@@ -17,11 +17,11 @@ CREATE TABLE paygate.findings (
     last_seen   timestamptz NOT NULL DEFAULT now(),
     seen_count  integer NOT NULL DEFAULT 1 CHECK (seen_count > 0),
     alerted_at  timestamptz,                   -- set once, when the alert went out
-    cleared_at  timestamptz,
-    cleared_by  text,
-    CHECK ((cleared_at IS NULL) = (cleared_by IS NULL))
+    resolved_at  timestamptz,
+    resolved_by  text,
+    CHECK ((resolved_at IS NULL) = (resolved_by IS NULL))
 );
-CREATE UNIQUE INDEX findings_one_open ON paygate.findings (kind, subject) WHERE cleared_at IS NULL;
+CREATE UNIQUE INDEX findings_one_open ON paygate.findings (kind, subject) WHERE resolved_at IS NULL;
 CREATE INDEX findings_first_seen ON paygate.findings (first_seen);
 
 -- The reconciler's last look at each account (a side table: the hot accounts row is not widened,

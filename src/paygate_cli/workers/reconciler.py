@@ -104,13 +104,13 @@ INSERT INTO paygate.findings AS f (kind, subject, summary, details, alerted_at)
 SELECT kind, subject, summary, details, now()
 FROM unnest(%(kind)s::text[], %(subject)s::text[], %(summary)s::text[], %(details)s::jsonb[])
      AS n(kind, subject, summary, details)
-ON CONFLICT (kind, subject) WHERE cleared_at IS NULL
+ON CONFLICT (kind, subject) WHERE resolved_at IS NULL
 DO UPDATE SET last_seen = now(), seen_count = f.seen_count + 1, summary = EXCLUDED.summary, details = EXCLUDED.details
 RETURNING f.id, f.kind, f.subject, f.summary, (f.seen_count = 1) AS new
 """
 CLEAR_FINDINGS_SQL = """
-UPDATE paygate.findings SET cleared_at = now(), cleared_by = %(by)s
-WHERE cleared_at IS NULL AND kind = %(kind)s AND subject = ANY(%(subjects)s)
+UPDATE paygate.findings SET resolved_at = now(), resolved_by = %(by)s
+WHERE resolved_at IS NULL AND kind = %(kind)s AND subject = ANY(%(subjects)s)
 RETURNING id, subject
 """
 MAX_EVENT_PAGES = 20

@@ -82,7 +82,7 @@ UNION ALL
  ORDER BY updated_at LIMIT %(limit)s)
 """
 # Stuck findings whose item is no longer stuck (moved on, or finished).
-OPEN_STUCK_SQL = "SELECT subject FROM paygate.findings WHERE kind = 'stuck' AND cleared_at IS NULL"
+OPEN_STUCK_SQL = "SELECT subject FROM paygate.findings WHERE kind = 'stuck' AND resolved_at IS NULL"
 STUCK_LIMIT = 100
 
 
