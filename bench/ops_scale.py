@@ -127,7 +127,7 @@ def populate(conn: psycopg.Connection, scale: float, lanes: list[str]) -> dict[s
                         WHEN (row_number() OVER ()) % 100 = 1 THEN 'in_flight' ELSE 'match' END, 0
             FROM paygate.accounts"""),
         ("findings", """
-            INSERT INTO paygate.findings (kind, subject, summary, cleared_at, cleared_by)
+            INSERT INTO paygate.findings (kind, subject, summary, resolved_at, resolved_by)
             SELECT 'balance_drift', 'bench-' || n, 'bench finding',
                    CASE WHEN n % 10 <> 0 THEN now() END, CASE WHEN n % 10 <> 0 THEN 'reconciler' END
             FROM generate_series(1, 10000) n"""),
