@@ -32,11 +32,12 @@ CATALOGUE_CADENCE = {"funding": 2, "settlement": 2, "subscriptions": 60, "relay"
                      "reconciler": 60, "relay_drainer": 10, "relay_expiry": 60, "gas": 300,
                      "idempotency_sweep": 3600, "webhooks": 1}
 # Least privilege: the secrets each worker may see. Signing workers get lanes, fee and journal keys;
-# recovery only decrypts journaled envelopes to resend them; gas derives the fee account from its seed.
+# recovery drives a dead owner's lineages through the same engine as the worker (it loads the lane and
+# fee keys with it); gas derives the fee account from its seed.
 SIGNING = ["database-url", "fee-secret", "journal-keys", "lane-secrets"]
 WORKER_SECRETS = {w: ["database-url"] for w in ALL_WORKERS} | {
     "funding": SIGNING, "settlement": SIGNING, "relay": SIGNING, "relay_drainer": SIGNING,
-    "recovery": ["database-url", "journal-keys"], "gas": ["database-url", "fee-secret"]}
+    "recovery": SIGNING, "gas": ["database-url", "fee-secret"]}
 SECRET_ENV = {"database-url": "PAYGATE_DATABASE_URL_FILE", "fee-secret": "PAYGATE_FEE_SECRET_FILE",
               "lane-secrets": "PAYGATE_LANE_SECRETS_FILE", "journal-keys": "PAYGATE_JOURNAL_KEYS_FILE"}
 

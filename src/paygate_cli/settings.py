@@ -213,6 +213,9 @@ FIELDS: tuple[Field, ...] = (
     Field("settlement_batches_per_tick", 4, _parse_int, "new charge_batch transactions one tick may start"),
     Field("observer_start_ledger", None, _opt_int, "first ledger the observer reads when it has no cursor"),
     Field("observer_max_pages", 20, _parse_int, "getEvents pages one observer tick may apply"),
+    Field("recovery_grace", 180.0, _dur, "a claim this far past its lease is recovery's (> receipt timeout + a tick)"),
+    Field("recovery_alarm_age", 3600.0, _dur, "items in flight longer than this become findings"),
+    Field("key_retention", 604800.0, _dur, "time since a journal key's or lane's last use before it may be retired"),
 )
 
 # name -> help. Each is read from PAYGATE_<NAME>_FILE or $CREDENTIALS_DIRECTORY/<name with dashes>.

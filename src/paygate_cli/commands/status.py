@@ -33,6 +33,10 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
              "detail": f"expected {report['schema']['expected_version']}"}]
     rows += [{"check": f"halt:{h['kind']}", "value": "set", "detail": f"{h['reason']} (by {h['set_by']})"}
              for h in report["halts"]]
+    rows += [{"check": f"drained:{d['kind']}", "value": d["target"],
+              "detail": f"{d['reason'] or ''} (by {d['drained_by']})"} for d in report.get("drains", [])]
+    rows += [{"check": f"findings:{f['kind']}", "value": f["count"], "detail": f"oldest {f['oldest']}"}
+             for f in report.get("findings", [])]
     rows += [{"check": f"queue:{q['queue']}", "value": q["depth"],
               "detail": f"oldest {q['oldest_age_s']}s" if q["oldest_age_s"] is not None else ""}
              for q in report["queues"]]

@@ -161,7 +161,7 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
                      "note": "advisory locks need a direct or session-pooled connection "
                              "(not PgBouncer transaction pooling)"},
         "schema": schema,
-        "halts": [], "locks": lock_holders(conn), "queues": [], "workers": [],
+        "halts": [], "locks": lock_holders(conn), "queues": [], "workers": [], "drains": [], "findings": [],
     }
     if schema["schema_version"] == 0:
         return report  # nothing else exists to look at yet
@@ -174,6 +174,13 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
     try:
         report["halts"] = list_halts(conn)
         problems += [f"{h['kind']} halt set by {h['set_by']}: {h['reason']}" for h in report["halts"]]
+        from paygate_cli.ops.drain import drained
+        from paygate_cli.ops.reconcile import open_findings_summary
+
+        report["drains"] = drained(conn)  # drained instances/lanes are deliberate: shown, not a problem
+        report["findings"] = open_findings_summary(conn)
+        problems += [f"{f['count']} open {f['kind']} finding(s) (see `paygate reconcile-report`)"
+                     for f in report["findings"]]
         report.update(queues=queue_depths(conn), workers=last_runs(conn))
     except tolerated as exc:
         # A schema behind this build may lack what these read; the report already says why (not ready).

@@ -154,6 +154,15 @@ def _heartbeat_start(conn: psycopg.Connection, spec: WorkerSpec, instance: str, 
     return int(row[0]), bool(row[1])
 
 
+def honours_drain(spec: WorkerSpec) -> bool:
+    """A worker module declares `HONOURS_DRAIN = True` once its tick obeys `ctx.draining`; any
+    other worker's tick is skipped on a drained instance (it could otherwise take new claims)."""
+    import sys
+
+    tick = spec.load()
+    return bool(getattr(sys.modules[tick.__module__], "HONOURS_DRAIN", False))
+
+
 def _run_one_tick(ctx: TickContext, spec: WorkerSpec) -> TickResult:
     return spec.load()(ctx)
 
@@ -266,10 +275,13 @@ def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Conne
     try:
         if drained:
             summary.drained_ticks += 1
+        if drained and not honours_drain(spec):
             result.details = {"skipped": "instance drained"}
         else:
+            # A drained instance still ticks: it finishes what it holds and takes no new claims.
             ctx = TickContext(conn=work, settings=env.settings, worker=spec.name, instance_id=instance,
-                              slot=slot, batch=opts.batch or spec.batch or 1, log=get_logger(spec.name))
+                              slot=slot, batch=opts.batch or spec.batch or 1, log=get_logger(spec.name),
+                              draining=drained)
             result = _run_one_tick(ctx, spec)
         outcome = result.outcome
         if outcome == "stalled":

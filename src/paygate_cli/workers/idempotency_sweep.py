@@ -22,7 +22,12 @@ WHERE k.scope = expired.scope AND k.key = expired.key
 MAX_BATCHES_PER_TICK = 10  # bounds one tick; the next tick continues
 
 
+HONOURS_DRAIN = True  # a drained instance takes no new work: the sweep's deletions included
+
+
 def tick(ctx: TickContext) -> TickResult:
+    if ctx.draining:
+        return TickResult(details={"draining": True})
     deleted = 0
     for _ in range(MAX_BATCHES_PER_TICK):
         with ctx.conn.transaction():

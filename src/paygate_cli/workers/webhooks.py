@@ -26,8 +26,33 @@ from paygate_cli.db.connect import assert_not_in_transaction
 from paygate_cli.ticks.context import TickContext, TickResult
 from paygate_cli.ticks.crash import crashpoint
 
-# Two CTEs, because FOR UPDATE cannot sit under a UNION: fresh due rows, and rows whose lease lapsed
-# (their worker died mid-delivery). Each walks its own partial index.
+# The one take-over routine for this queue, used by this worker (grace 0, in its claim transaction)
+# and by recovery (past its grace window): a row whose lease lapsed (its worker died mid-delivery)
+# goes back to pending, or dead when its attempts are spent. A CAS on the lease token read, so a
+# delivery that finishes meanwhile is never overwritten, and SKIP LOCKED so two takers split rows.
+TAKE_OVER_SQL = """
+WITH lapsed AS (
+    SELECT id, lease_token FROM paygate.webhook_outbox
+    WHERE status = 'delivering' AND lease_expires_at < now() - make_interval(secs => %(grace)s)
+    ORDER BY lease_expires_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), decided AS (
+    SELECT o.id, lapsed.lease_token, o.attempts >= coalesce(o.max_attempts, %(max_attempts)s) AS spent
+    FROM paygate.webhook_outbox o JOIN lapsed ON lapsed.id = o.id
+)
+UPDATE paygate.webhook_outbox o
+SET status = CASE WHEN d.spent THEN 'dead' ELSE 'pending' END,
+    dead_at = CASE WHEN d.spent THEN now() END,
+    dead_reason = CASE WHEN d.spent THEN format('no success in %%s attempts; the last one was abandoned by its '
+                                                'worker (lease lapsed)', o.attempts) END,
+    last_error = 'abandoned mid-delivery: lease lapsed (taken over by ' || %(by)s || ')',
+    lease_token = NULL, lease_expires_at = NULL, claimed_by = NULL, next_attempt_at = now(), updated_at = now()
+FROM decided d
+WHERE o.id = d.id AND o.status = 'delivering' AND o.lease_token = d.lease_token
+RETURNING o.id, o.status
+"""
+
 CLAIM_SQL = """
 WITH due AS (
     SELECT id FROM paygate.webhook_outbox
@@ -35,21 +60,13 @@ WITH due AS (
     ORDER BY next_attempt_at
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
-), lapsed AS (
-    SELECT id FROM paygate.webhook_outbox
-    WHERE status = 'delivering' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-), picked AS (
-    SELECT id FROM (SELECT id FROM lapsed UNION ALL SELECT id FROM due) both_kinds LIMIT %(batch)s
 ), claimed AS (
     UPDATE paygate.webhook_outbox o
     SET status = 'delivering', lease_token = gen_random_uuid(),
         lease_expires_at = now() + make_interval(secs => %(lease)s),
         claimed_by = %(instance)s, attempts = o.attempts + 1, updated_at = now()
-    FROM picked
-    WHERE o.id = picked.id
+    FROM due
+    WHERE o.id = due.id
     RETURNING o.id, o.event_id, o.endpoint_id, o.event_type, o.payload, o.attempts, o.max_attempts,
               o.lease_token, o.created_at
 )
@@ -265,9 +282,25 @@ def _retry_or_dead(row: Claimed, max_attempts: int, code: int | None, error: str
     return Delivery(row, "pending", code=code, error=error, delay=delay)
 
 
+def take_over_lapsed(conn: Any, settings: Any, *, grace: float, batch: int, by: str) -> list[tuple[int, str]]:
+    """Rows whose delivery lease lapsed more than `grace` seconds ago -> pending (or dead when their
+    attempts are spent). -> [(id, new status)]."""
+    return conn.execute(TAKE_OVER_SQL, {"grace": grace, "batch": batch, "by": by,
+                                        "max_attempts": settings.webhook_max_attempts}).fetchall()
+
+
+# A webhook tick holds nothing between ticks (its claims are settled in the same tick), so a
+# drained instance's tick has nothing to finish and claims nothing new.
+HONOURS_DRAIN = True
+
+
 def tick(ctx: TickContext) -> TickResult:
     settings = ctx.settings
+    if ctx.draining:
+        return TickResult(details={"draining": True})
     with ctx.conn.transaction():
+        # Lapsed rows first: back to pending (now due), so the claim below takes them in this transaction.
+        take_over_lapsed(ctx.conn, settings, grace=0.0, batch=ctx.batch, by="webhooks")
         cursor = ctx.conn.execute(CLAIM_SQL, {"batch": ctx.batch, "lease": settings.webhook_lease,
                                               "instance": f"{ctx.instance_id}:{ctx.slot}"})
         rows = [Claimed(*record) for record in cursor.fetchall()]

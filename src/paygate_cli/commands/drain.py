@@ -1,0 +1,105 @@
+"""`paygate drain` / `paygate undrain`: an instance or a lane stops taking new work."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from paygate_cli.commands._common import DryRunFlag, JsonFlag, YesFlag, confirm, get_env, output_mode
+from paygate_cli.db.connect import connect
+from paygate_cli.env import Env
+from paygate_cli.errors import ConfigError, UsageError
+from paygate_cli.output import emit
+from paygate_cli.settings import parse_duration
+
+InstanceOpt = Annotated[str | None, typer.Option("--instance", help="An instance id (PAYGATE_INSTANCE_ID of a host).",
+                                                 show_default=False)]
+LaneOpt = Annotated[str | None, typer.Option("--lane", help="A lane address (G…).", show_default=False)]
+WaitOpt = Annotated[str | None, typer.Option(
+    "--wait", help="Block until nothing is in flight (e.g. 120s): exit 0, or 75 when the time runs out.",
+    show_default=False)]
+
+
+def _seconds(text: str) -> float:
+    try:
+        return parse_duration(text, name="--wait")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _describe(counts: dict[str, int]) -> str:
+    busy = [f"{queue} {n}" for queue, n in counts.items() if n]
+    return ", ".join(busy) if busy else "nothing"
+
+
+def _wait(env: Env, conn: Any, target: Any, wait: str) -> dict[str, Any]:
+    from paygate_cli.ops.drain import wait_idle
+
+    live = env.stderr_isatty  # a live count for a person; silence for scripts and logs
+
+    def progress(counts: dict[str, int]) -> None:
+        if live:
+            env.stderr.write(f"\rin flight: {_describe(counts):<60}")
+            env.stderr.flush()
+
+    try:
+        return wait_idle(conn, target, timeout=_seconds(wait), monotonic=env.monotonic, sleep=env.sleep,
+                         progress=progress)
+    finally:
+        if live:
+            env.stderr.write("\n")
+
+
+def drain_command(
+    ctx: typer.Context, instance: InstanceOpt = None, lane: LaneOpt = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why; shown by `status`, kept in audit_log.")] = None,
+    wait: WaitOpt = None, yes: YesFlag = False, dry_run: DryRunFlag = False, json_flag: JsonFlag = False,
+) -> int:
+    """Stop an instance's ticks from taking new claims (they finish what they hold), or stop
+    allocating a lane. Audited."""
+    from paygate_cli.ops.drain import Target, drain
+
+    env = get_env(ctx)
+    target = Target.of(instance, lane)
+    if wait is not None:
+        _seconds(wait)  # a bad --wait is a usage error before anything changes
+    if not dry_run:
+        confirm(env, f"drain {target.kind} {target.name}", yes=yes)
+    with connect(env.settings, "drain") as conn:
+        result = drain(conn, target, reason=reason, actor=env.settings.effective_operator(), dry_run=dry_run)
+        if wait is not None and not dry_run:
+            result["wait"] = _wait(env, conn, target, wait)
+            result["in_flight"] = {k: 0 for k in result["in_flight"]}
+    if dry_run:
+        line = (f"would drain {target.kind} {target.name}" if result["would_drain"]
+                else f"{target.kind} {target.name} is already drained")
+    else:
+        line = f"{target.kind} {target.name} drained" + ("" if result["changed"] else " (already)")
+    line += f"; in flight: {_describe(result['in_flight'])}"
+    emit(env, output_mode(json_flag), {"drain": result}, lines=[line])
+    return 0
+
+
+def undrain_command(ctx: typer.Context, instance: InstanceOpt = None, lane: LaneOpt = None, yes: YesFlag = False,
+                    dry_run: DryRunFlag = False, json_flag: JsonFlag = False) -> int:
+    """Let a drained instance or lane take new work again. Audited."""
+    from paygate_cli.ops.drain import Target, undrain
+
+    env = get_env(ctx)
+    target = Target.of(instance, lane)
+    if not dry_run:
+        confirm(env, f"undrain {target.kind} {target.name}", yes=yes)
+    with connect(env.settings, "undrain") as conn:
+        result = undrain(conn, target, actor=env.settings.effective_operator(), dry_run=dry_run)
+    if dry_run:
+        line = f"would undrain {target.kind} {target.name}" if result["would_undrain"] else "not drained"
+    else:
+        line = f"{target.kind} {target.name} " + ("undrained" if result["undrained"] else "was not drained")
+    emit(env, output_mode(json_flag), {"undrain": result}, lines=[line])
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    app.command("drain")(drain_command)
+    app.command("undrain")(undrain_command)

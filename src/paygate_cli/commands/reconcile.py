@@ -1,0 +1,162 @@
+"""`paygate reconcile-report`: drift by regime, unresolved lineages, quarantined events, stuck rows,
+lane gaps, findings. Exit 3 on any unexplained drift."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tempfile
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import typer
+
+from paygate_cli.commands._common import get_env
+from paygate_cli.db.connect import connect
+from paygate_cli.errors import ConfigError, ExitCode, UsageError
+from paygate_cli.output import Mode, _cell, emit, to_json
+from paygate_cli.settings import parse_duration
+
+FORMATS = ("table", "json", "csv", "markdown")
+# Section -> columns shown by the tabular formats (json carries every field).
+SECTIONS: dict[str, list[str]] = {
+    "totals": ["regime", "accounts", "drift", "in_flight", "lagging", "newest_check"],
+    "drift": ["address", "regime", "chain_balance", "cached_balance", "drift", "in_flight", "lagging", "unexplained",
+              "checked_at"],
+    "unresolved_lineages": ["id", "purpose", "entitlement", "lane", "state", "send_count", "age_s"],
+    "quarantined_events": ["event_id", "ledger", "kind", "quarantine_reason", "observed_at"],
+    "stuck": ["queue", "count", "oldest"],
+    "findings": ["id", "kind", "subject", "summary", "first_seen", "seen_count", "resolved_at"],
+}
+
+
+def _since(text: str | None) -> datetime | None:
+    """An ISO timestamp or a duration back from now ('1h', '30min', '7d')."""
+    if not text:
+        return None
+    days = text.strip().lower().removesuffix("days").removesuffix("day").removesuffix("d")
+    if days != text.strip().lower():
+        try:
+            return datetime.now(UTC) - timedelta(days=float(days))
+        except ValueError:
+            pass
+    try:
+        return datetime.now(UTC) - timedelta(seconds=parse_duration(text, name="--since"))
+    except ConfigError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--since: {text!r} is neither a duration (1h, 30min) nor an ISO timestamp") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _csv(document: dict[str, Any]) -> str:
+    """One CSV: a `section` column, then the union of the sections' columns."""
+    columns = ["section", *sorted({c for cols in SECTIONS.values() for c in cols})]
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    for section in SECTIONS:
+        for row in document[section]:
+            writer.writerow([section] + [_cell(row.get(c)) for c in columns[1:]])
+    return buffer.getvalue()
+
+
+def _markdown(document: dict[str, Any], headline: str) -> str:
+    from tabulate import tabulate
+
+    parts = [f"## Reconcile report\n\n{headline}\n"]
+    for section, columns in SECTIONS.items():
+        rows = [[_cell(row.get(c)) for c in columns] for row in document[section]]
+        parts.append(f"### {section.replace('_', ' ')}\n")
+        parts.append(tabulate(rows, headers=columns, tablefmt="github") + "\n" if rows else "_none_\n")
+    return "\n".join(parts)
+
+
+def _text_tables(document: dict[str, Any], headline: str) -> str:
+    from tabulate import tabulate
+
+    parts = [headline]
+    for section, columns in SECTIONS.items():
+        rows = [[_cell(row.get(c)) for c in columns] for row in document[section]]
+        parts.append(f"\n{section.replace('_', ' ')}:")
+        parts.append(tabulate(rows, headers=columns, tablefmt="simple") if rows else "  none")
+    return "\n".join(parts) + "\n"
+
+
+def _write_atomically(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".reconcile-report.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def reconcile_report_command(
+    ctx: typer.Context,
+    since: Annotated[str | None, typer.Option("--since", help="Only checks/events since (1h, or ISO time).",
+                                              show_default=False)] = None,
+    account: Annotated[str | None, typer.Option("--account", help="One account (G…).", show_default=False)] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table | json | csv | markdown (for an incident ticket).")]
+    = "table",
+    out: Annotated[str | None, typer.Option("--out", help="Write the report to FILE instead of stdout.",
+                                            show_default=False)] = None,
+    older_than: Annotated[str, typer.Option("--older-than", help="Lineages/rows waiting longer are listed.")]
+    = "10min",
+    json_flag: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
+) -> int:
+    """Totals and per-account drift by regime, unresolved lineages, quarantined events, stuck rows,
+    lane gaps, open findings. Exit 3 on any unexplained drift, 0 otherwise."""
+    from paygate_cli.ops.reconcile import report
+
+    env = get_env(ctx)
+    fmt = "json" if json_flag else fmt.lower()
+    if fmt not in FORMATS:
+        raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    try:
+        older = parse_duration(older_than, name="--older-than")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    with connect(env.settings, "reconcile-report") as conn:
+        document = report(conn, since=_since(since), account=account, older_than=older)
+    # A lane gap is a nonce gap (the exit-code contract's other "needs a human" of this report).
+    code = ExitCode.NEEDS_HUMAN if document["unexplained"] or document["lane_gaps"] else ExitCode.OK
+    headline = (f"UNEXPLAINED DRIFT: {document['unexplained']} item(s) need a human" if document["unexplained"]
+                else "no unexplained drift") + f"; {document['accounts_never_checked']} account(s) never checked"
+    if document["lane_gaps"]:
+        headline += f"; LANE GAPS: {len(document['lane_gaps'])} lane(s) used outside the journal"
+    if fmt == "json":
+        text = to_json({"reconcile_report": document}) + "\n"
+    elif fmt == "csv":
+        text = _csv(document)
+    elif fmt == "markdown":
+        text = _markdown(document, headline)
+    elif out:
+        text = _text_tables(document, headline)
+    else:
+        lines = [headline]
+        emit(env, Mode.HUMAN, {}, rows=document["totals"], columns=SECTIONS["totals"], lines=lines,
+             title="accounts by regime")
+        for section in list(SECTIONS)[1:]:
+            if document[section]:
+                emit(env, Mode.HUMAN, {}, rows=document[section], columns=SECTIONS[section],
+                     title=section.replace("_", " "))
+        return code
+    if out:
+        _write_atomically(out, text)
+        env.stderr.write(f"reconcile report written to {out} ({headline})\n")
+    else:
+        env.stdout.write(text)
+        env.stdout.flush()
+    return code
+
+
+def register(app: typer.Typer) -> None:
+    app.command("reconcile-report")(reconcile_report_command)

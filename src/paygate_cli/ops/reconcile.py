@@ -1,0 +1,127 @@
+"""`reconcile-report`: what the reconciler and recovery found, and what is still open, read from
+the same tables `status` and alerts read. Set-based SQL only: every section is one statement."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
+
+# Walks findings_one_open (a partial index on open findings): cheap however long the history is.
+OPEN_FINDINGS_SUMMARY_SQL = """
+SELECT kind, count(*), min(first_seen) FROM paygate.findings WHERE resolved_at IS NULL GROUP BY kind ORDER BY kind
+"""
+ROW_LIMIT = 1000  # rows listed per section; the totals always count everything
+
+# Totals by regime over the latest check of every account (or one account).
+TOTALS_SQL = """
+SELECT regime, count(*), coalesce(sum(drift), 0), coalesce(sum(in_flight), 0), coalesce(sum(lagging), 0),
+       min(checked_at), max(checked_at)
+FROM paygate.account_checks
+WHERE (%(account)s::text IS NULL OR address = %(account)s)
+  AND (%(since)s::timestamptz IS NULL OR checked_at >= %(since)s)
+GROUP BY regime ORDER BY regime
+"""
+# Accounts whose last check did not match (account_checks_regime: only those rows are walked).
+DRIFT_SQL = """
+SELECT address, regime, chain_balance, cached_balance, drift, in_flight, lagging,
+       drift - in_flight - lagging AS unexplained, chain_ledger, checked_at
+FROM paygate.account_checks
+WHERE regime <> 'match' AND (%(account)s::text IS NULL OR address = %(account)s)
+  AND (%(since)s::timestamptz IS NULL OR checked_at >= %(since)s)
+ORDER BY (regime = 'unexplained') DESC, abs(drift - in_flight - lagging) DESC, address
+LIMIT %(limit)s
+"""
+UNCHECKED_SQL = """
+SELECT count(*) FROM paygate.accounts a
+WHERE (%(account)s::text IS NULL OR a.address = %(account)s)
+  AND NOT EXISTS (SELECT 1 FROM paygate.account_checks c WHERE c.address = a.address)
+"""
+# Live lineages older than the threshold (lineages_one_live_per_lane covers only live rows).
+UNRESOLVED_SQL = """
+SELECT id, purpose, entitlement, lane, state, source_seq, send_count, created_at,
+       extract(epoch FROM now() - created_at)::float8 AS age_s
+FROM paygate.lineages
+WHERE state IN ('allocated', 'signed', 'sent') AND created_at < now() - make_interval(secs => %(older)s)
+ORDER BY created_at LIMIT %(limit)s
+"""
+QUARANTINED_SQL = """
+SELECT event_id, ledger, kind, quarantine_reason, observed_at FROM paygate.chain_events
+WHERE quarantined AND (%(since)s::timestamptz IS NULL OR observed_at >= %(since)s)
+ORDER BY observed_at LIMIT %(limit)s
+"""
+# Rows waiting longer than the threshold, per queue: one statement, each branch on its own index.
+STUCK_SQL = """
+SELECT 'deposits' AS queue, count(*), min(created_at) FROM paygate.pending_credits
+WHERE status = 'pending' AND created_at < now() - make_interval(secs => %(older)s)
+UNION ALL
+SELECT 'charges', count(*), min(created_at) FROM paygate.charges
+WHERE status = 'authorized' AND created_at < now() - make_interval(secs => %(older)s)
+UNION ALL
+SELECT 'charge_batches', count(*), min(created_at) FROM paygate.charge_batches
+WHERE closed_at IS NULL AND created_at < now() - make_interval(secs => %(older)s)
+UNION ALL
+SELECT 'webhooks.delivering', count(*), min(lease_expires_at) FROM paygate.webhook_outbox
+WHERE status = 'delivering' AND lease_expires_at < now() - make_interval(secs => %(older)s)
+"""
+FINDINGS_SQL = """
+SELECT id, kind, subject, summary, first_seen, last_seen, seen_count, resolved_at, resolved_by
+FROM paygate.findings
+WHERE (resolved_at IS NULL OR (%(since)s::timestamptz IS NOT NULL AND resolved_at >= %(since)s))
+  AND (%(account)s::text IS NULL OR subject = %(account)s)
+ORDER BY resolved_at IS NOT NULL, first_seen LIMIT %(limit)s
+"""
+
+
+def open_findings_summary(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    return [{"kind": kind, "count": int(count), "oldest": oldest}
+            for kind, count, oldest in conn.execute(OPEN_FINDINGS_SUMMARY_SQL)]
+
+
+def _rows(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    cursor = conn.execute(sql, params)
+    names = [c.name for c in cursor.description or []]
+    return [dict(zip(names, row, strict=True)) for row in cursor]
+
+
+def report(conn: psycopg.Connection, *, since: Any = None, account: str | None = None,
+           older_than: float = 600.0) -> dict[str, Any]:
+    """The whole report as one document; `unexplained` decides the exit code (3 when any). Every
+    section reads the same snapshot (one read-only transaction), so the sections agree."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        # Plain aggregates over large tables: JIT compilation costs seconds here and saves nothing.
+        conn.execute("SET LOCAL jit = off")
+        return _report(conn, since=since, account=account, older_than=older_than)
+
+
+def _report(conn: psycopg.Connection, *, since: Any, account: str | None, older_than: float) -> dict[str, Any]:
+    params = {"since": since, "account": account, "limit": ROW_LIMIT, "older": older_than}
+    totals = [{"regime": r, "accounts": int(n), "drift": d, "in_flight": f, "lagging": lag,
+               "oldest_check": lo, "newest_check": hi}
+              for r, n, d, f, lag, lo, hi in conn.execute(TOTALS_SQL, params)]
+    drift = _rows(conn, DRIFT_SQL, params)
+    findings = _rows(conn, FINDINGS_SQL, params)
+    stuck = [{"queue": q, "count": int(n), "oldest": oldest}
+             for q, n, oldest in conn.execute(STUCK_SQL, params) if n]
+    unresolved = _rows(conn, UNRESOLVED_SQL, params)
+    quarantined = _rows(conn, QUARANTINED_SQL, params)
+    unchecked = int(conn.execute(UNCHECKED_SQL, params).fetchone()[0])
+    open_findings = [f for f in findings if f["resolved_at"] is None]
+    unexplained_accounts = sum(t["accounts"] for t in totals if t["regime"] == "unexplained")
+    unexplained = unexplained_accounts + sum(1 for f in open_findings if f["kind"] in ("balance_drift",
+                                                                                     "total_drift")
+                                             and f["subject"] not in {d["address"] for d in drift})
+    return {
+        "filters": {"since": since, "account": account, "older_than_s": older_than},
+        "unexplained": unexplained,
+        "totals": totals,
+        "accounts_never_checked": unchecked,
+        "drift": drift,
+        "unresolved_lineages": unresolved,
+        "quarantined_events": quarantined,
+        "stuck": stuck,
+        "lane_gaps": [f for f in open_findings if f["kind"] == "lane_gap"],
+        "findings": findings,
+    }

@@ -1,0 +1,393 @@
+"""Reconciler: the chain against the database (DESIGN §6). Single writer, paced.
+
+Per tick, at most `batch` chain reads, least recently checked accounts first:
+
+- each account's cached balance against the billing contract's `balance` on chain. The difference
+  chain - cached is classified as
+    *in flight*  exactly the admitted charges not yet observed (debited in Postgres, not on chain yet),
+    *lagging*    exactly that plus the billing events past the observer's cursor (up to the ledger
+                 the balance was read at: charges already debited on chain, credits not yet settled),
+    *unexplained* anything else: a finding (stored, alerted once, cleared when a later check matches);
+- the contract's USDC holdings against what the database says it must hold: cached balances +
+  admitted and settled charges (charges stay in the contract) + deposits that landed and are not
+  credited yet; deposits still in flight may explain a surplus;
+- each lane's chain sequence against the journal's last consumed one.
+
+Reads are bracketed by two database snapshots (short transactions, none open across a chain call):
+an account, the total or a lane whose database side changed meanwhile is "moving" and checked again
+next tick, so a race between our reads never looks like drift."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from paygate_cli.ticks.context import TickContext, TickResult
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from paygate_cli.chain.rpc import ChainClient
+
+HONOURS_DRAIN = True  # a drained instance's reconciler reads nothing and writes nothing
+
+# Never checked first (any of them: no ORDER BY, so the anti-join stops at the first n it finds), then
+# least recently checked (an index walk).
+PICK_ACCOUNTS_SQL = """
+(SELECT a.address FROM paygate.accounts a
+ WHERE NOT EXISTS (SELECT 1 FROM paygate.account_checks c WHERE c.address = a.address)
+ LIMIT %(n)s)
+UNION ALL
+(SELECT c.address FROM paygate.account_checks c ORDER BY c.checked_at, c.address LIMIT %(n)s)
+LIMIT %(n)s
+"""
+# One account's database side: cached balance and the admitted charges the chain has not been seen
+# to debit (charges_open_account walks only those).
+ACCOUNTS_SQL = """
+SELECT a.address, a.cached_balance,
+       coalesce((SELECT sum(c.amount) FROM paygate.charges c
+                 WHERE c.account = a.address AND c.status = 'authorized'), 0)
+FROM paygate.accounts a WHERE a.address = ANY(%s)
+"""
+CURSOR_SQL = "SELECT cursor FROM paygate.observer_cursor"
+# What the contract must hold in USDC: every cached balance, every admitted or settled charge (the
+# contract keeps charged funds), every deposit that landed and is not settled (credited on chain or
+# not, the USDC is in the contract and not in any cached balance). And the deposits still in
+# flight, which may have landed a moment ago.
+#
+# The settled charges are the one large sum (every charge ever settled), so it is read once per tick;
+# the "moving" check compares only the parts that any change to it also changes (a settle moves an
+# amount out of the authorized sum; an admission changes the cached sum).
+TOTAL_MOVING_SQL = """
+SELECT (SELECT coalesce(sum(cached_balance), 0) FROM paygate.accounts),
+       (SELECT coalesce(sum(amount), 0) FROM paygate.charges WHERE status = 'authorized'),
+       (SELECT coalesce(sum(p.amount), 0) FROM paygate.pending_credits p
+        LEFT JOIN paygate.lineages l ON l.id = p.deposit_lineage_id
+        WHERE p.status IN ('pending', 'needs_human') AND (p.deposit_tx IS NOT NULL OR l.state = 'applied')),
+       (SELECT coalesce(array_agg(p.amount::text ORDER BY p.id), '{}') FROM paygate.pending_credits p
+        JOIN paygate.lineages l ON l.id = p.deposit_lineage_id
+        WHERE p.status = 'pending' AND p.deposit_tx IS NULL AND l.state IN ('signed', 'sent'))
+"""
+SETTLED_CHARGES_SQL = "SELECT coalesce(sum(amount), 0) FROM paygate.charges WHERE status = 'settled'"
+# Plain sums over large tables: JIT compilation costs seconds here and saves nothing.
+NO_JIT_SQL = "SET LOCAL jit = off"
+LANES_SQL = """
+SELECT l.address,
+       (SELECT max(x.source_seq) FROM paygate.lineages x WHERE x.lane = l.address AND x.state IN ('applied', 'failed')),
+       (SELECT x.source_seq FROM paygate.lineages x WHERE x.lane = l.address AND x.state IN ('signed', 'sent'))
+FROM paygate.lanes l WHERE l.address = ANY(%s) ORDER BY l.address
+"""
+# Lanes share the read budget with accounts (at most half of it); with more lanes than that, a
+# random sample each tick covers them all over a few ticks without keeping state per lane.
+PICK_LANES_SQL = "SELECT address FROM paygate.lanes WHERE status <> 'retired' ORDER BY random() LIMIT %s"
+SOURCE_SQL = "SELECT address FROM paygate.lanes ORDER BY address LIMIT 1"
+SETTLED_DEPOSITS_SQL = """
+SELECT encode(deposit_tx, 'hex') FROM paygate.pending_credits WHERE deposit_tx = ANY(%s) AND status = 'settled'
+"""
+RECORD_CHECKS_SQL = """
+INSERT INTO paygate.account_checks (address, checked_at, chain_ledger, chain_balance, cached_balance, in_flight,
+                                    lagging, regime, drift)
+SELECT address, now(), ledger, chain, cached, in_flight, lagging, regime, drift
+FROM unnest(%(address)s::text[], %(ledger)s::integer[], %(chain)s::numeric[], %(cached)s::numeric[],
+            %(in_flight)s::numeric[], %(lagging)s::numeric[], %(regime)s::text[], %(drift)s::numeric[])
+     AS c(address, ledger, chain, cached, in_flight, lagging, regime, drift)
+ON CONFLICT (address) DO UPDATE
+SET checked_at = now(), chain_ledger = EXCLUDED.chain_ledger, chain_balance = EXCLUDED.chain_balance,
+    cached_balance = EXCLUDED.cached_balance, in_flight = EXCLUDED.in_flight, lagging = EXCLUDED.lagging,
+    regime = EXCLUDED.regime, drift = EXCLUDED.drift
+"""
+
+# Findings: one open row per (kind, subject). A repeat sighting updates it; only a new one alerts.
+RECORD_FINDINGS_SQL = """
+INSERT INTO paygate.findings AS f (kind, subject, summary, details, alerted_at)
+SELECT kind, subject, summary, details, now()
+FROM unnest(%(kind)s::text[], %(subject)s::text[], %(summary)s::text[], %(details)s::jsonb[])
+     AS n(kind, subject, summary, details)
+ON CONFLICT (kind, subject) WHERE resolved_at IS NULL
+DO UPDATE SET last_seen = now(), seen_count = f.seen_count + 1, summary = EXCLUDED.summary, details = EXCLUDED.details
+RETURNING f.id, f.kind, f.subject, f.summary, (f.seen_count = 1) AS new
+"""
+CLEAR_FINDINGS_SQL = """
+UPDATE paygate.findings SET resolved_at = now(), resolved_by = %(by)s
+WHERE resolved_at IS NULL AND kind = %(kind)s AND subject = ANY(%(subjects)s)
+RETURNING id, subject
+"""
+MAX_EVENT_PAGES = 20
+
+
+@dataclass
+class Finding:
+    kind: str
+    subject: str
+    summary: str
+    details: dict[str, Any]
+
+
+def record_findings(conn: psycopg.Connection, findings: list[Finding], log: Any) -> list[tuple]:
+    """Store findings (one statement); log the new ones once, at error. -> the rows written."""
+    from psycopg.types.json import Jsonb
+
+    if not findings:
+        return []
+    rows = conn.execute(RECORD_FINDINGS_SQL, {
+        "kind": [f.kind for f in findings], "subject": [f.subject for f in findings],
+        "summary": [f.summary for f in findings], "details": [Jsonb(f.details) for f in findings]}).fetchall()
+    for finding_id, kind, subject, summary, new in rows:
+        if new:
+            log.error("finding %s (%s %s): %s", finding_id, kind, subject, summary,
+                      extra={"msgid": f"finding.{kind}", "finding_id": finding_id, "subject": subject})
+    return rows
+
+
+def clear_findings(conn: psycopg.Connection, kind: str, subjects: list[str], by: str, log: Any) -> int:
+    if not subjects:
+        return 0
+    rows = conn.execute(CLEAR_FINDINGS_SQL, {"kind": kind, "subjects": subjects, "by": by}).fetchall()
+    for finding_id, subject in rows:
+        log.info("finding %s (%s %s) cleared: a later check matches", finding_id, kind, subject,
+                 extra={"msgid": f"finding.{kind}.cleared", "finding_id": finding_id})
+    return len(rows)
+
+
+def subset_sums(amounts: list[int], cap: int = 4096) -> set[int]:
+    """Every sum of a subset of `amounts` (deposits that may have landed), bounded in size."""
+    sums = {0}
+    for amount in amounts:
+        sums |= {s + amount for s in sums}
+        if len(sums) > cap:
+            break
+    return sums
+
+
+def classify(drift: int, in_flight: int, lagging: int, saw_events: bool) -> str:
+    """chain - cached = drift; explained by admitted-but-unobserved charges (in_flight) plus the
+    net effect of events past the cursor (lagging)?"""
+    if drift != in_flight + lagging:
+        return "unexplained"
+    if saw_events:
+        return "lagging"
+    return "in_flight" if in_flight else "match"
+
+
+@dataclass
+class Events:
+    """Billing events past the observer's cursor, per account, with how far the read is complete."""
+
+    by_account: dict[str, list[Any]]
+    complete_to: int | None  # events are known through this ledger (None: not known at all)
+
+
+def _events_past_cursor(conn: psycopg.Connection, chain: ChainClient, settings: Any, cursor: str | None,
+                        accounts: set[str], log: Any) -> Events:
+    from paygate_cli.chain.charges import RetentionGap, UndecodableEvent, decode_billing_event, get_events
+
+    start = None
+    if cursor is None:
+        start = settings.observer_start_ledger
+        if not start:
+            return Events({}, None)  # no observer position yet: lagging cannot be told apart
+    found: dict[str, list[Any]] = defaultdict(list)
+    complete_to: int | None = None
+    try:
+        for _ in range(MAX_EVENT_PAGES):
+            page = get_events(chain, settings.billing_contract, cursor=cursor, start_ledger=start, limit=1000)
+            for raw in page.events:
+                try:
+                    event = decode_billing_event(raw)
+                except UndecodableEvent:
+                    continue  # the observer quarantines it; it moves no cached balance
+                if event.account in accounts:
+                    found[event.account].append((raw.ledger, event))
+            cursor, start = page.cursor, None
+            if len(page.events) < 1000:
+                complete_to = page.latest_ledger
+                break
+            complete_to = page.events[-1].ledger - 1
+    except RetentionGap as exc:
+        log.warning("reconciler: cannot read the events past the observer's cursor (%s)", exc,
+                    extra={"msgid": "reconciler.retention_gap"})
+        return Events({}, None)
+    return Events(found, complete_to)
+
+
+def tick(ctx: TickContext) -> TickResult:
+    if ctx.draining:
+        return TickResult(details={"draining": True})
+    settings = ctx.settings
+    conn = ctx.conn
+    budget = max(1, int(ctx.batch))
+    picked_lanes = [lane for (lane,) in conn.execute(PICK_LANES_SQL, (budget // 2,))]
+    lanes_before = conn.execute(LANES_SQL, (picked_lanes,)).fetchall()
+    source_row = conn.execute(SOURCE_SQL).fetchone()
+    account_budget = max(0, budget - 1 - len(lanes_before))
+    picked = [a for (a,) in conn.execute(PICK_ACCOUNTS_SQL, {"n": account_budget})] if account_budget else []
+    if not picked and not lanes_before:
+        return TickResult(details={"accounts": 0})
+    if not settings.billing_contract or not settings.usdc_contract:
+        from paygate_cli.errors import ConfigError
+
+        raise ConfigError("the reconciler needs PAYGATE_BILLING_CONTRACT and PAYGATE_USDC_CONTRACT")
+
+    from paygate_cli.chain.balances import billing_balance_at, token_balance_at
+    from paygate_cli.chain.contracts import SimulationFailed
+    from paygate_cli.chain.rpc import ChainClient
+
+    # Snapshot 1: the database side, in one short transaction.
+    with conn.transaction():
+        conn.execute(NO_JIT_SQL)
+        before = {a: (int(c), int(f)) for a, c, f in conn.execute(ACCOUNTS_SQL, (picked,))}
+        cursor_row = conn.execute(CURSOR_SQL).fetchone()
+        total_before = conn.execute(TOTAL_MOVING_SQL).fetchone()
+        settled_charges = int(conn.execute(SETTLED_CHARGES_SQL).fetchone()[0])
+    cursor = cursor_row[0] if cursor_row else None
+
+    chain = ChainClient(settings, guard_conn=conn)
+    try:
+        if source_row is not None:
+            source = source_row[0]
+        else:
+            from paygate_cli.chain.keys import Signer
+
+            source = Signer.from_settings(settings).fee.public_key
+        balances: dict[str, tuple[int, int | None]] = {}
+        unreadable: dict[str, str] = {}
+        for account in before:
+            try:
+                balances[account] = billing_balance_at(chain, billing=settings.billing_contract, account=account,
+                                                       source=source)
+            except (ValueError, SimulationFailed) as exc:
+                # Poison data (an address the chain cannot parse) or a contract that refuses the read:
+                # a finding for that account, never a crash of the whole tick.
+                unreadable[account] = f"{type(exc).__name__}: {exc}"[:300]
+                balances[account] = (0, None)
+        usdc = token_balance_at(chain, token=settings.usdc_contract, holder=settings.billing_contract, source=source)
+        lane_seqs = {lane: chain.account_sequence(lane) for lane, _, _ in lanes_before}
+        events = _events_past_cursor(conn, chain, settings, cursor, set(before), ctx.log)
+    finally:
+        chain.close()
+
+    # Snapshot 2: what changed while we read the chain is "moving", not drift.
+    with conn.transaction():
+        conn.execute(NO_JIT_SQL)
+        after = {a: (int(c), int(f)) for a, c, f in conn.execute(ACCOUNTS_SQL, (list(before),))}
+        total_after = conn.execute(TOTAL_MOVING_SQL).fetchone()
+        lanes_after = conn.execute(LANES_SQL, (picked_lanes,)).fetchall()
+        credit_refs = [e.ref for evs in events.by_account.values() for _, e in evs if e.kind == "credit"]
+        settled = {h for (h,) in conn.execute(SETTLED_DEPOSITS_SQL, (credit_refs,))} if credit_refs else set()
+
+    counts: dict[str, int] = defaultdict(int)
+    checks: dict[str, list[Any]] = defaultdict(list)
+    findings: list[Finding] = []
+    clear: dict[str, list[str]] = defaultdict(list)
+    for account, (cached, in_flight) in before.items():
+        chain_balance, ledger = balances[account]
+        if account in unreadable:
+            counts["unreadable"] += 1
+            findings.append(Finding("balance_drift", account, f"cannot read its chain balance: {unreadable[account]}",
+                                    {"cached_balance": str(cached), "error": unreadable[account]}))
+            for key, value in (("address", account), ("ledger", None), ("chain", 0), ("cached", cached),
+                               ("in_flight", in_flight), ("lagging", 0), ("regime", "unexplained"),
+                               ("drift", -cached)):
+                checks[key].append(value)
+            continue
+        assert ledger is not None
+        if after.get(account) != (cached, in_flight) or (events.complete_to is None and cursor is not None) \
+                or (events.complete_to is not None and ledger > events.complete_to):
+            counts["moving"] += 1
+            continue
+        lagging, saw = 0, False
+        for event_ledger, event in events.by_account.get(account, []):
+            if event_ledger > ledger:
+                continue  # after the balance was read: not in it
+            if event.kind == "charge":
+                lagging -= event.amount
+                saw = True
+            elif event.kind == "credit" and event.ref.hex() not in settled:
+                lagging += event.amount
+                saw = True
+        drift = chain_balance - cached
+        regime = classify(drift, in_flight, lagging, saw)
+        counts[regime] += 1
+        for key, value in (("address", account), ("ledger", ledger), ("chain", chain_balance), ("cached", cached),
+                           ("in_flight", in_flight), ("lagging", lagging), ("regime", regime), ("drift", drift)):
+            checks[key].append(value)
+        if regime == "unexplained":
+            findings.append(Finding("balance_drift", account, (
+                f"chain balance {chain_balance} - cached {cached} = {drift}; in flight {in_flight}, lagging "
+                f"{lagging}: {drift - in_flight - lagging} unexplained"), {
+                "chain_balance": str(chain_balance), "cached_balance": str(cached), "drift": str(drift),
+                "in_flight": str(in_flight), "lagging": str(lagging), "ledger": ledger}))
+        else:
+            clear["balance_drift"].append(account)
+
+    total = _check_total(total_before, total_after, settled_charges, usdc, settings.billing_contract)
+    counts[f"total_{total['regime']}"] += 1
+    if total["regime"] == "unexplained":
+        findings.append(Finding("total_drift", "contract", total["summary"], total))
+    elif total["regime"] != "moving":
+        clear["total_drift"].append("contract")
+
+    lanes = _check_lanes(lanes_before, lanes_after, lane_seqs)
+    for lane in lanes:
+        counts[f"lane_{lane['regime']}"] += 1
+        if lane["regime"] == "gap":
+            findings.append(Finding("lane_gap", lane["lane"], lane["summary"], lane))
+        elif lane["regime"] in ("match", "in_flight", "unused"):
+            clear["lane_gap"].append(lane["lane"])
+
+    with conn.transaction():
+        if checks:
+            conn.execute(RECORD_CHECKS_SQL, dict(checks))
+        written = record_findings(conn, findings, ctx.log)
+        cleared = sum(clear_findings(conn, kind, subjects, "reconciler", ctx.log) for kind, subjects in clear.items())
+    new = sum(1 for row in written if row[4])
+    details = {**counts, "accounts": len(checks.get("address", [])), "findings_new": new,
+               "findings_open_seen": len(written) - new, "findings_cleared": cleared, "total": total}
+    return TickResult(processed=len(checks.get("address", [])), needs_human=new, details=details)
+
+
+def _check_total(before: tuple, after: tuple, settled_charges: int, usdc: tuple[int, int],
+                 contract: str) -> dict[str, Any]:
+    if tuple(before) != tuple(after):
+        return {"regime": "moving"}
+    cached, authorized, landed, in_flight_deposits = before
+    charged = int(authorized) + settled_charges
+    held, ledger = usdc
+    expected = int(cached) + int(charged) + int(landed)
+    drift = held - expected
+    if drift == 0:
+        regime = "match"
+    elif drift in subset_sums([int(a) for a in in_flight_deposits]):
+        regime = "in_flight"  # deposits sent and landed, not yet resolved by funding
+    else:
+        regime = "unexplained"
+    return {"regime": regime, "contract": contract, "usdc_held": str(held), "ledger": ledger,
+            "expected": str(expected), "drift": str(drift), "cached_total": str(cached),
+            "charged_total": str(charged), "landed_deposits": str(landed),
+            "summary": f"the billing contract holds {held} USDC; the database accounts for {expected} "
+                       f"(cached {cached} + charged {charged} + landed deposits {landed}): drift {drift}"}
+
+
+def _check_lanes(before: list[tuple], after: list[tuple], chain_seqs: dict[str, int]) -> list[dict[str, Any]]:
+    unchanged = {row[0]: row for row in after}
+    report = []
+    for row in before:
+        lane, journal, live = row
+        chain_seq = chain_seqs[lane]
+        base = {"lane": lane, "chain_seq": chain_seq, "journal_last_consumed_seq": journal, "live_seq": live}
+        if unchanged.get(lane) != row:
+            report.append({**base, "regime": "moving"})
+        elif journal is None:
+            report.append({**base, "regime": "unused"})
+        elif chain_seq == journal:
+            report.append({**base, "regime": "match"})
+        elif live is not None and chain_seq == live:
+            report.append({**base, "regime": "in_flight"})  # our in-flight lineage just landed
+        elif chain_seq < journal:
+            report.append({**base, "regime": "lagging"})  # the read endpoint is behind the journal
+        else:
+            report.append({**base, "regime": "gap", "summary": (
+                f"lane {lane}: chain sequence {chain_seq} is ahead of the journal's last consumed {journal} "
+                f"(in flight: {live}): a transaction this gateway never journaled used the lane")})
+    return report

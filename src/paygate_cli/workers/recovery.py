@@ -1,0 +1,142 @@
+"""Recovery (DESIGN §6): claimed rows whose owner left no result past a grace window are taken over
+through their queue's own take-over routine (the one its worker uses: never a second copy of the
+rules), and items in flight beyond an alarm age become findings.
+
+The grace window must exceed the longest a live owner may legitimately hold a row without a result
+(its receipt timeout) plus one of its ticks; a shorter one could take a row from a worker that is
+still about to write, so such a configuration is refused (78).
+
+Queues are a table of `Recoverable` entries: webhook deliveries, deposits and charge batches (relays
+and bot jobs add one entry each). Each entry calls its queue's own routine in its worker module; for
+the money paths that drives the lineage in flight through the phase engine (journal/engine.py:
+resolve, or resend the same bytes) and never starts a new transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from paygate_cli.errors import ConfigError
+from paygate_cli.ticks.context import TickContext, TickResult
+from paygate_cli.workers.reconciler import Finding, clear_findings, record_findings
+
+HONOURS_DRAIN = True  # a drained instance takes nothing over
+
+
+@dataclass(frozen=True)
+class Recoverable:
+    queue: str
+    worker: str  # the worker that owns the queue's claims (its cadence is "a tick")
+    receipt_timeout: Callable[[Any], float]  # longest a live owner may wait on one answer without a write
+    take_over: Callable[[TickContext, float], dict[str, int]]  # the queue's own routine -> outcome counts
+
+
+def _webhooks(ctx: TickContext, grace: float) -> dict[str, int]:
+    from paygate_cli.workers.webhooks import take_over_lapsed
+
+    with ctx.conn.transaction():
+        taken = take_over_lapsed(ctx.conn, ctx.settings, grace=grace, batch=ctx.batch, by="recovery")
+    return {status: sum(1 for _, s in taken if s == status) for status in {s for _, s in taken}}
+
+
+def _deposits(ctx: TickContext, grace: float) -> dict[str, int]:
+    from paygate_cli.workers import funding
+
+    rows = funding.claim(ctx, grace=grace, lapsed_only=True)
+    return funding.drive_taken_over(ctx, rows) if rows else {}
+
+
+def _charge_batches(ctx: TickContext, grace: float) -> dict[str, int]:
+    from paygate_cli.workers import settlement
+
+    return settlement.take_over(ctx, grace=grace)
+
+
+RECOVERABLE: tuple[Recoverable, ...] = (
+    # A delivery holds its row for at most the HTTP timeout; its settle follows at once.
+    Recoverable("webhooks", "webhooks", lambda s: float(s.webhook_timeout), _webhooks),
+    # A money worker renews its lease before each phase; within a phase it waits on one RPC answer.
+    Recoverable("deposits", "funding", lambda s: float(s.rpc_timeout), _deposits),
+    Recoverable("charge_batches", "settlement", lambda s: float(s.rpc_timeout), _charge_batches),
+)
+
+# Items in flight longer than the alarm age, per queue (at most `limit` each): each a finding.
+STUCK_SQL = """
+(SELECT 'deposit:' || id, 'deposit ' || id || ' pending since ' || created_at
+ FROM paygate.pending_credits WHERE status = 'pending' AND created_at < now() - make_interval(secs => %(age)s)
+ ORDER BY created_at LIMIT %(limit)s)
+UNION ALL
+(SELECT 'charge_batch:' || lineage_id, 'charge batch (lineage ' || lineage_id || ') open since ' || created_at
+ FROM paygate.charge_batches WHERE closed_at IS NULL AND created_at < now() - make_interval(secs => %(age)s)
+ ORDER BY created_at LIMIT %(limit)s)
+UNION ALL
+(SELECT 'lineage:' || id, 'lineage ' || id || ' (' || purpose || ', ' || entitlement || ') ' || state
+        || ' since ' || created_at
+ FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')
+   AND created_at < now() - make_interval(secs => %(age)s)
+ ORDER BY created_at LIMIT %(limit)s)
+UNION ALL
+(SELECT 'webhook:' || id, 'webhook delivery ' || id || ' delivering since ' || updated_at
+ FROM paygate.webhook_outbox WHERE status = 'delivering' AND updated_at < now() - make_interval(secs => %(age)s)
+ ORDER BY updated_at LIMIT %(limit)s)
+"""
+# Stuck findings whose item is no longer stuck (moved on, or finished).
+OPEN_STUCK_SQL = "SELECT subject FROM paygate.findings WHERE kind = 'stuck' AND resolved_at IS NULL"
+STUCK_LIMIT = 100
+
+
+def check_grace(settings: Any) -> float:
+    """The grace window, or ConfigError (78) when it does not exceed every recovered queue's receipt
+    timeout plus one tick of its worker."""
+    from paygate_cli.ticks.registry import WORKERS
+
+    grace = float(settings.recovery_grace)
+    for entry in RECOVERABLE:
+        needed = entry.receipt_timeout(settings) + WORKERS[entry.worker].cadence
+        if grace <= needed:
+            raise ConfigError(f"recovery_grace {grace:g}s must exceed the {entry.queue} receipt timeout plus one "
+                              f"{entry.worker} tick ({needed:g}s): a shorter grace could take work from a live "
+                              "worker", msgid="config.recovery_grace")
+    return grace
+
+
+def tick(ctx: TickContext) -> TickResult:
+    if ctx.draining:
+        return TickResult(details={"draining": True})
+    grace = check_grace(ctx.settings)
+    details: dict[str, Any] = {}
+    processed = 0
+    fenced = 0
+    for entry in RECOVERABLE:
+        outcomes = entry.take_over(ctx, grace)
+        fenced += outcomes.pop("lane_fenced", 0)
+        taken = sum(outcomes.values())
+        if taken:
+            ctx.log.warning("recovery took over %d %s row(s) whose owner left no result for %gs past its lease: %s",
+                            taken, entry.queue, grace, outcomes,
+                            extra={"msgid": "recovery.took_over", "queue": entry.queue})
+        details[entry.queue] = outcomes
+        processed += taken
+    new = _stuck_findings(ctx, details)
+    return TickResult(processed=processed, needs_human=new + fenced, details=details)
+
+
+def _stuck_findings(ctx: TickContext, details: dict[str, Any]) -> int:
+    age = float(ctx.settings.recovery_alarm_age)
+    rows = ctx.conn.execute(STUCK_SQL, {"age": age, "limit": STUCK_LIMIT}).fetchall()
+    stuck = {subject: summary for subject, summary in rows}
+    # A queue listed up to the limit may have more stuck items than were listed: keep its findings.
+    per_queue: dict[str, int] = {}
+    for subject in stuck:
+        per_queue[subject.split(":")[0]] = per_queue.get(subject.split(":")[0], 0) + 1
+    full = {queue for queue, n in per_queue.items() if n >= STUCK_LIMIT}
+    findings = [Finding("stuck", subject, f"{summary}: in flight longer than {age:g}s", {"alarm_age_s": age})
+                for subject, summary in stuck.items()]
+    with ctx.conn.transaction():
+        written = record_findings(ctx.conn, findings, ctx.log)
+        gone = [s for (s,) in ctx.conn.execute(OPEN_STUCK_SQL) if s not in stuck and s.split(":")[0] not in full]
+        cleared = clear_findings(ctx.conn, "stuck", gone, "recovery", ctx.log)
+    new = sum(1 for row in written if row[4])
+    details["stuck"] = {"open": len(stuck), "new": new, "cleared": cleared}
+    return new

@@ -1,0 +1,133 @@
+"""Recovery on the money paths, against a real devnet: a funding or settlement process killed holding
+its lease is taken over after the grace window through the queue's own routine (the lineage in
+flight is resolved or resent with the same bytes, never replaced), and recovery racing live
+workers on the same rows (real processes) still spends once."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.chain_env import ChainEnv, admit_deposit, billing_balance, contract_events, sign_deposit
+from tests.charges_support import admit_charge, charge_chain, check_invariants, fund, run_until_quiet
+from tests.cli import run_cli, spawn
+from tests.devnet_support import DevnetHandle, start_devnet
+from tests.drill_support import crash_tick
+
+AMOUNT = 7_000_000
+# Grace 3 s > rpc timeout 0.5 s + a funding/settlement tick (2 s) and > webhook timeout 1 s + 1 s.
+RECOVERY = {"PAYGATE_RPC_TIMEOUT": "0.5s", "PAYGATE_WEBHOOK_TIMEOUT": "1s", "PAYGATE_RECOVERY_GRACE": "3s"}
+LAPSE_S = 1.0 + 3.0 + 0.5  # lease + grace + margin (DB time)
+
+
+@pytest.fixture
+def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
+    handle = start_devnet(tmp_path / "devnet", lanes=2, users=2)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def chain(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> ChainEnv:
+    env = charge_chain(devnet, dsn, tmp_path / "keys")
+    env.environ.update(RECOVERY)
+    return env
+
+
+def recover(chain: ChainEnv) -> dict:
+    result = chain.tick("recovery")
+    assert result.code == 0, result.err
+    return json.loads(result.out)["run_tick"]["last_details"]
+
+
+def kill_at(chain: ChainEnv, worker: str, point: str) -> None:
+    crash_tick(chain.environ, worker, point)  # it really died there: exit -9 and the point's marker
+
+
+def deposit(chain: ChainEnv, db: psycopg.Connection, user: int = 0) -> int:
+    u = chain.genesis["users"][user]
+    entry, nonce, expiration = sign_deposit(chain.devnet, u["secret"], AMOUNT, valid_ledgers=300)
+    return admit_deposit(db, u["public"], AMOUNT, entry, nonce, expiration, f"dep-{user}-{nonce}")
+
+
+def test_a_funding_worker_killed_after_anchoring_is_recovered_through_its_lineage(
+        chain: ChainEnv, db: psycopg.Connection) -> None:
+    pending_id = deposit(chain, db)
+    kill_at(chain, "funding", "funding.after_anchor")  # signed and journaled, never broadcast
+    lineage = db.execute("SELECT id, state, inner_hash FROM paygate.lineages").fetchall()
+    assert [(s) for _, s, _ in lineage] == ["signed"]
+    assert recover(chain)["deposits"] == {}  # the lease is still within its grace: hands off
+    time.sleep(LAPSE_S)
+    details = recover(chain)
+    assert details["deposits"] == {"deposit_sent": 1}  # resolve: not proven either way, same bytes resent
+    assert db.execute("SELECT lease_token FROM paygate.pending_credits").fetchone()[0] is None  # released
+    chain.devnet.close_ledger()
+    time.sleep(LAPSE_S)  # recovery takes only rows whose owner died; make this one look abandoned again
+    db.execute("UPDATE paygate.pending_credits SET lease_token = gen_random_uuid(), "
+               "lease_expires_at = now() - interval '1 hour'")
+    assert recover(chain)["deposits"] == {"deposit_applied": 1}
+    # The same lineage landed: the journal still holds exactly one deposit transaction.
+    assert db.execute("SELECT id, state, inner_hash FROM paygate.lineages").fetchall() == [
+        (lineage[0][0], "applied", lineage[0][2])]
+    # Recovery never starts new work: the credit is the worker's.
+    for _ in range(6):
+        assert chain.tick("funding").code == 0
+        chain.devnet.close_ledger()
+    user = chain.genesis["users"][0]["public"]
+    assert db.execute("SELECT status FROM paygate.pending_credits WHERE id = %s", (pending_id,)).fetchone()[0] \
+        == "settled"
+    assert billing_balance(chain, user) == AMOUNT and len(contract_events(chain, "credit")) == 1
+
+
+def test_recovery_racing_funding_workers_on_the_same_rows_spends_once(chain: ChainEnv,
+                                                                      db: psycopg.Connection) -> None:
+    ids = [deposit(chain, db, user) for user in (0, 1)]
+    kill_at(chain, "funding", "funding.after_broadcast")  # both rows leased, their deposits sent
+    time.sleep(LAPSE_S)
+    procs = [spawn("run-tick", "recovery", "--every", "0.2s", "--for", "12s", environ=chain.environ),
+             spawn("run-tick", "funding", "--every", "0.2s", "--for", "12s", environ=chain.environ),
+             spawn("run-tick", "funding", "--every", "0.2s", "--for", "12s", environ=chain.environ)]
+    deadline = time.monotonic() + 12
+    while time.monotonic() < deadline:
+        chain.devnet.close_ledger()
+        time.sleep(0.7)
+    for proc in procs:
+        proc.wait(timeout=60)
+        assert proc.returncode == 0, (proc.args, proc.returncode, proc.stderr.read()[-3000:])
+    for _ in range(6):  # whatever is left, the worker finishes
+        chain.tick("funding")
+        chain.devnet.close_ledger()
+    assert [r[0] for r in db.execute("SELECT status FROM paygate.pending_credits ORDER BY id")] == ["settled"] * 2
+    per_entitlement = db.execute("SELECT entitlement, count(*) FILTER (WHERE state = 'applied'), count(*) "
+                                 "FROM paygate.lineages GROUP BY entitlement ORDER BY entitlement").fetchall()
+    assert all(applied == 1 for _, applied, _ in per_entitlement)
+    # The deposits sent before the kill were never replaced by new bytes: one deposit lineage each.
+    assert [n for e, _, n in per_entitlement if e.endswith(":deposit")] == [1, 1]
+    assert len(contract_events(chain, "credit")) == 2
+    for user in chain.genesis["users"]:
+        cached = db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s",
+                            (user["public"],)).fetchone()[0]
+        assert cached == billing_balance(chain, user["public"]) == AMOUNT
+    assert ids
+
+
+def test_a_settlement_worker_killed_after_anchoring_is_recovered(chain: ChainEnv, db: psycopg.Connection) -> None:
+    users = chain.genesis["users"]
+    fund(chain, db, [(users[0], AMOUNT)])
+    assert chain.tick("observer").code == 0
+    admit_charge(db, users[0]["public"], 1_000, "c1")
+    kill_at(chain, "settlement", "settlement.after_anchor")
+    assert db.execute("SELECT state FROM paygate.lineages WHERE purpose = 'charge_batch'").fetchone()[0] == "signed"
+    time.sleep(LAPSE_S)
+    details = recover(chain)
+    assert details["charge_batches"] == {"in_flight": 1}  # resent the journaled bytes, lease released
+    assert db.execute("SELECT state FROM paygate.lineages WHERE purpose = 'charge_batch'").fetchone()[0] == "sent"
+    run_until_quiet(chain, db)
+    check_invariants(chain, db, [users[0]["public"]])
+    assert db.execute("SELECT count(*) FROM paygate.lineages WHERE purpose = 'charge_batch'").fetchone()[0] == 1
+    assert run_cli("reconcile-report", "--format", "json", environ=chain.environ).code == 0
