@@ -57,7 +57,9 @@ def drain_command(
     wait: WaitOpt = None, yes: YesFlag = False, dry_run: DryRunFlag = False, json_flag: JsonFlag = False,
 ) -> int:
     """Stop an instance's ticks from taking new claims (they finish what they hold), or stop
-    allocating a lane. Audited."""
+    allocating a lane. Audited.
+
+    Example: `paygate drain --instance host-a --reason "deploy 1.4" --wait 120s --yes`"""
     from paygate_cli.ops.drain import Target, drain
 
     env = get_env(ctx)
@@ -83,7 +85,9 @@ def drain_command(
 
 def undrain_command(ctx: typer.Context, instance: InstanceOpt = None, lane: LaneOpt = None, yes: YesFlag = False,
                     dry_run: DryRunFlag = False, json_flag: JsonFlag = False) -> int:
-    """Let a drained instance or lane take new work again. Audited."""
+    """Let a drained instance or lane take new work again. Audited.
+
+    Example: `paygate undrain --instance host-a --yes`"""
     from paygate_cli.ops.drain import Target, undrain
 
     env = get_env(ctx)

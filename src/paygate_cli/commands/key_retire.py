@@ -19,7 +19,9 @@ def key_retire_check_command(
     json_flag: JsonFlag = False, plain_flag: PlainFlag = False,
 ) -> int:
     """May this journal key (or lane) be retired? Read-only; verifies receipts with a majority of read
-    endpoints. Exit 0 when retirable, 3 listing the blockers (first 20 and a count)."""
+    endpoints. Exit 0 when retirable, 3 listing the blockers (first 20 and a count).
+
+    Example: `paygate key-retire-check k2025 --json` or `paygate key-retire-check --lane GABC…`"""
     from paygate_cli.ops.key_retire import key_retire_check
 
     env = get_env(ctx)

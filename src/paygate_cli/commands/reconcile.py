@@ -113,7 +113,9 @@ def reconcile_report_command(
     json_flag: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
 ) -> int:
     """Totals and per-account drift by regime, unresolved lineages, quarantined events, stuck rows,
-    lane gaps, open findings. Exit 3 on any unexplained drift, 0 otherwise."""
+    lane gaps, open findings. Exit 3 on any unexplained drift, 0 otherwise.
+
+    Example: `paygate reconcile-report --since 24h --format markdown --out drift.md`"""
     from paygate_cli.ops.reconcile import report
 
     env = get_env(ctx)

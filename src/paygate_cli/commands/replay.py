@@ -24,7 +24,9 @@ def replay_command(
 ) -> int:
     """Dead rows back to pending, keeping their idempotency key and history, attempts reset; audited.
     Refuses per row, with the reason: not dead, lineage not terminal, effect already on chain
-    (re-verified by a majority of read endpoints), authorisation expired. Exit 1 if any row was refused."""
+    (re-verified by a majority of read endpoints), authorisation expired. Exit 1 if any row was refused.
+
+    Example: `paygate replay webhooks --all-dead --since 2h --dry-run`"""
     from paygate_cli.ops.replay import run
 
     env = get_env(ctx)
