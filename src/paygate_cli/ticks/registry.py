@@ -67,6 +67,9 @@ WORKERS: dict[str, WorkerSpec] = {
         WorkerSpec("webhooks", cadence=1, batch=32, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.webhooks:tick",
                    description="outbox -> customer HTTP (HMAC-signed), backoff, dead after N attempts"),
+        WorkerSpec("gas", cadence=300, batch=None, single_writer=False, concurrency=1,
+                   target="paygate_cli.workers.gas:tick",
+                   description="fee account XLM headroom vs floors; writes/clears the durable gas halt"),
     )
 }
 
