@@ -15,7 +15,7 @@ from stellar_sdk import Asset, Keypair, TransactionBuilder
 from tests.chain_env import ChainEnv, chain_environ
 from tests.devnet_support import DevnetHandle, start_devnet
 from tests.test_relay_admission import admit as admit_relay
-from tests.test_relay_admission import allowed as allowed  # noqa: F401 (fixture)
+from tests.test_relay_admission import allowed as allowed
 
 XLM = 10_000_000
 
@@ -64,7 +64,7 @@ def admit_charge(db: psycopg.Connection, key: str) -> None:
 
 
 def test_drained_fee_account_halts_admission_and_resumes_only_above_the_resume_floor(
-        chain: ChainEnv, allowed: psycopg.Connection) -> None:  # noqa: F811
+        chain: ChainEnv, allowed: psycopg.Connection) -> None:
     db = allowed
     db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 100)", ("G" + "A" * 55,))
     first = gas_tick(chain)

@@ -87,9 +87,8 @@ def tick(ctx: TickContext) -> TickResult:
                       + ("" if fee.exists else " (the fee account does not exist on chain)"))
             if ctx.conn.execute(SET_HALT_SQL, (reason,)).fetchone() is not None:
                 action, halted = "halt", True
-        elif halted and headroom >= resume:
-            if ctx.conn.execute(CLEAR_HALT_SQL).fetchone() is not None:
-                action, halted = "resume", False
+        elif halted and headroom >= resume and ctx.conn.execute(CLEAR_HALT_SQL).fetchone() is not None:
+            action, halted = "resume", False
         if action is not None:
             ctx.conn.execute(AUDIT_SQL, (f"gas.{action}", Jsonb(facts)))
             ctx.conn.execute(EMIT_SQL, ("gas.halted" if action == "halt" else "gas.resumed", Jsonb(facts)))
