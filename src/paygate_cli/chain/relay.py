@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stellar_sdk import Keypair, xdr
+from stellar_sdk import Address, Keypair, scval, xdr
 
+from paygate_cli.chain.contracts import Invocation, SignedTransaction
 from paygate_cli.chain.rpc import ChainClient
+from paygate_cli.errors import PaygateError
 
 # LedgerHeader.base_reserve on pubnet and testnet (0.5 XLM) since protocol 11; RPC does not serve the
 # header, and the devnet models the same value.
@@ -48,3 +50,112 @@ def xlm_balances(chain: ChainClient, addresses: list[str]) -> dict[str, XlmBalan
         entries = 2 + int(account.num_sub_entries.uint32) + sponsoring - sponsored
         found[address] = XlmBalance(address, True, int(account.balance.int64), entries * BASE_RESERVE, selling, latest)
     return {a: found.get(a, XlmBalance(a, False, 0, 0, 0, latest)) for a in addresses}
+
+
+class BadRelay(PaygateError):
+    """The relay can never work as admitted; it is quarantined (`rejected`) with the reason."""
+
+    msgid = "relay.rejected"
+
+
+def relay_invocation(*, account: str, contract: str, function: str, args_xdr: str, auth_entries: list[str],
+                     nonces: list[int], expiration_ledger: int, passphrase: str,
+                     own_accounts: set[str]) -> Invocation:
+    """The deep checks admission cannot make in SQL, then the call to build. Every entry must be the
+    user's own ADDRESS/ADDRESS_V2 authorisation of exactly this call, signed for this network, with
+    the nonce and expiration admission recorded; an entry that would authorise as one of our lanes
+    or the fee account is refused (the gateway must never lend its own authority to a relay)."""
+    try:
+        args_val = xdr.SCVal.from_xdr(args_xdr)
+    except Exception as exc:  # any decode failure: the bytes are not an SCVal
+        raise BadRelay(f"args are not an SCVal ({type(exc).__name__})") from None
+    if args_val.type != xdr.SCValType.SCV_VEC or args_val.vec is None:
+        raise BadRelay("args are not an SCVal vector")
+    args = list(args_val.vec.sc_vec)
+    entries = []
+    for number, entry_b64 in enumerate(auth_entries, start=1):
+        where = f"auth entry {number}"
+        try:
+            entry = xdr.SorobanAuthorizationEntry.from_xdr(entry_b64)
+        except Exception as exc:  # any decode failure
+            raise BadRelay(f"{where} is not a SorobanAuthorizationEntry ({type(exc).__name__})") from None
+        creds = entry.credentials.address_v2 or entry.credentials.address
+        if creds is None:
+            raise BadRelay(f"{where} must carry the user's ADDRESS credentials "
+                           f"({entry.credentials.type.name} would authorise as the transaction's source: a lane)")
+        try:
+            signer = Address.from_xdr_sc_address(creds.address).address
+        except ValueError:
+            raise BadRelay(f"{where} names an unsupported address kind") from None
+        if signer in own_accounts:
+            raise BadRelay(f"{where} authorises as {signer}, one of the gateway's own accounts")
+        if signer != account:
+            raise BadRelay(f"{where} is signed for {signer}, not the relay's account {account}")
+        nonce, expiration = int(creds.nonce.int64), int(creds.signature_expiration_ledger.uint32)
+        if nonce != nonces[number - 1] or expiration < expiration_ledger:
+            raise BadRelay(f"{where}: nonce/expiration differ from the admitted relay")
+        fn = entry.root_invocation.function.contract_fn
+        if fn is None:
+            raise BadRelay(f"{where} does not authorise a contract call")
+        if (Address.from_xdr_sc_address(fn.contract_address).address != contract
+                or fn.function_name.sc_symbol.decode(errors="replace") != function
+                or [a.to_xdr() for a in fn.args] != [a.to_xdr() for a in args]):
+            raise BadRelay(f"{where} authorises a different call than {function} on {contract}")
+        if signer.startswith("G"):
+            _verify_signature(entry, creds, signer, expiration, passphrase, where)
+        entries.append(entry)
+    return Invocation(contract, function, args, entries)
+
+
+def _verify_signature(entry: xdr.SorobanAuthorizationEntry, creds: xdr.SorobanAddressCredentials, signer: str,
+                      expiration: int, passphrase: str, where: str) -> None:
+    """An account's entry is verifiable offline; a contract account's (custom auth) is left to
+    simulation in enforce mode."""
+    from stellar_sdk.auth import authorization_payload_hash, build_authorization_preimage
+    from stellar_sdk.exceptions import BadSignatureError
+
+    try:
+        payload = authorization_payload_hash(build_authorization_preimage(entry, expiration, passphrase))
+        signatures = scval.to_native(creds.signature)
+        for sig in signatures:
+            key = Keypair.from_raw_ed25519_public_key(sig["public_key"])
+            if key.public_key != signer:
+                continue
+            try:
+                key.verify(payload, sig["signature"])
+                return
+            except BadSignatureError:
+                continue
+    except (ValueError, TypeError, KeyError):
+        raise BadRelay(f"{where}'s signature is not Vec<Map{{public_key, signature}}>") from None
+    raise BadRelay(f"{where}'s signature does not verify for this network and account "
+                   "(signed for another network, or not by the account)")
+
+
+def nonces_consumed(chain: ChainClient, account: str, nonces: list[int]) -> tuple[list[int], int]:
+    """(the nonces of `account` already consumed on chain, latest ledger of that read)."""
+    from paygate_cli.chain.contracts import nonce_key
+
+    answer = chain.ledger_entries([nonce_key(account, n) for n in nonces])
+    consumed = set()
+    for entry in answer.entries or []:
+        data = xdr.LedgerEntryData.from_xdr(entry.xdr).contract_data
+        if data is not None and data.key.nonce_key is not None:
+            consumed.add(int(data.key.nonce_key.nonce.int64))
+    return [n for n in nonces if n in consumed], int(answer.latest_ledger)
+
+
+def source_account_only(signed: SignedTransaction) -> None:
+    """Bot jobs: the only authorisation allowed is the lane's own (SOURCE_ACCOUNT) — a permissionless
+    call must not need anyone's signature."""
+    envelope = xdr.TransactionEnvelope.from_xdr(signed.envelope_xdr)
+    inner = envelope.fee_bump.tx.inner_tx.v1.tx
+    for op in inner.operations:
+        for entry in op.body.invoke_host_function_op.auth or []:
+            if entry.credentials.type != xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_SOURCE_ACCOUNT:
+                raise BadRelay("the call needs an authorisation other than the lane's own: not permissionless")
+
+
+def envelope_fee(signed: SignedTransaction) -> int:
+    """The most the fee account can be charged for this envelope (the fee bump's fee)."""
+    return int(xdr.TransactionEnvelope.from_xdr(signed.envelope_xdr).fee_bump.tx.fee.int64)

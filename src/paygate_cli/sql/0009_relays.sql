@@ -82,6 +82,9 @@ CREATE TABLE paygate.relays (
     claimed_by              text,
     lineage_id              bigint REFERENCES paygate.lineages (id),
     dead_lineages           bigint[] NOT NULL DEFAULT '{}',
+    -- The network refused a lineage's bytes for good; the relay ends 'rejected' with this reason
+    -- once that lineage is proven dead (never while it could still land).
+    pending_failure         text,
     fee_charged             bigint,                 -- applied/failed: from the receipt
     tx_hash                 bytea CHECK (length(tx_hash) = 32),
     reason                  text,
@@ -358,6 +361,7 @@ CREATE TABLE paygate.bot_jobs (
     claimed_by        text,
     lineage_id        bigint REFERENCES paygate.lineages (id),
     dead_lineages     bigint[] NOT NULL DEFAULT '{}',
+    pending_failure   text,
     fee_charged       bigint,
     tx_hash           bytea CHECK (length(tx_hash) = 32),
     reason            text,
