@@ -52,10 +52,11 @@ def admit_relay(db: psycopg.Connection, devnet: DevnetHandle, user: dict, key: s
     return int(row[0])
 
 
-def admit_close(db: psycopg.Connection, devnet: DevnetHandle, order: int, key: str | None = None) -> int:
-    args = scval.to_vec([scval.to_uint64(order)]).to_xdr()
+def admit_close(db: psycopg.Connection, devnet: DevnetHandle, user: str, key: str | None = None) -> int:
+    """A bot job: market.close_expired(user), deduped on the job key."""
+    args = scval.to_vec([scval.to_address(user)]).to_xdr()
     row = db.execute("SELECT bot_job_id FROM paygate.admit_bot_job(%s, %s, 'close_expired', %s)",
-                     (key or f"close:{order}", devnet.genesis["contracts"]["market"], args)).fetchone()
+                     (key or f"close:{user}", devnet.genesis["contracts"]["market"], args)).fetchone()
     return int(row[0])
 
 

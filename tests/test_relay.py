@@ -173,13 +173,13 @@ def test_bot_jobs_close_expired_orders_once_per_job_key(chain: ChainEnv, rdb: ps
     users = chain.genesis["users"]
     admit_relay(rdb, chain.devnet, users[0], "order-1")
     run_until_quiet(chain, rdb)
-    early = admit_close(rdb, chain.devnet, 1, key="close:1:early")
+    early = admit_close(rdb, chain.devnet, users[0]["public"], key="close:early")
     run_until_quiet(chain, rdb, "relay_drainer")
     row = rdb.execute("SELECT status, reason FROM paygate.bot_jobs WHERE id = %s", (early,)).fetchone()
     assert row[0] == "failed" and "#4" in row[1]  # not expired yet: refused at simulation, nothing sent
     chain.devnet.close_ledger(ORDER_TTL_LEDGERS + 1)
-    job = admit_close(rdb, chain.devnet, 1)
-    assert admit_close(rdb, chain.devnet, 1) == job  # dedup per job key
+    job = admit_close(rdb, chain.devnet, users[0]["public"])
+    assert admit_close(rdb, chain.devnet, users[0]["public"]) == job  # dedup per job key
     run_until_quiet(chain, rdb, "relay_drainer")
     status, fee, tx = rdb.execute("SELECT status, fee_charged, tx_hash FROM paygate.bot_jobs WHERE id = %s",
                                   (job,)).fetchone()

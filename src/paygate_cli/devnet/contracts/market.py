@@ -7,18 +7,20 @@ user's signed ADDRESS/ADDRESS_V2 entry), traps with Error(Contract, #1) when `pr
 The item "limited" exists once: the first buy that applies gets it, any later one traps with
 Error(Contract, #5) — a call that simulates fine and then fails on chain when two race for it
 (the demo's "failed on chain, fee still burned" relay).
-Each order is open for ORDER_TTL_LEDGERS ledgers after the one it was bought in.
+A user's latest order is open for ORDER_TTL_LEDGERS ledgers after the one it was bought in.
 
-`close_expired(order: u64) -> u32` is permissionless (no authorisation at all: the gateway's bot jobs
-call it from a lane): closes an open order whose ledger window has passed and returns the ledger it
-expired at; emits `["order_closed", order] → u32`. Traps Error(Contract, #2) for an unknown order,
-#3 for an order already closed, #4 for an order still open (the chain decides "expired", not the
-caller's clock).
+`close_expired(user: Address) -> u32` is permissionless (no authorisation at all: the gateway's bot
+jobs call it from a lane): closes `user`'s open order once its ledger window has passed and returns
+the ledger it expired at; emits `["order_closed", user] → u32`. Traps Error(Contract, #2) when the
+user has no order, #3 when it is already closed, #4 while it is still open (the chain decides
+"expired", not the caller's clock). Keyed by user, not by the global order id, so buys by different
+users in one ledger touch disjoint entries (a key derived from the global id would differ between
+simulation and apply and trap the second of two concurrent buys).
 
 Storage: instance `Token` → Address; persistent `Symbol("OrderSeq")` → u64 (last order id);
 persistent `Vec[Symbol("Orders"), Address]` → u64; persistent `Symbol("LimitedSold")` → u64;
-persistent `Vec[Symbol("OrderExp"), u64]` → u64
-(the last ledger the order is open in; 0 once closed).
+persistent `Vec[Symbol("OrderExp"), Address]` → u64 (the last ledger the user's latest order is open
+in; 0 once closed).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from ..storage import (
     DUR_PERSISTENT,
     INSTANCE_CODECS,
     T_CONTRACT_DATA,
-    ValueTrap,
     enc_symbol,
     sc_sym,
     sc_u32,
@@ -68,7 +69,7 @@ WASM_HASH = hashlib.sha256(WASM).digest()
 _ORDERS = tagged_key_prefix("Orders") + b"\x00\x00\x00\x12"
 _SEQ = enc_symbol(b"OrderSeq")
 _LIMITED_SOLD = enc_symbol(b"LimitedSold")
-_EXPIRY = tagged_key_prefix("OrderExp") + b"\x00\x00\x00\x05"  # SCV_U64 order id follows
+_EXPIRY = tagged_key_prefix("OrderExp") + b"\x00\x00\x00\x12"  # SCV_ADDRESS of the user follows
 SYM_ORDER = sc_sym("order")
 SYM_CLOSED = sc_sym("order_closed")
 
@@ -98,13 +99,6 @@ def _to_xdr(val: dict[str, Any]) -> xdr.SCContractInstance:
 INSTANCE_CODECS[KIND] = (_to_xdr, _to_json, _from_json)
 
 
-def as_u64(v: xdr.SCVal) -> int:
-    # Kept here rather than in base.py: only this model takes a u64 argument.
-    if v.type != xdr.SCValType.SCV_U64 or v.u64 is None:
-        raise ValueTrap(f"expected u64, got {v.type.name}")
-    return int(v.u64.uint64)
-
-
 def call(ctx: Ctx, fn: bytes, args: list[xdr.SCVal]) -> xdr.SCVal:
     ctx.instructions += BASE_INSTRUCTIONS
     head = T_CONTRACT_DATA + ctx.contract
@@ -128,22 +122,21 @@ def call(ctx: Ctx, fn: bytes, args: list[xdr.SCVal]) -> xdr.SCVal:
         ok = head + _ORDERS + user + DUR_PERSISTENT
         oe = ctx.get(ok)
         ctx.put(ok, "u64", (oe.val if oe is not None else 0) + 1)
-        ctx.put(head + _EXPIRY + order_id.to_bytes(8, "big") + DUR_PERSISTENT, "u64",
-                ctx.ledger_seq + ORDER_TTL_LEDGERS)
+        ctx.put(head + _EXPIRY + user + DUR_PERSISTENT, "u64", ctx.ledger_seq + ORDER_TTL_LEDGERS)
         oid = sc_u64(order_id)
         ctx.emit([SYM_ORDER, args[0]], sc_vec([args[1], args[2], oid]))
         return oid
     if fn == b"close_expired":
         expect_args(args, 1, "close_expired")
-        order_id = as_u64(args[0])
-        ek = head + _EXPIRY + order_id.to_bytes(8, "big") + DUR_PERSISTENT
+        user = as_address(args[0])
+        ek = head + _EXPIRY + user + DUR_PERSISTENT
         ee = ctx.get(ek)
         if ee is None:
-            raise ContractTrap(ERR_NO_ORDER, f"no order {order_id}")
+            raise ContractTrap(ERR_NO_ORDER, "no order for this user")
         if ee.val == 0:
-            raise ContractTrap(ERR_CLOSED, f"order {order_id} is already closed")
+            raise ContractTrap(ERR_CLOSED, "the user's order is already closed")
         if ctx.ledger_seq <= ee.val:
-            raise ContractTrap(ERR_NOT_EXPIRED, f"order {order_id} is open until ledger {ee.val}")
+            raise ContractTrap(ERR_NOT_EXPIRED, f"the user's order is open until ledger {ee.val}")
         ctx.put(ek, "u64", 0)
         ctx.emit([SYM_CLOSED, args[0]], sc_u32(ee.val))
         return sc_u32(ee.val)
