@@ -144,13 +144,14 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, float]:
                     db.execute(settlement.MARK_CLAIMED_SQL, {"owner": "bench", "lineage": lineage_id, "token": token,
                                                              "ids": [r.id for r in rows], "lease": 30})
                 seq = lineages.next_sequence(db, lane, seq)
-                with db.transaction():
-                    db.execute(settlement.ANCHOR_BATCH_SQL, {
-                        "id": lineage_id, "token": token, "seq": seq, "key_id": "k", "envelope": os.urandom(600),
-                        "inner_hash": os.urandom(32), "outer_hash": os.urandom(32), "max_time": 2**40,
-                        "signed_at_ledger": ledger})
-                with relaxed_transaction(db):
-                    db.execute(settlement.SENT_SQL, {"status": "PENDING", "lineage": lineage_id, "token": token})
+                with db.transaction():  # the engine's anchor: lease guard + CAS (journal/engine.py)
+                    db.execute(settlement.HOLD_BATCH_SQL, {"lineage": lineage_id, "token": token, "lease": 30})
+                    lineages.anchor(db, lineage_id, seq=seq, key_id="k", envelope=os.urandom(600),
+                                    inner_hash=os.urandom(32), outer_hash=os.urandom(32), max_time=2**40,
+                                    signed_at_ledger=ledger)
+                with relaxed_transaction(db):  # the engine's mark-sent + the batch's on_sent
+                    lineages.mark_sent(db, lineage_id, "PENDING")
+                    db.execute(settlement.RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": token})
                 open_batches[lineage_id] = rows
             if not open_batches:
                 break

@@ -237,8 +237,10 @@ def test_a_deposit_the_chain_refuses_in_simulation_fails_once_and_frees_its_lane
 def test_authorisation_expiring_while_its_lineage_is_in_flight_ends_expired_after_the_proof(
         chain: ChainEnv, db: psycopg.Connection) -> None:
     """The deposit is accepted but never included (dropped), and the user's authorisation runs out
-    meanwhile. The row must not end until the lineage is proven dead (maxTime passed); then, with the
-    authorisation expired, it ends `expired` and no second transaction is ever built."""
+    meanwhile. The row must not end until the lineage is proven dead; the transaction carries the
+    authorisation's expiration ledger as its ledger bound (issue 11), so the proof comes as soon as a
+    ledger past it closes, without waiting for maxTime. Then it ends `expired` and no second
+    transaction is ever built."""
     chain.devnet.set_fault("drop_next")
     pending_id = admit(chain, db, user=0, valid_ledgers=3)
     seen_pending_after_expiry = False
@@ -249,12 +251,14 @@ def test_authorisation_expiring_while_its_lineage_is_in_flight_ends_expired_afte
         if row["status"] != "pending":
             break
         live = [x for x in lineages_of(db) if x["state"] in ("signed", "sent")]
-        if chain.devnet.latest_ledger() > row["auth_expiration_ledger"] and live:
+        if chain.devnet.latest_ledger() >= row["auth_expiration_ledger"] and live:
             seen_pending_after_expiry = True  # expired authorisation, but its lineage not yet proven dead
         chain.devnet.close_ledger()
     row = row_of(db, pending_id)
     assert row["status"] == "expired" and "expired at ledger" in row["reason"], row
     assert seen_pending_after_expiry
-    assert [(x["purpose"], x["state"]) for x in lineages_of(db)] == [("deposit", "expired")]
-    assert "maxTime" in lineages_of(db)[0]["resolution"]
+    [lineage] = lineages_of(db)
+    assert (lineage["purpose"], lineage["state"]) == ("deposit", "expired")
+    assert lineage["max_ledger"] == row["auth_expiration_ledger"]
+    assert "maxLedger" in lineage["resolution"]  # proven by ledger, long before its maxTime
     assert all(addr(t["topics"][1]) != chain.genesis["users"][0]["public"] for t in contract_events(chain, "transfer"))

@@ -33,12 +33,13 @@ CRASH_POINTS = [
     "funding.after_anchor",
     "funding.after_broadcast",
     "funding.after_deposit_applied",
-    "funding.after_credit_broadcast",
+    "funding.credit.after_broadcast",
     "funding.before_settle",
 ]
 # In-process ticks (each followed by a ledger close) needed before the crash point is on the path
 # of the next tick: the deposit must have been sent (1) or the credit too (2).
-TICKS_BEFORE = {"funding.after_deposit_applied": 1, "funding.after_credit_broadcast": 1, "funding.before_settle": 2}
+TICKS_BEFORE = {"funding.after_deposit_applied": 1, "funding.credit.after_broadcast": 1,
+                "funding.before_settle": 2}
 
 
 # -- fixtures and helpers (shared with the other tests/test_funding_*.py) ---------------------------
@@ -184,15 +185,15 @@ FAULTS: dict[str, tuple[str, dict[str, Any]] | None] = {
     "try_again_later": ("try_again_later", {"count": 3}),
 }
 
-DRILLS = [pytest.param(point, "plain", id=point.split(".")[1]) for point in CRASH_POINTS] + [
+DRILLS = [pytest.param(point, "plain", id=point.split(".", 1)[1]) for point in CRASH_POINTS] + [
     pytest.param("funding.after_anchor", "answer_lost", id="after_anchor+answer_lost"),
     pytest.param("funding.after_broadcast", "answer_lost", id="after_broadcast+answer_lost"),
-    pytest.param("funding.after_credit_broadcast", "late_landing", id="after_credit_broadcast+late_landing"),
+    pytest.param("funding.credit.after_broadcast", "late_landing", id="credit.after_broadcast+late_landing"),
     pytest.param("funding.after_broadcast", "late_landing", id="after_broadcast+late_landing"),
     pytest.param("funding.after_deposit_applied", "sequence_lag", id="after_deposit_applied+sequence_lag"),
     pytest.param("funding.after_sign", "sequence_lag", id="after_sign+sequence_lag"),
     pytest.param("funding.after_broadcast", "dropped", id="after_broadcast+dropped"),
-    pytest.param("funding.after_credit_broadcast", "dropped", id="after_credit_broadcast+dropped"),
+    pytest.param("funding.credit.after_broadcast", "dropped", id="credit.after_broadcast+dropped"),
     pytest.param("funding.after_anchor", "try_again_later", id="after_anchor+try_again_later"),
 ]
 
@@ -310,7 +311,7 @@ def test_a_crash_at_every_phase_in_turn_still_spends_once(chain: ChainEnv, db: p
     pending_id = admit(chain, db)
     for point, then in [("funding.after_claim", None), ("funding.after_allocate", None),
                         ("funding.after_sign", None), ("funding.after_anchor", "resend"),
-                        ("funding.after_deposit_applied", None), ("funding.after_credit_broadcast", "close"),
+                        ("funding.after_deposit_applied", None), ("funding.credit.after_broadcast", "close"),
                         ("funding.before_settle", None)]:
         wait_for_leases(db)
         crash_tick(chain, point)

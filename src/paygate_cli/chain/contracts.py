@@ -129,16 +129,25 @@ class SignedTransaction:
     inner_hash: bytes
     outer_hash: bytes
     max_time: int
+    max_ledger: int | None = None  # the last ledger it may apply in, when bounded
 
 
 def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq: int, call: Invocation,
-                 max_time: int, base_fee: int, fee_bump_base_fee: int) -> SignedTransaction:
+                 max_time: int, base_fee: int, fee_bump_base_fee: int,
+                 max_ledger: int | None = None) -> SignedTransaction:
     """Build the invocation from `lane` at `seq`, simulate (enforce mode when the call carries auth),
-    assemble, sign, fee-bump. No database transaction may be open: the guard in ChainClient checks."""
+    assemble, sign, fee-bump. No database transaction may be open: the guard in ChainClient checks.
+
+    `max_ledger`: the last ledger the transaction may apply in (a user authorisation's expiration
+    ledger). The network's bound is exclusive, so the envelope carries max_ledger + 1: a transaction
+    that cannot land before the authorisation dies is then provably dead by ledger (resolve), never
+    included to fail with its fee paid."""
     passphrase = chain.passphrase
     builder = TransactionBuilder(Account(lane.public_key, seq - 1), passphrase, base_fee=base_fee)
     builder.append_invoke_contract_function_op(call.contract, call.function, call.args, auth=call.auth or None)
     builder.add_time_bounds(0, max_time)
+    if max_ledger is not None:
+        builder.set_ledger_bounds(0, max_ledger + 1)
     tx = builder.build()
     simulation = chain.simulate(tx)
     if simulation.error:
@@ -146,7 +155,7 @@ def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq
     assemble(tx, simulation)
     tx.sign(lane)
     envelope_xdr, outer_hash = fee_bump(tx, fee_account, fee_bump_base_fee, passphrase)
-    return SignedTransaction(envelope_xdr, tx.hash(), outer_hash, max_time)
+    return SignedTransaction(envelope_xdr, tx.hash(), outer_hash, max_time, max_ledger)
 
 
 def fee_bump(inner: Any, fee_account: Keypair, base_fee: int, passphrase: str) -> tuple[str, bytes]:

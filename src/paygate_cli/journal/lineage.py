@@ -17,17 +17,21 @@ SYNC_LANES_SQL = """
 INSERT INTO paygate.lanes (address) SELECT unnest(%s::text[]) ON CONFLICT (address) DO NOTHING
 """
 
-# A free lane: active, one of ours (we hold its key), no live lineage. SKIP LOCKED spreads
-# concurrent allocators over lanes; the partial unique index on live lineages is the real guard.
+# A free lane: active, one of ours (we hold its key), no live lineage; the least recently used
+# one, so no lane is everyone's first choice (a bad lane first in address order would take every
+# allocation). SKIP LOCKED spreads concurrent allocators over lanes; the partial unique index on
+# live lineages is the real guard.
 ALLOCATE_SQL = """
 WITH lane AS (
     SELECT l.address FROM paygate.lanes l
     WHERE l.status = 'active' AND l.address = ANY(%(lanes)s)
       AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
                       WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent'))
-    ORDER BY l.address
+    ORDER BY l.last_allocated_at NULLS FIRST, l.address
     LIMIT 1
     FOR UPDATE OF l SKIP LOCKED
+), used AS (
+    UPDATE paygate.lanes SET last_allocated_at = clock_timestamp() FROM lane WHERE lanes.address = lane.address
 )
 INSERT INTO paygate.lineages (purpose, entitlement, lane)
 SELECT %(purpose)s, %(entitlement)s, lane.address FROM lane
@@ -51,7 +55,7 @@ ANCHOR_SQL = """
 UPDATE paygate.lineages
 SET state = 'signed', source_seq = %(seq)s, key_id = %(key_id)s, envelope = %(envelope)s,
     inner_hash = %(inner_hash)s, outer_hash = %(outer_hash)s, max_time = %(max_time)s,
-    signed_at_ledger = %(signed_at_ledger)s, signed_at = now()
+    signed_at_ledger = %(signed_at_ledger)s, max_ledger = %(max_ledger)s, signed_at = now()
 WHERE id = %(id)s AND state = 'allocated'
 """
 
@@ -76,7 +80,7 @@ WHERE id = %(id)s AND state = 'allocated'
 
 LOAD_SQL = """
 SELECT id, purpose, entitlement, lane, state, source_seq, key_id, envelope, inner_hash, outer_hash,
-       max_time, signed_at_ledger, ledger, fee_charged, result_code, resolution
+       max_time, signed_at_ledger, ledger, fee_charged, result_code, resolution, max_ledger
 FROM paygate.lineages WHERE id = %s
 """
 
@@ -114,6 +118,7 @@ class Lineage:
     fee_charged: int | None
     result_code: str | None
     resolution: str | None
+    max_ledger: int | None = None  # last ledger it may apply in (user-authorised calls), else None
 
     @property
     def live(self) -> bool:
@@ -125,7 +130,8 @@ class Lineage:
                 "state": self.state, "source_seq": self.source_seq, "key_id": self.key_id,
                 "inner_hash": self.inner_hash.hex() if self.inner_hash else None,
                 "outer_hash": self.outer_hash.hex() if self.outer_hash else None,
-                "max_time": self.max_time, "signed_at_ledger": self.signed_at_ledger, "ledger": self.ledger,
+                "max_time": self.max_time, "max_ledger": self.max_ledger,
+                "signed_at_ledger": self.signed_at_ledger, "ledger": self.ledger,
                 "fee_charged": self.fee_charged, "result_code": self.result_code, "resolution": self.resolution}
 
 
@@ -156,6 +162,10 @@ def allocate(conn: psycopg.Connection, *, purpose: str, entitlement: str, lanes:
         if exc.diag.constraint_name != "lineages_one_live_per_lane":
             raise
         return None
+    except psycopg.errors.SerializationFailure:
+        # Under REPEATABLE READ the winner's update of the lane's last_allocated_at is a concurrent
+        # update of the row we lock: the same lost race, reported differently.
+        return None
     return (int(row[0]), str(row[1])) if row else None
 
 
@@ -171,7 +181,7 @@ def next_sequence(conn: psycopg.Connection, lane: str, chain_seq: int) -> int:
 
 
 def anchor(conn: psycopg.Connection, lineage_id: int, **fields: Any) -> bool:
-    return conn.execute(ANCHOR_SQL, {"id": lineage_id, **fields}).rowcount == 1
+    return conn.execute(ANCHOR_SQL, {"id": lineage_id, "max_ledger": None, **fields}).rowcount == 1
 
 
 def mark_sent(conn: psycopg.Connection, lineage_id: int, status: str) -> bool:

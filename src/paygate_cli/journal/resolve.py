@@ -42,6 +42,8 @@ def judge(probe: Probe, lineage: Lineage) -> str:
         return "superseded"
     if probe.latest_close_time is not None and probe.latest_close_time > lineage.max_time:
         return "expired"
+    if lineage.max_ledger is not None and probe.latest_ledger > lineage.max_ledger:
+        return "expired"  # a closed ledger is past its ledger bound: it can never be included
     return "pending"
 
 
@@ -99,7 +101,9 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
         probe = next(p for p, v in zip(probes, verdicts, strict=True) if v in ("expired", "superseded"))
         why = (f"NOT_FOUND through ledger {probe.latest_ledger}; " +
                (f"lane sequence {probe.account_seq} >= {lineage.source_seq}" if decision == "superseded"
-                else f"ledger close time {probe.latest_close_time} > maxTime {lineage.max_time}"))
+                else f"ledger close time {probe.latest_close_time} > maxTime {lineage.max_time}"
+                if (probe.latest_close_time or 0) > (lineage.max_time or 0)
+                else f"latest ledger {probe.latest_ledger} > maxLedger {lineage.max_ledger}"))
         if foreign:
             why += "; no lineage of ours holds that sequence: consumed by a transaction this gateway never journaled"
             evidence.update(lane=lineage.lane, source_seq=lineage.source_seq, chain_seq=probe.account_seq,

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
-from paygate_cli.db.connect import assert_not_in_transaction, relaxed_transaction
-from paygate_cli.errors import NeedsHuman, PaygateError, Unavailable
+from paygate_cli.db.connect import relaxed_transaction
+from paygate_cli.errors import NeedsHuman, Unavailable
 from paygate_cli.journal import lineage as lineages
+from paygate_cli.journal.engine import LeaseLost
 from paygate_cli.ticks.context import TickContext, TickResult
 from paygate_cli.ticks.crash import crashpoint
 
@@ -23,13 +24,16 @@ if TYPE_CHECKING:
 
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.journal.engine import Engine
     from paygate_cli.journal.keyring import Keyring
 
 # Rows with a transaction in flight first (resolving them frees lanes), then fresh ones in order.
+# A drained instance takes no new work but still drives what is in flight (a row with a lineage).
 CLAIM_SQL = """
 WITH claimable AS (
     SELECT id FROM paygate.pending_credits
     WHERE status = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND (NOT %(draining)s OR deposit_lineage_id IS NOT NULL OR credit_lineage_id IS NOT NULL)
     ORDER BY (deposit_lineage_id IS NULL AND credit_lineage_id IS NULL), id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
@@ -48,8 +52,9 @@ SET_LINEAGE_SQL = """
 UPDATE paygate.pending_credits SET {column} = %(lineage)s, updated_at = now()
 WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
 """
+# The deposit landed: whatever an earlier send answered (pending_failure) is moot now.
 SET_DEPOSIT_TX_SQL = """
-UPDATE paygate.pending_credits SET deposit_tx = %(tx)s, updated_at = now()
+UPDATE paygate.pending_credits SET deposit_tx = %(tx)s, pending_failure = NULL, updated_at = now()
 WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
 """
 SET_PENDING_FAILURE_SQL = """
@@ -88,6 +93,23 @@ SELECT f.id, f.account, f.amount, c.cached_balance,
 FROM flipped f JOIN credited c ON c.address = f.account
 """
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
+# The lease check before each phase, renewing it: zero rows = another worker has the row now.
+RENEW_SQL = """
+UPDATE paygate.pending_credits
+SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => %(lease)s))
+WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
+RETURNING 1
+"""
+# Live funding lineages that no pending row points at any more: the row was settled (the observer
+# won the credit race), failed or was handed to a human. Nothing else would ever resolve them.
+ORPHANS_SQL = """
+SELECT x.id FROM paygate.lineages x
+WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose IN ('deposit', 'credit')
+  AND NOT EXISTS (SELECT 1 FROM paygate.pending_credits p
+                  WHERE p.status = 'pending' AND (p.deposit_lineage_id = x.id OR p.credit_lineage_id = x.id))
+ORDER BY x.id
+LIMIT %(limit)s
+"""
 
 
 @dataclass
@@ -113,18 +135,15 @@ class Deposit:
         return f"pending_credit:{self.id}:credit"
 
 
-class LeaseLost(PaygateError):
-    msgid = "funding.lease_lost"
-
-
 @dataclass
 class Deps:
     ctx: TickContext
     chain: ChainClient
     signer: Signer
     keyring: Keyring
-    lanes_needing_a_human: int = 0
+    engine: Engine
     free_lanes: int = 0  # lanes with nothing in flight: a row needing a new transaction waits for one
+    lane_failures: int = 0
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -134,17 +153,22 @@ class Deps:
 def tick(ctx: TickContext) -> TickResult:
     with relaxed_transaction(ctx.conn):
         rows = [Deposit(r[0], r[1], int(r[2]), *r[3:]) for r in ctx.conn.execute(CLAIM_SQL, {
-            "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}"})]
-    if not rows:
+            "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
+            "draining": ctx.draining})]
+    orphans = ctx.conn.execute(ORPHANS_SQL, {"limit": 1}).fetchone() is not None
+    if not rows and not orphans:
         return TickResult()
-    crashpoint("funding.after_claim")
+    if rows:
+        crashpoint("funding.after_claim")
     # Heavy imports only now that there is chain work (an idle tick never loads stellar_sdk).
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.journal.engine import Engine
     from paygate_cli.journal.keyring import Keyring
 
-    deps = Deps(ctx, ChainClient(ctx.settings, guard_conn=ctx.conn), Signer.from_settings(ctx.settings),
-                Keyring.from_settings(ctx.settings))
+    chain, signer, keyring = (ChainClient(ctx.settings, guard_conn=ctx.conn), Signer.from_settings(ctx.settings),
+                              Keyring.from_settings(ctx.settings))
+    deps = Deps(ctx, chain, signer, keyring, Engine(ctx, chain, signer, keyring))
     lineages.sync_lanes(ctx.conn, list(deps.signer.lanes))
     deps.free_lanes = lineages.free_lane_count(ctx.conn, list(deps.signer.lanes))
     # Rows with a transaction in flight first: resolving them frees lanes for the new ones.
@@ -152,31 +176,39 @@ def tick(ctx: TickContext) -> TickResult:
     result = TickResult()
     outcomes: dict[str, int] = {}
     try:
+        if orphans:
+            outcomes["orphans_driven"] = deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(signer.lanes)))
+            deps.free_lanes = lineages.free_lane_count(ctx.conn, list(deps.signer.lanes))
         for row in rows:
             try:
                 outcome = advance(deps, row)
             except LeaseLost:
+                # Someone else has the row (our lease lapsed): not an error, not an alarm.
                 outcome = "lease_lost"
             except NeedsHuman as exc:
                 outcome = "needs_human"
-                _finish(deps, row, "needs_human", str(exc), event="credit.needs_human")
-                ctx.log.error("deposit %s needs a human: %s", row.id, exc,
-                              extra={"msgid": exc.msgid, "pending_credit_id": row.id})
+                if not _finish(deps, row, "needs_human", str(exc), event="credit.needs_human"):
+                    outcome = "lease_lost"  # the row is someone else's now: their call, no false alarm
+                else:
+                    ctx.log.error("deposit %s needs a human: %s", row.id, exc,
+                                  extra={"msgid": exc.msgid, "pending_credit_id": row.id})
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             result.processed += 1
             if outcome == "needs_human":
                 result.needs_human += 1
-            elif outcome == "lease_lost":
-                result.failed += 1
     except Unavailable:
         _release_all(deps, rows)  # the chain is gone: hand the rows back now, not after the lease
         raise
     finally:
         deps.chain.close()
     _release_all(deps, rows)
-    result.needs_human += deps.lanes_needing_a_human
-    if deps.lanes_needing_a_human:
-        outcomes["lane_fenced"] = deps.lanes_needing_a_human
+    result.needs_human += deps.engine.needs_human
+    if deps.engine.needs_human:
+        outcomes["lane_fenced"] = deps.engine.needs_human
+    if deps.lane_failures:
+        outcomes["lane_failures"] = deps.lane_failures
+    if outcomes.get("no_free_lane"):
+        result.stalled = deps.engine.stall_reason()
     result.details = outcomes
     return result
 
@@ -204,12 +236,13 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
     settings = deps.ctx.settings
     if row.deposit_lineage_id is not None:
         lineage = lineages.load(deps.conn, row.deposit_lineage_id)
-        state = _drive(deps, row, lineage)
+        state = _drive(deps, row, lineage, "deposit")
         if state == "applied":
             assert lineage.inner_hash is not None
             with relaxed_transaction(deps.conn):  # re-derivable from the applied lineage
                 _write(deps, SET_DEPOSIT_TX_SQL, {"tx": lineage.inner_hash, "id": row.id, "token": row.token})
             row.deposit_tx = lineage.inner_hash
+            row.pending_failure = None  # the same bytes landed after all: the refusal is moot
             return "deposit_applied"
         if state == "failed":
             code = lineages.load(deps.conn, lineage.id).result_code
@@ -234,20 +267,24 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
         return "quarantined"
     if deps.free_lanes <= 0:
         return "no_free_lane"  # checked before any RPC (a bad authorisation is quarantined first, lane or not)
+    deps.engine.check_lease(_job(deps, row, "deposit"))  # a stalled worker stops before reading the nonce
     consumed, latest = nonce_consumed(deps.chain, row.account, row.auth_nonce)
     if consumed:
         # All our deposit lineages are terminal and none applied (else we would not be here):
         # something that is not this gateway spent the authorisation. Never invent a deposit hash.
         raise NeedsHuman(f"deposit {row.id}: authorisation nonce {row.auth_nonce} of {row.account} is consumed on "
                          "chain but no journaled lineage of ours applied it", msgid="funding.nonce_consumed_elsewhere")
-    if latest > row.auth_expiration_ledger:
+    if latest >= row.auth_expiration_ledger:
+        # A transaction applies at the earliest in the next ledger: once the latest ledger reached
+        # the expiration ledger, no future ledger can accept the authorisation.
         _finish(deps, row, "expired", f"authorisation expired at ledger {row.auth_expiration_ledger} "
                 f"(latest {latest}) before it could be used", event="credit.expired")
         return "expired"
     from paygate_cli.chain.contracts import sac_transfer
 
     call = sac_transfer(settings.usdc_contract, row.account, settings.billing_contract, row.amount, auth.entry)
-    return _prepare_and_send(deps, row, "deposit", row.entitlement_deposit, "deposit_lineage_id", call)
+    return _prepare_and_send(deps, row, "deposit", row.entitlement_deposit, "deposit_lineage_id", call,
+                             max_ledger=row.auth_expiration_ledger)
 
 
 # -- the credit: the billing contract records the deposit for the account ------------------------
@@ -258,7 +295,7 @@ def _credit_phase(deps: Deps, row: Deposit) -> str:
     assert row.deposit_tx is not None
     if row.credit_lineage_id is not None:
         lineage = lineages.load(deps.conn, row.credit_lineage_id)
-        state = _drive(deps, row, lineage)
+        state = _drive(deps, row, lineage, "credit")
         if state == "applied":
             crashpoint("funding.before_settle")
             return _settle(deps, row)
@@ -292,101 +329,96 @@ def _settle(deps: Deps, row: Deposit) -> str:
     return "settled"
 
 
-# -- shared steps ----------------------------------------------------------------------------------
+# -- shared steps: the engine does the safety-critical sequence; funding says what it means ---------
 
-def _drive(deps: Deps, row: Deposit, lineage: lineages.Lineage) -> str:
-    """Move a lineage towards a terminal state; return its state afterwards."""
-    from paygate_cli.journal.resolve import resolve
+@dataclass
+class FundingJob:
+    """One phase of one deposit, as the engine sees it (journal/engine.py's Job)."""
 
-    if lineage.state == "allocated":
-        # Allocated but never anchored: the signed bytes (if any) died with their process and were
-        # never sent, so nothing can land. Release the lane.
-        with relaxed_transaction(deps.conn):
-            lineages.abandon(deps.conn, lineage.id, "never anchored (its process stopped before the commit)")
-        deps.free_lanes += 1
-        return "abandoned"
-    if not lineage.live:
-        return lineage.state
-    resolution = resolve(deps.conn, deps.chain, deps.keyring, lineage)
-    if resolution.state not in lineages.LIVE_STATES:
-        deps.free_lanes += 1
-    if resolution.foreign_sequence_use:
-        # DESIGN §4 step 3 / rule 10: the lineage is proven dead (superseded) and resolve fenced the
-        # lane; the human is asked about the lane (exit 3). The deposit is not in doubt: its own
-        # transaction can never land, and the nonce is checked again before a fresh lineage.
-        deps.lanes_needing_a_human += 1
-        deps.ctx.log.error("lane %s sequence %s was consumed by a transaction this gateway never journaled "
-                           "(someone else is using the lane's key); lineage %s superseded, lane fenced (drained)",
-                           lineage.lane, lineage.source_seq, lineage.id,
-                           extra={"msgid": "journal.foreign_sequence_use", "pending_credit_id": row.id,
-                                  "lineage_id": lineage.id, "lane": lineage.lane,
-                                  "chain_seq": resolution.evidence.get("chain_seq")})
-    if resolution.evidence.get("decision") == "wait":
-        # Disagreement or no majority of covering answers: never decided, but reported.
-        deps.ctx.log.warning("lineage %s of deposit %s waits: no majority of read endpoints agrees (%s)",
-                             lineage.id, row.id, resolution.evidence.get("verdicts"),
-                             extra={"msgid": "journal.no_quorum", "pending_credit_id": row.id,
-                                    "lineage_id": lineage.id})
-    return resolution.state
+    deps: Deps
+    row: Deposit
+    purpose: str  # "deposit" | "credit"
+    column: str  # the row's pointer to its lineage
+    invocation: Any  # an Invocation, or a function of the lane building one
+    max_ledger: int | None = None
 
+    @property
+    def crash(self) -> str:
+        # The credit phase has its own crash points (a shared name would always fire at the deposit's).
+        return "funding" if self.purpose == "deposit" else "funding.credit"
 
-def _prepare_and_send(deps: Deps, row: Deposit, purpose: str, entitlement: str, column: str, call: Any) -> str:
-    from paygate_cli.chain.contracts import SimulationFailed, build_signed
+    def call(self, lane: str) -> Any:
+        return self.invocation(lane) if callable(self.invocation) else self.invocation
 
-    settings = deps.ctx.settings
-    with relaxed_transaction(deps.conn):  # the anchor's synchronous commit flushes it before any send
-        allocated = lineages.allocate(deps.conn, purpose=purpose, entitlement=entitlement,
-                                      lanes=list(deps.signer.lanes))
-        if allocated is None:
-            deps.free_lanes = 0
-            return "no_free_lane"
-        deps.free_lanes -= 1
-        lineage_id, lane = allocated
-        _write(deps, SET_LINEAGE_SQL.format(column=column), {"lineage": lineage_id, "id": row.id, "token": row.token})
-    crashpoint("funding.after_allocate")
-    assert_not_in_transaction(deps.conn, "building a transaction")
-    chain_seq = deps.chain.account_sequence(lane)
-    seq = lineages.next_sequence(deps.conn, lane, chain_seq)
-    latest = deps.chain.latest_ledger()
-    invocation = call(lane) if callable(call) else call
-    try:
-        signed = build_signed(deps.chain, lane=deps.signer.lanes[lane], fee_account=deps.signer.fee, seq=seq,
-                              call=invocation, max_time=latest.close_time + int(settings.tx_validity),
-                              base_fee=settings.base_fee, fee_bump_base_fee=settings.fee_bump_base_fee)
-    except SimulationFailed as exc:
-        with deps.conn.transaction():
-            lineages.abandon(deps.conn, lineage_id, str(exc))
-        if purpose == "deposit":
-            _finish(deps, row, "failed", str(exc), event="credit.failed")
-            return "failed"
-        raise NeedsHuman(f"deposit {row.id}: {exc}", msgid="funding.credit_simulation_failed") from None
-    crashpoint("funding.after_sign")
-    key_id, ciphertext = deps.keyring.encrypt(signed.envelope_xdr.encode(), lineage_id=lineage_id, source=lane, seq=seq)
-    with deps.conn.transaction():
-        if not lineages.anchor(deps.conn, lineage_id, seq=seq, key_id=key_id, envelope=ciphertext,
-                               inner_hash=signed.inner_hash, outer_hash=signed.outer_hash,
-                               max_time=signed.max_time, signed_at_ledger=latest.sequence):
-            raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
-        _write(deps, "SELECT 1 FROM paygate.pending_credits WHERE id = %(id)s AND status = 'pending'"
-                     " AND lease_token = %(token)s FOR UPDATE", {"id": row.id, "token": row.token})
-    # The crash window is closed: the exact bytes are journaled before anything is broadcast.
-    crashpoint("funding.after_anchor")
-    outcome = deps.chain.send(signed.envelope_xdr)
-    crashpoint("funding.after_broadcast" if purpose == "deposit" else "funding.after_credit_broadcast")
-    terminal = outcome.status == "ERROR" and outcome.code in TERMINAL_SEND_CODES
-    with relaxed_transaction(deps.conn):
-        lineages.mark_sent(deps.conn, lineage_id, outcome.label)
+    def hold(self, conn: psycopg.Connection) -> bool:
+        return conn.execute(RENEW_SQL, {"id": self.row.id, "token": self.row.token,
+                                        "lease": self.deps.ctx.settings.funding_lease}).fetchone() is not None
+
+    def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
+        pass  # the row keeps pointing at the dead lineage until a new one replaces it
+
+    def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: Any, terminal: bool) -> None:
         if terminal:
-            # Rejected for good; the row ends failed once the lineage is proven dead (maxTime).
-            _write(deps, SET_PENDING_FAILURE_SQL, {"reason": f"{purpose} rejected by the network: {outcome.code}",
-                                                   "id": row.id, "token": row.token})
-    return f"{purpose}_sent"
+            # Rejected for good; the row ends failed once the lineage is proven dead (maxTime). If
+            # the same bytes land after all, the mark is cleared with the receipt (never stale).
+            _write(self.deps, SET_PENDING_FAILURE_SQL, {
+                "reason": f"{self.purpose} rejected by the network: {send.code}", "id": self.row.id,
+                "token": self.row.token})
+
+    def on_build_failure(self, conn: psycopg.Connection, lineage_id: int, exc: Exception) -> bool:
+        return False
+
+    def check(self, signed: Any) -> None:
+        pass
 
 
-# Answers that mean "these bytes will never be accepted". txBAD_SEQ, txTOO_LATE and friends are
-# not in here: they are not proof by themselves (reference/stellar.md §7); resolve decides.
-TERMINAL_SEND_CODES = {"txBAD_AUTH", "txBAD_AUTH_EXTRA", "txMALFORMED", "txSOROBAN_INVALID", "txNO_ACCOUNT",
-                       "txNOT_SUPPORTED", "invalid_xdr"}
+def _drive(deps: Deps, row: Deposit, lineage: lineages.Lineage, purpose: str) -> str:
+    """Move a lineage towards a terminal state; return its state afterwards."""
+    state = deps.engine.drive(_job(deps, row, purpose), lineage)
+    if state not in lineages.LIVE_STATES and lineage.live:
+        deps.free_lanes += 1
+    return state
+
+
+def _job(deps: Deps, row: Deposit, purpose: str, invocation: Any = None, max_ledger: int | None = None
+         ) -> FundingJob:
+    column = "deposit_lineage_id" if purpose == "deposit" else "credit_lineage_id"
+    return FundingJob(deps, row, purpose, column, invocation, max_ledger)
+
+
+def _prepare_and_send(deps: Deps, row: Deposit, purpose: str, entitlement: str, column: str, call: Any,
+                      max_ledger: int | None = None) -> str:
+    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed
+
+    job = _job(deps, row, purpose, call, max_ledger)
+    for _ in range(len(deps.signer.lanes)):
+        # The lease first: a worker that lost its row must not reach the entitlement's live-lineage
+        # index (exit 70) or write anything.
+        with relaxed_transaction(deps.conn):  # the anchor's synchronous commit flushes it before any send
+            if not job.hold(deps.conn):
+                raise LeaseLost(f"deposit {row.id}: lease lost")
+            allocated = deps.engine.allocate(purpose=purpose, entitlement=entitlement)
+            if allocated is None:
+                deps.free_lanes = 0
+                return "no_free_lane"
+            deps.free_lanes -= 1
+            lineage_id, lane = allocated
+            _write(deps, SET_LINEAGE_SQL.format(column=column), {"lineage": lineage_id, "id": row.id,
+                                                                  "token": row.token})
+        outcome = deps.engine.sign_and_send(job, lineage_id, lane)
+        if isinstance(outcome, LaneFailed):
+            deps.lane_failures += 1
+            continue  # the lane is fenced; the work moves to another lane at once
+        if isinstance(outcome, Expired):
+            _finish(deps, row, "expired", outcome.reason + " before it could be used", event="credit.expired")
+            return "expired"
+        if isinstance(outcome, BuildFailed):
+            if purpose == "deposit":
+                _finish(deps, row, "failed", outcome.reason, event="credit.failed")
+                return "failed"
+            raise NeedsHuman(f"deposit {row.id}: {outcome.reason}", msgid="funding.credit_simulation_failed")
+        return f"{purpose}_sent"
+    return "no_free_lane"
 
 
 def _write(deps: Deps, sql: str, params: dict[str, Any]) -> None:
@@ -396,13 +428,15 @@ def _write(deps: Deps, sql: str, params: dict[str, Any]) -> None:
         raise LeaseLost(f"deposit {params.get('id')}: lease lost")
 
 
-def _finish(deps: Deps, row: Deposit, status: str, reason: str, *, event: str) -> None:
+def _finish(deps: Deps, row: Deposit, status: str, reason: str, *, event: str) -> bool:
+    """Guarded by the lease: False when the row is someone else's now (nothing written)."""
     with deps.conn.transaction():
         done = deps.conn.execute(FINISH_ROW_SQL, {"status": status, "reason": reason[:1000], "id": row.id,
                                                   "token": row.token}).fetchone()
         if done is not None:
             deps.conn.execute(EMIT_SQL, (event, Jsonb({"pending_credit_id": row.id, "account": row.account,
                                                        "amount": str(row.amount), "reason": reason[:1000]})))
+    return done is not None
 
 
 def _required(value: str | None, variable: str) -> str:

@@ -25,16 +25,19 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from paygate_cli.db.connect import relaxed_transaction
-from paygate_cli.errors import PaygateError, Unavailable
+from paygate_cli.errors import Unavailable
 from paygate_cli.journal import lineage as lineages
+from paygate_cli.journal.engine import LeaseLost
 from paygate_cli.ticks.context import TickContext, TickResult
 from paygate_cli.ticks.crash import crashpoint
 
 if TYPE_CHECKING:
     import psycopg
 
+    from paygate_cli.chain.contracts import Invocation, SignedTransaction
     from paygate_cli.chain.keys import Signer
-    from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.chain.rpc import ChainClient, SendOutcome
+    from paygate_cli.journal.engine import Engine
     from paygate_cli.journal.keyring import Keyring
 
 HAS_WORK_SQL = """
@@ -86,11 +89,22 @@ RETURNING b.lineage_id, b.lease_token
 BATCH_ROWS_SQL = """
 SELECT id, account, amount, charge_id FROM paygate.charges WHERE lineage_id = %s ORDER BY created_at, id
 """
-# Guard for every write made on behalf of a batch: the lease this process holds is still its own.
+# Guard for every write made on behalf of a batch: the lease this process holds is still its own
+# (and it is renewed: checked before each phase, a slow phase does not lose it to a lapse).
 HOLD_BATCH_SQL = """
-SELECT 1 FROM paygate.charge_batches
+UPDATE paygate.charge_batches
+SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => %(lease)s))
 WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
-FOR UPDATE
+RETURNING 1
+"""
+# Live charge_batch lineages no open batch holds any more: nothing else would resolve them.
+ORPHANS_SQL = """
+SELECT x.id FROM paygate.lineages x
+WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose = 'charge_batch'
+  AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b WHERE b.lineage_id = x.id AND b.closed_at IS NULL)
+  AND x.created_at < now() - interval '5 seconds'  -- not one being claimed right now
+ORDER BY x.id
+LIMIT %(limit)s
 """
 RELEASE_BATCH_LEASE_SQL = """
 UPDATE paygate.charge_batches SET lease_token = NULL, lease_expires_at = NULL
@@ -110,35 +124,6 @@ WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
 UNCLAIM_SQL = """
 UPDATE paygate.charges SET claimed_at = NULL, claimed_by = NULL, lineage_id = NULL, updated_at = now()
 WHERE lineage_id = %(lineage)s AND status = 'authorized' AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s))
-"""
-# Journal the signed envelope (journal.lineage.ANCHOR_SQL's CAS, allocated -> signed), only while
-# this process still holds the batch's lease: one round trip.
-ANCHOR_BATCH_SQL = """
-WITH held AS (
-    SELECT lineage_id FROM paygate.charge_batches
-    WHERE lineage_id = %(id)s AND lease_token = %(token)s AND closed_at IS NULL
-    FOR UPDATE
-), anchored AS (
-    UPDATE paygate.lineages
-    SET state = 'signed', source_seq = %(seq)s, key_id = %(key_id)s, envelope = %(envelope)s,
-        inner_hash = %(inner_hash)s, outer_hash = %(outer_hash)s, max_time = %(max_time)s,
-        signed_at_ledger = %(signed_at_ledger)s, signed_at = now()
-    WHERE id = (SELECT lineage_id FROM held) AND state = 'allocated'
-    RETURNING id
-)
-SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM anchored)
-"""
-# journal.lineage.MARK_SENT_SQL and the release of the batch lease, in one round trip.
-SENT_SQL = """
-WITH sent AS (
-    UPDATE paygate.lineages
-    SET state = 'sent', send_count = send_count + 1, last_send_status = %(status)s,
-        sent_at = coalesce(sent_at, now())
-    WHERE id = %(lineage)s AND state IN ('signed', 'sent')
-    RETURNING id
-)
-UPDATE paygate.charge_batches SET lease_token = NULL, lease_expires_at = NULL
-WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
 """
 # The lineage is proven dead (it cannot land: expired, superseded, or included and failed, which
 # reverts every entry). Its rows get a new chance, or, at the attempt limit, fail with the balance
@@ -175,10 +160,6 @@ FROM released r
 """
 
 
-class LeaseLost(PaygateError):
-    msgid = "settlement.lease_lost"
-
-
 @dataclass
 class Entry:
     id: int
@@ -193,6 +174,7 @@ class Deps:
     chain: ChainClient
     signer: Signer
     keyring: Keyring
+    engine: Engine
     outcomes: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -224,6 +206,8 @@ def trim_to_fit(rows: list[Entry], limit: int) -> list[Entry]:
 
 def tick(ctx: TickContext) -> TickResult:
     claimable, drivable = ctx.conn.execute(HAS_WORK_SQL).fetchone()
+    if ctx.draining:
+        claimable = False  # a drained instance drives what is in flight and takes nothing new
     if not claimable and not drivable:
         return TickResult()  # idle: no stellar_sdk import, one query
     if not ctx.settings.billing_contract:
@@ -232,21 +216,39 @@ def tick(ctx: TickContext) -> TickResult:
         raise ConfigError("PAYGATE_BILLING_CONTRACT is not set")  # before any claim: nothing to strand
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.journal.engine import Engine
     from paygate_cli.journal.keyring import Keyring
 
-    deps = Deps(ctx, ChainClient(ctx.settings, guard_conn=ctx.conn), Signer.from_settings(ctx.settings),
-                Keyring.from_settings(ctx.settings))
+    chain, signer, keyring = (ChainClient(ctx.settings, guard_conn=ctx.conn), Signer.from_settings(ctx.settings),
+                              Keyring.from_settings(ctx.settings))
+    deps = Deps(ctx, chain, signer, keyring, Engine(ctx, chain, signer, keyring))
     result = TickResult()
     try:
         lineages.sync_lanes(ctx.conn, list(deps.signer.lanes))
         if drivable:
             _drive_open_batches(deps, result)
-        for _ in range(max(1, int(ctx.settings.settlement_batches_per_tick))):
-            started = _start_batch(deps, result)
-            if not started:
+        if ctx.conn.execute(ORPHANS_SQL, {"limit": 1}).fetchone() is not None:
+            deps.count("orphans_driven", deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(signer.lanes))))
+        started = 0
+        # A batch whose lane failed for a lane reason is handed back and claimed again at once on
+        # another lane (the failing lane is fenced); bounded by the number of lanes.
+        retries = len(deps.signer.lanes)
+        # Driving may have handed rows back (a dead lineage): claim them in this tick too.
+        while not ctx.draining and started < max(1, int(ctx.settings.settlement_batches_per_tick)):
+            step = _start_batch(deps, result)
+            if step == "lane_failed" and retries > 0:
+                retries -= 1
+                continue
+            if step != "sent":
                 break
+            started += 1
     finally:
         deps.chain.close()
+    result.needs_human += deps.engine.needs_human
+    if deps.engine.needs_human:
+        deps.count("lane_fenced", deps.engine.needs_human)
+    if deps.outcomes.get("no_free_lane"):
+        result.stalled = deps.engine.stall_reason()
     result.details = deps.outcomes
     return result
 
@@ -257,8 +259,70 @@ class _Rollback(Exception):
     pass
 
 
-def _start_batch(deps: Deps, result: TickResult) -> bool:
-    """Claim one batch and take it as far as the broadcast. False when nothing (or no lane) is left."""
+@dataclass
+class BatchJob:
+    """One charge batch as the engine sees it (journal/engine.py's Job)."""
+
+    deps: Deps
+    lineage_id: int
+    token: uuid.UUID
+    rows: list[Entry]
+    crash: str = "settlement"
+    purpose: str = "charge_batch"
+    max_ledger: int | None = None
+
+    def call(self, lane: str) -> Invocation:
+        from paygate_cli.chain.charges import charge_batch
+
+        rows = self.rows
+        return charge_batch(self.deps.ctx.settings.billing_contract, lane, [r.account for r in rows],
+                            [r.amount for r in rows], [r.charge_id for r in rows])
+
+    def hold(self, conn: psycopg.Connection) -> bool:
+        return conn.execute(HOLD_BATCH_SQL, {"lineage": self.lineage_id, "token": self.token,
+                                             "lease": self.deps.ctx.settings.settlement_lease}).fetchone() is not None
+
+    def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
+        # Never signed (or never anchored): its rows go back without counting an attempt.
+        conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
+        _close(self.deps, lineage_id, self.token, "abandoned")
+
+    def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
+        conn.execute(RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": self.token})
+        if send.status == "ERROR":
+            # Not proof of anything by itself: the lineage is resolved (and, once proven dead, its
+            # charges retried) on a later tick.
+            self.deps.ctx.log.warning("charge_batch lineage %s: send answered %s", lineage_id, send.label,
+                                      extra={"msgid": "settlement.send_error", "lineage_id": lineage_id})
+
+    def on_build_failure(self, conn: psycopg.Connection, lineage_id: int, exc: Exception) -> bool:
+        from paygate_cli.chain.charges import BatchTooLarge, is_resource_failure
+
+        rows = self.rows
+        resource = isinstance(exc, BatchTooLarge) or is_resource_failure(str(exc))
+        if resource and len(rows) > 1:
+            keep, drop = rows[: len(rows) // 2], rows[len(rows) // 2:]
+            conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": [r.id for r in drop]})
+            conn.execute(SHRINK_BATCH_SQL, {"entries": len(keep), "lineage": lineage_id, "token": self.token})
+            self.deps.ctx.log.warning("charge batch of %d exceeds a resource limit (%s); split to %d", len(rows),
+                                      exc, len(keep), extra={"msgid": "settlement.batch_split",
+                                                             "lineage_id": lineage_id})
+            self.rows = keep
+            crashpoint("settlement.after_split")
+            return True
+        return False
+
+    def check(self, signed: SignedTransaction) -> None:
+        from paygate_cli.chain.charges import check_resources
+
+        check_resources(signed)
+
+
+def _start_batch(deps: Deps, result: TickResult) -> str:
+    """Claim one batch and take it as far as the broadcast: sent | lane_failed | no_free_lane |
+    simulation_failed | lease_lost | empty."""
+    from paygate_cli.journal.engine import BuildFailed, LaneFailed
+
     ctx = deps.ctx
     batch = max(1, min(int(ctx.batch), 100))
     token = uuid.uuid4()
@@ -270,9 +334,8 @@ def _start_batch(deps: Deps, result: TickResult) -> bool:
                     for r in deps.conn.execute(CLAIM_CANDIDATES_SQL, {"batch": batch})]
             rows = trim_to_fit(rows, batch)
             if not rows:
-                return False
-            allocated = lineages.allocate(deps.conn, purpose="charge_batch", entitlement=f"charge_batch:{token}",
-                                          lanes=list(deps.signer.lanes))
+                return "empty"
+            allocated = deps.engine.allocate(purpose="charge_batch", entitlement=f"charge_batch:{token}")
             if allocated is None:
                 raise _Rollback  # roll the claim back: no lane, no claim
             lineage_id, lane = allocated
@@ -282,83 +345,28 @@ def _start_batch(deps: Deps, result: TickResult) -> bool:
             assert claimed == len(rows), "rows locked FOR UPDATE changed under the claim"
     except _Rollback:
         deps.count("no_free_lane")
-        return False
+        return "no_free_lane"
     crashpoint("settlement.after_claim")
     result.processed += len(rows)
+    job = BatchJob(deps, lineage_id, token, rows)
     try:
-        outcome = _prepare_and_send(deps, lineage_id, lane, token, rows)
+        outcome = deps.engine.sign_and_send(job, lineage_id, lane)
     except Unavailable:
         _give_back(deps, lineage_id, token, "the RPC was unavailable before anything was signed and journaled")
         raise
     except LeaseLost:
-        outcome = "lease_lost"
+        deps.count("lease_lost")  # someone else has the batch: not a failure, not an alarm
+        return "lease_lost"
+    if isinstance(outcome, LaneFailed):
+        deps.count("lane_failed")
+        return "lane_failed"
+    if isinstance(outcome, BuildFailed):
+        deps.ctx.log.error("charge_batch simulation failed, %d charges handed back: %s", len(job.rows),
+                           outcome.reason, extra={"msgid": "settlement.simulation_failed", "lineage_id": lineage_id})
+        deps.count("simulation_failed")
         result.failed += 1
-    deps.count(outcome)
-    if outcome == "simulation_failed":
-        result.failed += 1
-    return outcome not in ("simulation_failed",)
-
-
-def _prepare_and_send(deps: Deps, lineage_id: int, lane: str, token: uuid.UUID, rows: list[Entry]) -> str:
-    from paygate_cli.chain.charges import BatchTooLarge, charge_batch, check_resources, is_resource_failure
-    from paygate_cli.chain.contracts import SimulationFailed, build_signed
-
-    settings = deps.ctx.settings
-    billing = settings.billing_contract
-    chain_seq = deps.chain.account_sequence(lane)
-    seq = lineages.next_sequence(deps.conn, lane, chain_seq)
-    latest = deps.chain.latest_ledger()
-    while True:
-        call = charge_batch(billing, lane, [r.account for r in rows], [r.amount for r in rows],
-                            [r.charge_id for r in rows])
-        try:
-            signed = build_signed(deps.chain, lane=deps.signer.lanes[lane], fee_account=deps.signer.fee, seq=seq,
-                                  call=call, max_time=latest.close_time + int(settings.tx_validity),
-                                  base_fee=settings.base_fee, fee_bump_base_fee=settings.fee_bump_base_fee)
-            check_resources(signed)
-            break
-        except (BatchTooLarge, SimulationFailed) as exc:
-            resource = isinstance(exc, BatchTooLarge) or is_resource_failure(str(exc))
-            if resource and len(rows) > 1:
-                keep, drop = rows[: len(rows) // 2], rows[len(rows) // 2:]
-                with deps.conn.transaction():
-                    _hold(deps, lineage_id, token)
-                    deps.conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": [r.id for r in drop]})
-                    deps.conn.execute(SHRINK_BATCH_SQL, {"entries": len(keep), "lineage": lineage_id, "token": token})
-                deps.ctx.log.warning("charge batch of %d exceeds a resource limit (%s); split to %d", len(rows), exc,
-                                     len(keep), extra={"msgid": "settlement.batch_split", "lineage_id": lineage_id})
-                rows = keep
-                continue
-            with deps.conn.transaction():
-                _hold(deps, lineage_id, token)
-                lineages.abandon(deps.conn, lineage_id, str(exc)[:500])
-                deps.conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
-                deps.conn.execute(CLOSE_BATCH_SQL, {"outcome": "abandoned", "lineage": lineage_id, "token": token})
-            deps.ctx.log.error("charge_batch simulation failed, %d charges handed back: %s", len(rows), exc,
-                               extra={"msgid": "settlement.simulation_failed", "lineage_id": lineage_id})
-            return "simulation_failed"
-    crashpoint("settlement.after_sign")
-    key_id, ciphertext = deps.keyring.encrypt(signed.envelope_xdr.encode(), lineage_id=lineage_id, source=lane, seq=seq)
-    with deps.conn.transaction():
-        held, anchored = deps.conn.execute(ANCHOR_BATCH_SQL, {
-            "id": lineage_id, "token": token, "seq": seq, "key_id": key_id, "envelope": ciphertext,
-            "inner_hash": signed.inner_hash, "outer_hash": signed.outer_hash, "max_time": signed.max_time,
-            "signed_at_ledger": latest.sequence}).fetchone()
-        if not held:
-            raise LeaseLost(f"charge batch {lineage_id}: lease lost before anchor")
-        if not anchored:
-            raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
-    # The crash window is closed: the exact bytes are journaled before anything is broadcast.
-    crashpoint("settlement.after_anchor")
-    outcome = deps.chain.send(signed.envelope_xdr)
-    crashpoint("settlement.after_broadcast")
-    with relaxed_transaction(deps.conn):  # re-derivable: a 'signed' lineage is resolved the same way
-        deps.conn.execute(SENT_SQL, {"status": outcome.label, "lineage": lineage_id, "token": token})
-    if outcome.status == "ERROR":
-        # Not proof of anything by itself: the lineage is resolved (and, once proven dead, its
-        # charges retried) on a later tick.
-        deps.ctx.log.warning("charge_batch lineage %s: send answered %s", lineage_id, outcome.label,
-                             extra={"msgid": "settlement.send_error", "lineage_id": lineage_id})
+        return "simulation_failed"
+    deps.count("sent")
     return "sent"
 
 
@@ -383,11 +391,6 @@ def _give_back(deps: Deps, lineage_id: int, token: uuid.UUID, why: str) -> None:
         pass
 
 
-def _hold(deps: Deps, lineage_id: int, token: uuid.UUID) -> None:
-    if deps.conn.execute(HOLD_BATCH_SQL, {"lineage": lineage_id, "token": token}).fetchone() is None:
-        raise LeaseLost(f"charge batch {lineage_id}: lease lost")
-
-
 # -- open batches ------------------------------------------------------------------------------------
 
 def _drive_open_batches(deps: Deps, result: TickResult) -> None:
@@ -399,63 +402,48 @@ def _drive_open_batches(deps: Deps, result: TickResult) -> None:
         try:
             outcome = _drive(deps, int(lineage_id), token, result)
         except LeaseLost:
-            outcome = "lease_lost"
-            result.failed += 1
+            outcome = "lease_lost"  # someone else has the batch: not a failure, not an alarm
         deps.count(outcome)
 
 
 def _drive(deps: Deps, lineage_id: int, token: uuid.UUID, result: TickResult) -> str:
-    from paygate_cli.journal.resolve import resolve
-
     lineage = lineages.load(deps.conn, lineage_id)
+    rows = [Entry(r[0], r[1], int(r[2]), bytes(r[3])) for r in deps.conn.execute(BATCH_ROWS_SQL, (lineage_id,))]
+    job = BatchJob(deps, lineage_id, token, rows)
     if lineage.state == "allocated":
-        # Allocated but never anchored: the signed bytes (if any) died with their process and were
-        # never sent, so nothing can land. Release the lane and hand the rows back (no attempt used).
-        with deps.conn.transaction():
-            _hold(deps, lineage_id, token)
-            lineages.abandon(deps.conn, lineage_id, "never anchored (its process stopped before the commit)")
-            lineage.state = "abandoned"
-    if lineage.live:
-        crashpoint("settlement.before_resolve")
-        resolution = resolve(deps.conn, deps.chain, deps.keyring, lineage)
-        crashpoint("settlement.after_resolve")
-        if resolution.foreign_sequence_use:
-            result.needs_human += 1
-            deps.ctx.log.error("lane %s sequence %s was consumed by a transaction this gateway never journaled "
-                               "(someone else is using the lane's key); the batch's charges are retried on "
-                               "another lineage", lineage.lane, lineage.source_seq,
-                               extra={"msgid": "journal.foreign_sequence_use", "lineage_id": lineage_id})
-        lineage.state = resolution.state
-    if lineage.state in ("allocated", "signed", "sent"):
+        # Never anchored: the engine abandons it and job.on_abandon hands the rows back (no attempt used).
+        return deps.engine.drive(job, lineage)
+    state = deps.engine.drive(job, lineage)
+    if state in ("allocated", "signed", "sent"):
         with relaxed_transaction(deps.conn):
             deps.conn.execute(RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": token})
         return "in_flight"
-    if lineage.state == "applied":
+    if state == "applied":
         # Landed: the observer promotes each charge from its event.
         with relaxed_transaction(deps.conn):  # re-derivable from the terminal lineage
             _close(deps, lineage_id, token, "applied")
         return "applied"
-    if lineage.state == "abandoned":
+    if state == "abandoned":
         with deps.conn.transaction():
             _close(deps, lineage_id, token, "abandoned")
             deps.conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
         return "abandoned"
     # failed / expired / superseded: proven dead.
-    why = f"lineage {lineage_id} {lineage.state}"
+    why = f"lineage {lineage_id} {state}"
     with deps.conn.transaction():
         _close(deps, lineage_id, token, "dead")
-        rows = deps.conn.execute(RELEASE_DEAD_SQL, {"lineage": lineage_id, "max": _max_attempts(deps),
-                                                    "why": why}).fetchall()
-    failed = sum(1 for r in rows if r[1] == "failed")
+        crashpoint("settlement.before_release_dead")
+        released = deps.conn.execute(RELEASE_DEAD_SQL, {"lineage": lineage_id, "max": _max_attempts(deps),
+                                                        "why": why}).fetchall()
+    failed = sum(1 for r in released if r[1] == "failed")
     if failed:
         deps.ctx.log.warning("%d charges failed after %d dead charge_batch attempts (balances restored)", failed,
                              _max_attempts(deps), extra={"msgid": "settlement.charges_failed",
                                                          "lineage_id": lineage_id})
-    deps.count("charges_retried", len(rows) - failed)
+    deps.count("charges_retried", len(released) - failed)
     deps.count("charges_failed", failed)
     return "dead"
 
 
 def _max_attempts(deps: Deps) -> int:
     return max(1, int(deps.ctx.settings.settlement_max_attempts))
-

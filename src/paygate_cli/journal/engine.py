@@ -1,0 +1,361 @@
+"""The one phase engine every money path uses (DESIGN §1 rules 2-4, §4, §5).
+
+The safety-critical sequence lives here, once; funding, settlement, the relay and the bot-job
+drainer supply only what differs. For one unit of work (a deposit phase, a charge batch, a relay):
+
+    allocate (the caller's tx)  -> lane + lineage, least recently used free lane
+    sign_and_send (no tx held)  -> read sequence, build + simulate + sign + fee-bump, encrypt,
+                                   anchor under the row's lease (tx), broadcast, mark sent (tx)
+    drive (a later tick)        -> abandon an unanchored lineage, or resolve() a signed/sent one;
+                                   foreign sequence use fences the lane (resolve does it)
+    sweep                       -> drive the live lineages no row drives any more, so every lineage
+                                   reaches a terminal state whoever settled its row
+    stall_reason                -> why queued work cannot move (no lanes, all fenced, a lane leak)
+
+API (stable: `relay` and `relay_drainer` build on it)
+-----------------------------------------------------
+
+    from paygate_cli.journal.engine import Engine, Job, Sent, LaneFailed, BuildFailed, Expired, LeaseLost
+
+    engine = Engine(ctx, chain, signer, keyring)      # one per tick, after the heavy imports
+
+    # 1. Allocate inside the transaction that records the lineage on the row(s) (and holds the claim):
+    got = engine.allocate(purpose="relay", entitlement=f"relay:{id}")   # -> (lineage_id, lane) | None
+
+    # 2. Outside any transaction:
+    outcome = engine.sign_and_send(job, lineage_id, lane)
+    #   Sent(lineage_id, send)          anchored and broadcast (send.status may be anything: resolve decides)
+    #   LaneFailed(lane, reason)        a lane reason (not an operator, no account): the lane is fenced,
+    #                                   the lineage abandoned, job.on_abandon ran; allocate again at once
+    #   BuildFailed(reason)             the call itself cannot work (simulation); lineage abandoned,
+    #                                   job.on_abandon ran; the path decides what it means for its rows
+    #   Expired(reason)                 latest ledger >= job.max_ledger: the authorisation is dead
+    #   raises LeaseLost                the row's lease is gone (someone else has it): nothing anchored
+    #                                   or nothing more done; no alarm, release what you hold
+
+    # 3. On a later tick, for the lineage the row points at:
+    state = engine.drive(job, engine.load(lineage_id))   # the lineage's state afterwards
+
+    # 4. Once per tick: engine.sweep(ORPHANS_SQL) where ORPHANS_SQL selects `id` of live lineages
+    #    (of the path's purposes) that no row of the path holds any more; LIMIT %(limit)s.
+
+    engine.needs_human   # lanes fenced for foreign sequence use / lane failures this tick (exit 3, once)
+
+A `Job` (Protocol below) is what one path supplies: its crash-point prefix, its lineage purpose, its
+call built for a given lane, an optional ledger bound, its lease guard (`hold`, run inside the
+anchor and abandon transactions: False = lease lost, the transaction rolls back) and what each
+outcome means for its rows (`on_abandon`, `on_sent`, `on_build_failure`).
+
+Crash points (PAYGATE_CRASH_AT), with `job.crash` as prefix: `.after_allocate`, `.after_sign`,
+`.after_anchor`, `.after_broadcast`, `.before_resolve`, `.after_resolve`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from paygate_cli.db.connect import assert_not_in_transaction, relaxed_transaction
+from paygate_cli.errors import ConfigError, PaygateError, Unavailable
+from paygate_cli.journal import lineage as lineages
+from paygate_cli.ticks.crash import crashpoint
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from paygate_cli.chain.contracts import Invocation, SignedTransaction
+    from paygate_cli.chain.keys import Signer
+    from paygate_cli.chain.rpc import ChainClient, SendOutcome
+    from paygate_cli.journal.keyring import Keyring
+    from paygate_cli.journal.resolve import Resolution
+    from paygate_cli.ticks.context import TickContext
+
+
+class LeaseLost(PaygateError):
+    """The row's lease is no longer ours: another worker has it. Not an error, not an alarm."""
+
+    msgid = "journal.lease_lost"
+
+
+class Job(Protocol):
+    crash: str  # crash point prefix, e.g. "funding", "funding.credit", "settlement"
+    purpose: str  # lineages.purpose
+    max_ledger: int | None  # last ledger the transaction may apply in (user authorisation), or None
+
+    def call(self, lane: str) -> Invocation: ...
+
+    def hold(self, conn: psycopg.Connection) -> bool:
+        """Inside the engine's transaction: lock the row(s) and check the lease is still ours."""
+        ...
+
+    def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
+        """Inside the transaction that abandoned the lineage (after hold): hand rows back if need be."""
+        ...
+
+    def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
+        """Inside the transaction that marked the lineage sent. `terminal`: the network refused these
+        bytes for good (the lineage still has to be proven dead by resolve before anything replaces it)."""
+        ...
+
+    def on_build_failure(self, conn: psycopg.Connection, lineage_id: int, exc: Exception) -> bool:
+        """A non-lane build failure (simulation, resource check). Return True when the job changed
+        itself (e.g. a batch split, its rows handed back under `hold`) and should be built again;
+        False to abandon the lineage."""
+        ...
+
+    def check(self, signed: SignedTransaction) -> None:
+        """After signing, before anchoring: raise to refuse the bytes (e.g. a resource limit)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Sent:
+    lineage_id: int
+    send: SendOutcome
+    terminal: bool
+
+
+@dataclass(frozen=True)
+class LaneFailed:
+    lane: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class BuildFailed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Expired:
+    reason: str
+
+
+Outcome = Sent | LaneFailed | BuildFailed | Expired
+
+# Answers that mean "these bytes will never be accepted". txBAD_SEQ, txTOO_LATE and friends are
+# not in here: they are not proof by themselves (reference/stellar.md §7); resolve decides.
+TERMINAL_SEND_CODES = {"txBAD_AUTH", "txBAD_AUTH_EXTRA", "txMALFORMED", "txSOROBAN_INVALID", "txNO_ACCOUNT",
+                       "txNOT_SUPPORTED", "invalid_xdr"}
+
+# Simulation failures that are the lane's fault, not the call's: the same call works from another
+# lane. (The billing contract traps with this text when the source is not an allow-listed operator.)
+LANE_FAILURE_MARKERS = ("not an allow-listed operator", "does not exist on chain", "source account")
+
+
+def is_lane_failure(message: str) -> bool:
+    lowered = message.lower()
+    return any(marker in lowered for marker in LANE_FAILURE_MARKERS)
+
+
+# Lanes we hold keys for: active ones, free ones, and busy ones whose live lineage is young enough
+# to still be in flight. A lineage lives at most tx_validity past its signing; one much older than
+# that is leaked (nothing drives it), not busy. (A stall heuristic that never decides anything about
+# a lineage, so DB time is fine here; dead-or-alive is only ever decided by resolve, by ledger.)
+LANE_HEALTH_SQL = """
+SELECT count(*) FILTER (WHERE l.status = 'active'),
+       count(*) FILTER (WHERE l.status = 'active' AND x.id IS NULL),
+       count(*) FILTER (WHERE l.status = 'active' AND x.id IS NOT NULL
+                        AND x.created_at > now() - make_interval(secs => %(grace)s))
+FROM paygate.lanes l
+LEFT JOIN paygate.lineages x ON x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent')
+WHERE l.address = ANY(%(lanes)s)
+"""
+
+
+class Engine:
+    def __init__(self, ctx: TickContext, chain: ChainClient, signer: Signer, keyring: Keyring) -> None:
+        self.ctx = ctx
+        self.chain = chain
+        self.signer = signer
+        self.keyring = keyring
+        self.needs_human = 0  # alarms raised this tick (lanes fenced), each once
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        return self.ctx.conn
+
+    @property
+    def lanes(self) -> list[str]:
+        return list(self.signer.lanes)
+
+    # -- allocation ------------------------------------------------------------------------------
+
+    def allocate(self, *, purpose: str, entitlement: str) -> tuple[int, str] | None:
+        """Inside the caller's transaction. None when every lane is busy, drained or fenced."""
+        return lineages.allocate(self.conn, purpose=purpose, entitlement=entitlement, lanes=self.lanes)
+
+    def load(self, lineage_id: int) -> lineages.Lineage:
+        return lineages.load(self.conn, lineage_id)
+
+    # -- prepare, anchor, broadcast --------------------------------------------------------------
+
+    def sign_and_send(self, job: Job, lineage_id: int, lane: str) -> Outcome:
+        from paygate_cli.chain.contracts import SimulationFailed, build_signed
+
+        settings = self.ctx.settings
+        conn = self.conn
+        crashpoint(f"{job.crash}.after_allocate")
+        assert_not_in_transaction(conn, "building a transaction")
+        self._check_lease(job)  # a worker stalled past its lease stops here, before any chain work
+        try:
+            chain_seq = self.chain.account_sequence(lane)
+        except ConfigError as exc:  # the lane's account does not exist on chain
+            return self._lane_failed(job, lineage_id, lane, str(exc))
+        seq = lineages.next_sequence(conn, lane, chain_seq)
+        latest = self.chain.latest_ledger()
+        if job.max_ledger is not None and latest.sequence >= job.max_ledger:
+            # The transaction could apply at the earliest in ledger latest + 1, after the
+            # authorisation's last ledger: no future ledger can accept it.
+            why = f"authorisation expired at ledger {job.max_ledger} (latest {latest.sequence})"
+            self._abandon(job, lineage_id, why)
+            return Expired(why)
+        while True:
+            try:
+                signed = build_signed(self.chain, lane=self.signer.lanes[lane], fee_account=self.signer.fee,
+                                      seq=seq, call=job.call(lane),
+                                      max_time=latest.close_time + int(settings.tx_validity),
+                                      base_fee=settings.base_fee, fee_bump_base_fee=settings.fee_bump_base_fee,
+                                      max_ledger=job.max_ledger)
+                job.check(signed)
+                break
+            except SimulationFailed as exc:
+                if is_lane_failure(str(exc)):
+                    return self._lane_failed(job, lineage_id, lane, str(exc))
+                failure: Exception = exc
+            except Unavailable:
+                raise  # not a verdict on the call: the caller hands its work back
+            except PaygateError as exc:  # the path's own check refused the bytes
+                failure = exc
+            with conn.transaction():
+                if not job.hold(conn):
+                    raise LeaseLost(f"lineage {lineage_id}: lease lost")
+                again = job.on_build_failure(conn, lineage_id, failure)
+            if not again:
+                self._abandon(job, lineage_id, str(failure)[:500])
+                return BuildFailed(str(failure)[:500])
+        crashpoint(f"{job.crash}.after_sign")
+        key_id, ciphertext = self.keyring.encrypt(signed.envelope_xdr.encode(), lineage_id=lineage_id, source=lane,
+                                                  seq=seq)
+        with conn.transaction():  # synchronous commit: durable before anything is broadcast
+            if not job.hold(conn):
+                raise LeaseLost(f"lineage {lineage_id}: lease lost before anchor")
+            if not lineages.anchor(conn, lineage_id, seq=seq, key_id=key_id, envelope=ciphertext,
+                                   inner_hash=signed.inner_hash, outer_hash=signed.outer_hash,
+                                   max_time=signed.max_time, signed_at_ledger=latest.sequence,
+                                   max_ledger=signed.max_ledger):
+                raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
+        # The crash window is closed: the exact bytes are journaled before anything is broadcast.
+        crashpoint(f"{job.crash}.after_anchor")
+        send = self.chain.send(signed.envelope_xdr)
+        crashpoint(f"{job.crash}.after_broadcast")
+        terminal = send.status == "ERROR" and send.code in TERMINAL_SEND_CODES
+        with relaxed_transaction(conn):  # re-derivable: a 'signed' lineage is resolved the same way
+            lineages.mark_sent(conn, lineage_id, send.label)
+            job.on_sent(conn, lineage_id, send, terminal)
+        return Sent(lineage_id, send, terminal)
+
+    def _check_lease(self, job: Job) -> None:
+        with relaxed_transaction(self.conn):
+            if not job.hold(self.conn):
+                raise LeaseLost(f"{job.crash}: lease lost")
+
+    def check_lease(self, job: Job) -> None:
+        """Before a phase that could alarm or write: the lease must still be ours (else LeaseLost)."""
+        self._check_lease(job)
+
+    def _abandon(self, job: Job, lineage_id: int, why: str) -> None:
+        with self.conn.transaction():
+            if not job.hold(self.conn):
+                raise LeaseLost(f"lineage {lineage_id}: lease lost")
+            lineages.abandon(self.conn, lineage_id, why)
+            job.on_abandon(self.conn, lineage_id, why)
+
+    def _lane_failed(self, job: Job, lineage_id: int, lane: str, why: str) -> LaneFailed:
+        """A lane reason: fence the lane (drained + audit, alarmed once), release the work."""
+        reason = f"lane {lane} failed for a lane reason: {why}"[:500]
+        with self.conn.transaction():
+            if not job.hold(self.conn):
+                raise LeaseLost(f"lineage {lineage_id}: lease lost")
+            lineages.abandon(self.conn, lineage_id, reason)
+            job.on_abandon(self.conn, lineage_id, reason)
+            fenced = lineages.fence_lane(self.conn, lane, by="paygate:lane_failure",
+                                         details={"why": why[:500], "lineage_id": lineage_id, "path": job.crash})
+        if fenced:
+            self.needs_human += 1
+            self.ctx.log.error("lane %s fenced (drained): %s; its work moves to another lane", lane, why,
+                               extra={"msgid": "journal.lane_fenced", "lane": lane, "lineage_id": lineage_id})
+        return LaneFailed(lane, reason)
+
+    # -- later ticks -----------------------------------------------------------------------------
+
+    def drive(self, job: Job | None, lineage: lineages.Lineage) -> str:
+        """Move a lineage towards a terminal state; return its state afterwards. `job` None: no row
+        holds this lineage any more (sweep), so there is nothing to guard or hand back."""
+        from paygate_cli.journal.resolve import resolve
+
+        conn = self.conn
+        if lineage.state == "allocated":
+            # Allocated but never anchored: the signed bytes (if any) died with their process and
+            # were never sent, so nothing can land. Release the lane.
+            why = "never anchored (its process stopped before the commit)"
+            if job is None:
+                with relaxed_transaction(conn):
+                    lineages.abandon(conn, lineage.id, why)
+            else:
+                self._abandon(job, lineage.id, why)
+            return "abandoned"
+        if not lineage.live:
+            return lineage.state
+        prefix = job.crash if job is not None else "journal.sweep"
+        crashpoint(f"{prefix}.before_resolve")
+        resolution = resolve(conn, self.chain, self.keyring, lineage)
+        crashpoint(f"{prefix}.after_resolve")
+        self._report(lineage, resolution)
+        return resolution.state
+
+    def _report(self, lineage: lineages.Lineage, resolution: Resolution) -> None:
+        if resolution.foreign_sequence_use:
+            # DESIGN §4 step 3 / rule 10: the lineage is proven dead (superseded) and resolve fenced
+            # the lane; a human is asked about the lane (exit 3). The work itself is not in doubt.
+            self.needs_human += 1
+            self.ctx.log.error("lane %s sequence %s was consumed by a transaction this gateway never journaled "
+                               "(someone else is using the lane's key); lineage %s superseded, lane fenced (drained)",
+                               lineage.lane, lineage.source_seq, lineage.id,
+                               extra={"msgid": "journal.foreign_sequence_use", "lineage_id": lineage.id,
+                                      "lane": lineage.lane, "chain_seq": resolution.evidence.get("chain_seq")})
+        if resolution.evidence.get("decision") == "wait":
+            # Disagreement or no majority of covering answers: never decided, but reported.
+            self.ctx.log.warning("lineage %s waits: no majority of read endpoints agrees (%s)", lineage.id,
+                                 resolution.evidence.get("verdicts"),
+                                 extra={"msgid": "journal.no_quorum", "lineage_id": lineage.id})
+
+    def sweep(self, orphans_sql: str, limit: int = 8) -> int:
+        """Drive live lineages that no row holds any more (the row was settled by someone else,
+        e.g. the observer winning the credit race): a lineage left `sent` pins its lane for ever.
+        Resolve is a CAS and a resend repeats the same bytes, so two sweepers racing are harmless."""
+        ids = [int(r[0]) for r in self.conn.execute(orphans_sql, {"limit": limit}).fetchall()]
+        for lineage_id in ids:
+            lineage = self.load(lineage_id)
+            if lineage.live:
+                self.drive(None, lineage)
+        return len(ids)
+
+    # -- liveness --------------------------------------------------------------------------------
+
+    def stall_reason(self) -> str | None:
+        return stall_reason(self.conn, self.ctx.settings, self.lanes)
+
+
+def stall_reason(conn: psycopg.Connection, settings: Any, lanes: list[str]) -> str | None:
+    """Why queued work cannot move, or None when a lane is free or will be soon. Call it when a path
+    had work and found no free lane: a momentary "all lanes busy" is not a stall."""
+    if not lanes:
+        return "no lanes configured"
+    grace = 2 * float(settings.tx_validity) + 60
+    active, free, young = conn.execute(LANE_HEALTH_SQL, {"lanes": sorted(lanes), "grace": grace}).fetchone()
+    if not active:
+        return f"every lane is fenced or drained ({len(lanes)} configured)"
+    if free or young:
+        return None
+    return (f"no free lane: every active lane ({active}) holds a live lineage older than a lineage can "
+            f"live ({grace:.0f} s): a lane leak")
