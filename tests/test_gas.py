@@ -127,3 +127,26 @@ def test_lanes_below_their_minimum_are_reported(chain: ChainEnv, db: psycopg.Con
     reported = gas_tick(chain)
     assert sorted(lane["lane"] for lane in reported["low_lanes"]) == sorted(lanes)
     assert reported["halted"] is False  # a low lane is reported, it does not halt admission
+
+
+def test_relay_worker_keeps_broadcasting_under_the_gas_halt(chain: ChainEnv, db: psycopg.Connection) -> None:
+    """Rows holding signed authorisations and reserved fees are committed liability: the gas halt
+    closes admission, never the relay worker (draining them is what restores headroom)."""
+    from tests.relay_support import admit_relay as admit_market_relay
+    from tests.relay_support import allow_market, relay_rows
+
+    allow_market(db, chain.genesis["contracts"]["market"])
+    users = chain.genesis["users"]
+    queued = admit_market_relay(db, chain.devnet, users[0], "before-halt")
+    db.execute("UPDATE paygate.relay_config SET gas_critical_floor = 10000000000000000, "
+               "gas_warning_floor = 10000000000000000, gas_resume_floor = 20000000000000000")
+    assert gas_tick(chain)["halted"] is True
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="gas"):
+        admit_market_relay(db, chain.devnet, users[1], "during-halt")
+    for _ in range(6):
+        assert chain.tick("relay").code == 0
+        if relay_rows(db)[queued]["status"] != "queued":
+            break
+        chain.devnet.close_ledger()
+    assert relay_rows(db)[queued]["status"] == "applied"
+    assert "gas" in halts(db)  # still halted: the relay went out under it
