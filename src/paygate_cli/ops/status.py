@@ -54,6 +54,18 @@ QUEUE_SQL: dict[str, str] = {
     "webhooks.dead": """
         SELECT count(*), extract(epoch FROM now() - min(dead_at))::float8
         FROM paygate.webhook_outbox WHERE status = 'dead'""",
+    "relays.queued": """
+        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
+        FROM paygate.relays WHERE status = 'queued'""",
+    "relays.needs_human": """
+        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
+        FROM paygate.relays WHERE status = 'needs_human'""",
+    "bot_jobs.queued": """
+        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
+        FROM paygate.bot_jobs WHERE status = 'queued'""",
+    "bot_jobs.dead": """
+        SELECT count(*), extract(epoch FROM now() - min(finished_at))::float8
+        FROM paygate.bot_jobs WHERE status = 'dead'""",
     "idempotency.expired": """
         SELECT count(*), extract(epoch FROM now() - min(expires_at))::float8
         FROM paygate.idempotency_keys WHERE expires_at < now()""",
@@ -90,6 +102,21 @@ def lock_holders(conn: psycopg.Connection) -> list[dict[str, Any]]:
 def last_runs(conn: psycopg.Connection) -> list[dict[str, Any]]:
     rows = conn.execute(LAST_RUNS_SQL, (sorted(WORKERS),)).fetchall()
     return [{"worker": w, "last_success": s, "last_outcome": o, "last_started": st} for w, s, o, st in rows]
+
+
+# The gas monitor's last reading (workers/gas.py) and the relay fee accumulator.
+GAS_SQL = """
+SELECT g.level, g.headroom, g.balance, g.reserve, g.reserved_fees, g.halted, g.low_lanes, g.checked_at,
+       t.reserved, t.settled, t.released
+FROM paygate.relay_fee_totals t LEFT JOIN paygate.gas_state g ON true
+"""
+
+
+def gas(conn: psycopg.Connection) -> dict[str, Any]:
+    row = conn.execute(GAS_SQL).fetchone()
+    names = ("level", "headroom", "balance", "reserve", "reserved_fees", "halted", "low_lanes", "checked_at",
+             "fees_reserved", "fees_settled", "fees_released")
+    return dict(zip(names, row, strict=True)) if row else {}
 
 
 def queue_depths(conn: psycopg.Connection) -> list[dict[str, Any]]:
@@ -152,5 +179,5 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
         problems += report["rpc"]["problems"]
     report["halts"] = list_halts(conn)
     problems += [f"{h['kind']} halt set by {h['set_by']}: {h['reason']}" for h in report["halts"]]
-    report.update(queues=queue_depths(conn), workers=last_runs(conn), ready=not problems)
+    report.update(queues=queue_depths(conn), workers=last_runs(conn), gas=gas(conn), ready=not problems)
     return report
