@@ -186,3 +186,48 @@ def test_bot_jobs_close_expired_orders_once_per_job_key(chain: ChainEnv, rdb: ps
     assert status == "applied" and chain_fee(chain, bytes(tx)) == ("SUCCESS", fee)
     assert rdb.execute("SELECT count(*) FROM paygate.lineages WHERE entitlement = %s AND state = 'applied'",
                        (f"bot_job:{job}",)).fetchone()[0] == 1
+
+
+def test_nonce_spent_elsewhere_needs_a_human_and_nonce_inspect_shows_it(
+        chain: ChainEnv, rdb: psycopg.Connection) -> None:
+    from stellar_sdk import Keypair, TransactionBuilder
+
+    from tests.cli import run_cli
+
+    g = chain.genesis
+    users, market = g["users"], g["contracts"]["market"]
+    applied = admit_relay(rdb, chain.devnet, users[0], "r-applied")
+    run_until_quiet(chain, rdb)
+    # The user (or anyone holding the entry) submits the same authorisation without the gateway.
+    args, entry = sign_buy(chain.devnet, users[1]["secret"])
+    spent = rdb.execute("SELECT relay_id FROM paygate.admit_relay(%s, %s, 'buy', %s, %s, %s, 'spent')",
+                        (users[1]["public"], market, args, [entry], MAX_FEE)).fetchone()[0]
+    other = Keypair.from_secret(users[2]["secret"])
+    with chain.server() as server:
+        tx = (TransactionBuilder(server.load_account(other.public_key), g["passphrase"], base_fee=100)
+              .append_invoke_contract_function_op(market, "buy", list(xdr.SCVal.from_xdr(args).vec.sc_vec),
+                                                  auth=[xdr.SorobanAuthorizationEntry.from_xdr(entry)])
+              .set_timeout(300).build())
+        tx = server.prepare_transaction(tx)
+        tx.sign(other)
+        assert server.send_transaction(tx).status.value == "PENDING"
+    chain.devnet.close_ledger()
+    result = chain.tick("relay")
+    assert result.code == 3, result.err  # needs a human: never guessed
+    row = relay_rows(rdb)[spent]
+    assert row["status"] == "needs_human" and "consumed on chain" in row["reason"]
+    assert rdb.execute("SELECT status FROM paygate.fee_reservations WHERE relay_id = %s", (spent,)).fetchone() == (
+        "reserved",)  # a human decides; nothing released or settled by guess
+
+    ok = run_cli("nonce-inspect", "--json", "--relay", str(applied), environ=chain.environ)
+    assert ok.code == 0, ok.err
+    report = json.loads(ok.out)["relay"]
+    assert report["authorisation"]["consumed_on_chain"] == report["authorisation"]["nonces"]
+    assert [lin["state"] for lin in report["lineages"]] == ["applied"]
+    assert report["fee_reservation"]["status"] == "settled" and report["fee_reservation"]["settled_fee"] > 0
+    bad = run_cli("nonce-inspect", "--json", "--relay", str(spent), environ=chain.environ)
+    assert bad.code == 3 and json.loads(bad.out)["needs_human"] is True
+    plain = run_cli("nonce-inspect", "--relay", str(applied), environ=chain.environ)
+    assert plain.code == 0 and entry not in plain.out + plain.err and "relay" in plain.out
+    for lineage_envelope in rdb.execute("SELECT encode(envelope, 'base64') FROM paygate.lineages"):
+        assert lineage_envelope[0][:40] not in ok.out
