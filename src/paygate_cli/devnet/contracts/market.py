@@ -145,3 +145,22 @@ def call(ctx: Ctx, fn: bytes, args: list[xdr.SCVal]) -> xdr.SCVal:
         oe = ctx.get(head + _ORDERS + as_address(args[0]) + DUR_PERSISTENT)
         return sc_u64(oe.val if oe is not None else 0)
     raise missing_function(fn)
+
+
+def sign_buy(*, user_secret: str, market: str, item: str, price: int, passphrase: str,
+             expiration_ledger: int) -> tuple[str, str]:
+    """A user's wallet authorising market.buy(user, item, price) (the demo and bench play the user):
+    -> (args as a base64 SCVal vector, the signed auth entry as base64), what admit_relay takes."""
+    from stellar_sdk import Keypair
+    from stellar_sdk.auth import authorize_invocation
+
+    user = Keypair.from_secret(user_secret)
+    args = [scval.to_address(user.public_key), scval.to_symbol(item), scval.to_int128(price)]
+    invocation = xdr.SorobanAuthorizedInvocation(
+        function=xdr.SorobanAuthorizedFunction(
+            type=xdr.SorobanAuthorizedFunctionType.SOROBAN_AUTHORIZED_FUNCTION_TYPE_CONTRACT_FN,
+            contract_fn=xdr.InvokeContractArgs(contract_address=scval.to_address(market).address,
+                                               function_name=xdr.SCSymbol(b"buy"), args=args)),
+        sub_invocations=[])
+    entry = authorize_invocation(user, None, expiration_ledger, invocation, passphrase)
+    return scval.to_vec(args).to_xdr(), entry.to_xdr()
