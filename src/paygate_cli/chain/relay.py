@@ -134,15 +134,24 @@ def _verify_signature(entry: xdr.SorobanAuthorizationEntry, creds: xdr.SorobanAd
 
 def nonces_consumed(chain: ChainClient, account: str, nonces: list[int]) -> tuple[list[int], int]:
     """(the nonces of `account` already consumed on chain, latest ledger of that read)."""
+    consumed, latest = nonces_consumed_many(chain, [(account, nonces)])
+    return consumed[0], latest
+
+
+def nonces_consumed_many(chain: ChainClient, wanted: list[tuple[str, list[int]]]) -> tuple[list[list[int]], int]:
+    """One getLedgerEntries for the nonces of several relays (a tick's batch): per item, the nonces
+    consumed on chain, and the latest ledger of that one read."""
     from paygate_cli.chain.contracts import nonce_key
 
-    answer = chain.ledger_entries([nonce_key(account, n) for n in nonces])
-    consumed = set()
+    keys = {nonce_key(account, n).to_xdr(): (account, n) for account, nonces in wanted for n in nonces}
+    answer = chain.ledger_entries([xdr.LedgerKey.from_xdr(k) for k in keys])
+    consumed: set[tuple[str, int]] = set()
     for entry in answer.entries or []:
+        # From the entry itself, not its echoed key: what was found is what counts.
         data = xdr.LedgerEntryData.from_xdr(entry.xdr).contract_data
         if data is not None and data.key.nonce_key is not None:
-            consumed.add(int(data.key.nonce_key.nonce.int64))
-    return [n for n in nonces if n in consumed], int(answer.latest_ledger)
+            consumed.add((Address.from_xdr_sc_address(data.contract).address, int(data.key.nonce_key.nonce.int64)))
+    return [[n for n in nonces if (account, n) in consumed] for account, nonces in wanted], int(answer.latest_ledger)
 
 
 def source_account_only(signed: SignedTransaction) -> None:

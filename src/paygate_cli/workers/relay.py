@@ -20,7 +20,7 @@ lapses):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
@@ -185,6 +185,9 @@ class Deps:
     ctx: TickContext
     engine: Engine
     own_accounts: set[str]
+    # Phase-1 nonce reads for the tick's fresh relays, done in one getLedgerEntries:
+    # relay id -> (nonces consumed on chain, latest ledger of the read).
+    nonces: dict[int, tuple[list[int], int]] = field(default_factory=dict)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -214,6 +217,7 @@ def tick(ctx: TickContext) -> TickResult:
     result = TickResult()
     outcomes: dict[str, int] = {}
     try:
+        _read_nonces(deps, [r for r in rows if r.lineage_id is None and not r.pending_failure])
         for row in rows:
             try:
                 outcome = advance(deps, row)
@@ -248,6 +252,15 @@ def tick(ctx: TickContext) -> TickResult:
         result.stalled = deps.engine.stall_reason()
     result.details = outcomes
     return result
+
+
+def _read_nonces(deps: Deps, fresh: list[Relay]) -> None:
+    from paygate_cli.chain.relay import nonces_consumed_many
+
+    if not fresh:
+        return
+    consumed, latest = nonces_consumed_many(deps.engine.chain, [(r.account, list(r.auth_nonces)) for r in fresh])
+    deps.nonces = {r.id: (spent, latest) for r, spent in zip(fresh, consumed, strict=True)}
 
 
 def _release_all(deps: Deps, rows: list[Relay]) -> None:
@@ -291,7 +304,9 @@ def _prepare(deps: Deps, row: Relay) -> str:
             own_accounts=deps.own_accounts)
     except BadRelay as exc:
         return _finish(deps, row, "rejected", f"bad authorisation: {exc}")
-    consumed, latest = nonces_consumed(deps.engine.chain, row.account, list(row.auth_nonces))
+    # Read this tick (batched) unless the row only now lost its lineage: then read it fresh.
+    known = deps.nonces.pop(row.id, None)
+    consumed, latest = known or nonces_consumed(deps.engine.chain, row.account, list(row.auth_nonces))
     if consumed:
         # Every lineage of ours is dead and none applied (else we would have converged): something
         # that is not this gateway spent the authorisation. Never guessed (DESIGN rule 10).
