@@ -22,6 +22,8 @@ from paygate_cli.journal.keyring import Keyring
 from tests.chain_env import ChainEnv, admit_deposit, billing_balance, chain_environ, contract_events, sign_deposit
 from tests.cli import Result, run_proc
 from tests.devnet_support import DevnetHandle, start_devnet
+from tests.drill_support import assert_crashed_at
+from tests.drill_support import crash_tick as drill_crash_tick
 
 AMOUNT = 25_000_000
 LEASE_S = 1.0  # PAYGATE_FUNDING_LEASE in chain_environ
@@ -33,12 +35,16 @@ CRASH_POINTS = [
     "funding.after_anchor",
     "funding.after_broadcast",
     "funding.after_deposit_applied",
+    "funding.credit.after_allocate",
+    "funding.credit.after_sign",
+    "funding.credit.after_anchor",
     "funding.credit.after_broadcast",
     "funding.before_settle",
 ]
 # In-process ticks (each followed by a ledger close) needed before the crash point is on the path
 # of the next tick: the deposit must have been sent (1) or the credit too (2).
-TICKS_BEFORE = {"funding.after_deposit_applied": 1, "funding.credit.after_broadcast": 1,
+TICKS_BEFORE = {"funding.after_deposit_applied": 1, "funding.credit.after_allocate": 1,
+                "funding.credit.after_sign": 1, "funding.credit.after_anchor": 1, "funding.credit.after_broadcast": 1,
                 "funding.before_settle": 2}
 
 
@@ -79,10 +85,8 @@ def crash_environ(chain: ChainEnv, point: str) -> dict[str, str]:
 
 
 def crash_tick(chain: ChainEnv, point: str) -> Result:
-    """One real tick process with the crash point armed; it must die by SIGKILL there."""
-    result = run_proc("run-tick", "funding", "--once", "--json", environ=crash_environ(chain, point), timeout=60)
-    assert result.code == -9, f"expected SIGKILL at {point}, got {result.code}\n{result.err}"
-    return result
+    """One real tick process with the crash point armed; it must die by SIGKILL there (marker checked)."""
+    return drill_crash_tick(chain.environ, "funding", point)
 
 
 def is_quiet(db: psycopg.Connection) -> bool:
@@ -287,7 +291,7 @@ def test_the_anchored_journal_row_describes_the_exact_bytes_sent(chain: ChainEnv
     close_time = int(chain.devnet.state()["closeTime"])
     crash_tick_env = {**crash_environ(chain, "funding.after_anchor"), "PAYGATE_TX_VALIDITY": "45s"}
     result = run_proc("run-tick", "funding", "--once", environ=crash_tick_env, timeout=60)
-    assert result.code == -9, result.err
+    assert_crashed_at(result, "funding.after_anchor")
     [lineage] = lineages_of(db)
     assert lineage["state"] == "signed" and chain.devnet.state()["queue"] == []  # anchored, not yet sent
     keys = {k: bytes.fromhex(v) for k, v in json.loads(Path(chain.environ["PAYGATE_JOURNAL_KEYS_FILE"]).read_text()
@@ -326,4 +330,21 @@ def test_a_crash_at_every_phase_in_turn_still_spends_once(chain: ChainEnv, db: p
         ("deposit", "abandoned"), ("deposit", "abandoned"), ("deposit", "applied"), ("credit", "applied")]
     run_until_quiet(chain, db)
     assert row_of(db, pending_id)["attempts"] == 9
+    assert_invariants(chain, db, [pending_id])
+
+
+@pytest.mark.parametrize("point", ["funding.credit.after_anchor", "funding.after_broadcast"])
+def test_a_crashed_deposit_resumes_in_fresh_processes(chain: ChainEnv, db: psycopg.Connection, point: str) -> None:
+    """The resume runs as new OS processes (no state shared with the test's interpreter)."""
+    pending_id = admit(chain, db)
+    prepare_to(chain, db, point)
+    crash_tick(chain, point)
+    assert row_of(db, pending_id)["status"] == "pending"
+    for _ in range(12):
+        wait_for_leases(db)
+        result = run_proc("run-tick", "funding", "--once", "--json", environ=chain.environ, timeout=60)
+        assert result.code == 0, result.err
+        if is_quiet(db):
+            break
+        chain.devnet.close_ledger()
     assert_invariants(chain, db, [pending_id])

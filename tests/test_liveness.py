@@ -324,3 +324,45 @@ def test_a_leaked_lane_makes_settlement_stall_but_momentary_busy_does_not(chain:
     code, _, err = tick_json(chain, "settlement")
     assert code == 1, err
     assert "lane leak" in err
+
+
+# -- a drained instance finishes what it holds and takes nothing new -----------------------------------
+
+def drained_tick(chain: ChainEnv, worker: str) -> Any:
+    """One tick of `worker` with TickContext.draining set, as the runner passes it for a drained
+    instance: the worker's own behaviour, called directly (a real connection, settings, devnet)."""
+    import logging
+
+    from paygate_cli.db.connect import connect
+    from paygate_cli.settings import load_settings
+    from paygate_cli.ticks.context import TickContext
+    from paygate_cli.workers import funding, settlement
+
+    settings = load_settings(chain.environ)
+    module = {"funding": funding, "settlement": settlement}[worker]
+    with connect(settings, f"test-{worker}") as conn:
+        ctx = TickContext(conn=conn, settings=settings, worker=worker, instance_id="drained-host", slot=0,
+                          batch=16, log=logging.getLogger(worker), draining=True)
+        return module.tick(ctx)
+
+
+def test_a_drained_instance_drives_in_flight_work_but_claims_nothing_new(chain: ChainEnv, db: psycopg.Connection
+                                                                        ) -> None:
+    users = chain.genesis["users"]
+    fund(chain, db, [(users[0], AMOUNT)])
+    in_flight = admit(chain, db, user=1)
+    admit_charge(db, users[0]["public"], 1000, "before")
+    assert chain.tick("funding", "--once").code == 0  # the deposit is sent
+    assert chain.tick("settlement", "--once").code == 0  # the charge batch is sent
+    fresh = admit(chain, db, user=2)
+    admit_charge(db, users[0]["public"], 2000, "after")
+    for _ in range(6):
+        chain.devnet.close_ledger()
+        time.sleep(1.05)  # leases (1 s) of the first ticks lapse: the drained instance may drive them
+        drained_tick(chain, "funding")
+        drained_tick(chain, "settlement")
+        assert chain.tick("observer", "--once").code == 0
+    assert row_of(db, in_flight)["status"] == "settled"  # what was in flight was finished
+    assert row_of(db, fresh)["status"] == "pending" and row_of(db, fresh)["deposit_lineage_id"] is None
+    charges = dict(db.execute("SELECT amount::int, status FROM paygate.charges").fetchall())
+    assert charges == {1000: "settled", 2000: "authorized"}

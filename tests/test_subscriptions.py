@@ -148,3 +148,47 @@ def test_concurrent_workers_charge_each_period_once(dsn: str, db: psycopg.Connec
     assert all(total == 6 and distinct == 6 for _, total, distinct in per_period)
     debited = 2 * 10**9 - db.execute("SELECT sum(cached_balance) FROM paygate.accounts").fetchone()[0]
     assert debited == 40 * 6 * 7
+
+
+# -- drills and draining (issue 8) ---------------------------------------------------------------------
+
+def test_a_crash_before_commit_charges_nothing_and_a_fresh_process_charges_once(dsn: str, db: psycopg.Connection
+                                                                                ) -> None:
+    """Killed inside the transaction, after the charges were admitted but before the commit: nothing
+    of it survives; a fresh OS process then charges each period exactly once."""
+    from tests.cli import base_environ, run_proc
+    from tests.drill_support import crash_tick
+
+    fund(db, ACCOUNT, 1000)
+    sid = subscribe(db, ACCOUNT, 100, "1 hour", 2.5, "s-crash")
+    environ = base_environ(dsn)
+    crash_tick(environ, "subscriptions", "subscriptions.before_commit")
+    assert charges(db, sid) == []
+    balance = db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s", (ACCOUNT,)).fetchone()[0]
+    assert balance == 1000
+    assert db.execute("SELECT next_period_index FROM paygate.subscriptions WHERE id = %s", (sid,)).fetchone()[0] == 0
+    resumed = run_proc("run-tick", "subscriptions", "--once", "--json", environ=environ)
+    assert resumed.code == 0, resumed.err
+    assert len(charges(db, sid)) == 3
+    assert db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s", (ACCOUNT,)).fetchone()[0] == 700
+    assert db.execute("SELECT count(*) FROM paygate.idempotency_keys WHERE key LIKE %s",
+                      (f"subscription:{sid}:%",)).fetchone()[0] == 3
+
+
+def test_a_drained_instance_takes_no_subscription(dsn: str, db: psycopg.Connection) -> None:
+    """The worker itself, with TickContext.draining set (as the runner passes it for a drained instance)."""
+    import logging
+
+    from paygate_cli.settings import load_settings
+    from paygate_cli.ticks.context import TickContext
+    from paygate_cli.workers import subscriptions
+    from tests.cli import base_environ
+
+    fund(db, ACCOUNT, 1000)
+    sid = subscribe(db, ACCOUNT, 100, "1 hour", 1.5, "s-drain")
+    ctx = TickContext(conn=db, settings=load_settings(base_environ(dsn)), worker="subscriptions",
+                      instance_id="drained-host", slot=0, batch=16, log=logging.getLogger("test"), draining=True)
+    assert subscriptions.tick(ctx).processed == 0
+    assert charges(db, sid) == []
+    tick(dsn)  # an instance that is not drained charges them
+    assert len(charges(db, sid)) == 2

@@ -62,6 +62,10 @@ EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
 
 def tick(ctx: TickContext) -> TickResult:
     result = TickResult(details={"charged": 0, "past_due": 0, "halted": 0})
+    if ctx.draining:
+        # A drained instance takes no new claims; nothing is ever held between ticks here (each
+        # subscription is one transaction), so there is nothing in flight to finish either.
+        return result
     handled: list[int] = []
     for _ in range(ctx.batch):
         with ctx.conn.transaction():
