@@ -1,11 +1,11 @@
 """Crash drills for the relay path and the bot-job drainer (issue 9 proofs).
 
 Each drill kills a real `paygate run-tick relay|relay_drainer --once` process with SIGKILL at one
-named crash point, checks it died there (exit -9 and the journal/row state that point leaves
-behind), then ticks until quiet with ledgers closing and checks the invariants against the chain:
-at most one applied lineage per relay / bot job; settled fees == the sum of feeCharged of our
-applied+failed relay transactions on chain, exactly; every reservation settled or released, never
-both, never twice; no relay broadcast after its expiry."""
+named crash point, checks it died there (exit -9, the crash point's marker on stderr, and the
+journal/row state that point leaves behind), then ticks until quiet with ledgers closing and checks
+the invariants against the chain: at most one applied lineage per relay / bot job; settled fees ==
+the sum of feeCharged of our applied+failed relay transactions on chain, exactly; every reservation
+settled or released, never both, never twice; no relay broadcast after its expiry."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ import psycopg
 import pytest
 
 from tests.chain_env import ChainEnv, chain_environ
-from tests.cli import Result, run_proc
+from tests.cli import Result
 from tests.devnet_support import DevnetHandle, start_devnet
+from tests.drill_support import crash_tick as drill_crash_tick
 from tests.relay_support import admit_close, admit_relay, allow_market, assert_relay_invariants, relay_rows
 
 
@@ -42,10 +43,8 @@ def rdb(db: psycopg.Connection, devnet: DevnetHandle) -> psycopg.Connection:
 
 
 def crash_tick(chain: ChainEnv, worker: str, point: str) -> Result:
-    environ = {**chain.environ, "PAYGATE_ENABLE_CRASHPOINTS": "1", "PAYGATE_CRASH_AT": point}
-    result = run_proc("run-tick", worker, "--once", "--json", environ=environ, timeout=60)
-    assert result.code == -9, f"expected SIGKILL at {point}, got {result.code}\n{result.err}"
-    return result
+    """A real tick process that must die at `point`: SIGKILL exit and the crash point's own marker."""
+    return drill_crash_tick(chain.environ, worker, point)
 
 
 def wait_for_leases(db: psycopg.Connection, table: str) -> None:
