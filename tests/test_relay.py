@@ -231,3 +231,24 @@ def test_nonce_spent_elsewhere_needs_a_human_and_nonce_inspect_shows_it(
     assert plain.code == 0 and entry not in plain.out + plain.err and "relay" in plain.out
     for lineage_envelope in rdb.execute("SELECT encode(envelope, 'base64') FROM paygate.lineages"):
         assert lineage_envelope[0][:40] not in ok.out
+
+
+def test_a_settle_that_fails_rolls_the_disposition_flip_back(chain: ChainEnv, rdb: psycopg.Connection) -> None:
+    """Only the flip's winner settles, and a settle that finds no open reservation undoes the flip:
+    the relay is not recorded applied with its fee unaccounted; it stays queued and re-ticks."""
+    users = chain.genesis["users"]
+    relay = admit_relay(rdb, chain.devnet, users[0], "r-settle")
+    assert chain.tick("relay").code == 0
+    chain.devnet.close_ledger()
+    # Something closed the reservation behind the worker's back (a bug, a hand-written UPDATE).
+    assert rdb.execute("SELECT paygate.release_relay_fee(%s, 'closed by hand')", (relay,)).fetchone()[0] is True
+    result = chain.tick("relay")
+    assert result.code == 1 and details(result) == {"settle_failed": 1}, result.err
+    row = relay_rows(rdb)[relay]
+    assert row["status"] == "queued" and row["fee_charged"] is None and row["tx_hash"] is None
+    assert rdb.execute("SELECT state FROM paygate.lineages WHERE id = %s", (row["lineage_id"],)).fetchone() == (
+        "applied",)
+    totals = rdb.execute("SELECT reserved, settled, released FROM paygate.relay_fee_totals").fetchone()
+    assert totals == (0, 0, MAX_FEE)  # nothing settled by the rolled-back flip
+    assert rdb.execute("SELECT count(*) FROM paygate.webhook_outbox WHERE event_type = 'relay.applied'"
+                       ).fetchone()[0] == 0
