@@ -252,3 +252,32 @@ def test_a_settle_that_fails_rolls_the_disposition_flip_back(chain: ChainEnv, rd
     assert totals == (0, 0, MAX_FEE)  # nothing settled by the rolled-back flip
     assert rdb.execute("SELECT count(*) FROM paygate.webhook_outbox WHERE event_type = 'relay.applied'"
                        ).fetchone()[0] == 0
+
+
+def test_a_drained_instance_finishes_relays_in_flight_but_claims_nothing_new(
+        chain: ChainEnv, rdb: psycopg.Connection) -> None:
+    import logging
+    import time
+
+    from paygate_cli.db.connect import connect
+    from paygate_cli.settings import load_settings
+    from paygate_cli.ticks.context import TickContext
+    from paygate_cli.workers import relay as relay_worker
+
+    def drained_tick() -> None:
+        settings = load_settings(chain.environ)
+        with connect(settings, "test-relay") as conn:
+            relay_worker.tick(TickContext(conn=conn, settings=settings, worker="relay", instance_id="drained-host",
+                                          slot=0, batch=16, log=logging.getLogger("relay"), draining=True))
+
+    users = chain.genesis["users"]
+    in_flight = admit_relay(rdb, chain.devnet, users[0], "r-in-flight")
+    assert chain.tick("relay").code == 0  # sent
+    fresh = admit_relay(rdb, chain.devnet, users[1], "r-fresh")
+    for _ in range(3):
+        chain.devnet.close_ledger()
+        time.sleep(1.05)  # the first tick's lease (1 s) lapses
+        drained_tick()
+    rows = relay_rows(rdb)
+    assert rows[in_flight]["status"] == "applied"
+    assert rows[fresh]["status"] == "queued" and rows[fresh]["lineage_id"] is None and rows[fresh]["attempts"] == 0
