@@ -281,3 +281,29 @@ def test_a_drained_instance_finishes_relays_in_flight_but_claims_nothing_new(
     rows = relay_rows(rdb)
     assert rows[in_flight]["status"] == "applied"
     assert rows[fresh]["status"] == "queued" and rows[fresh]["lineage_id"] is None and rows[fresh]["attempts"] == 0
+
+
+def test_bot_job_is_dead_after_its_attempts_are_each_proven_dead(chain: ChainEnv, rdb: psycopg.Connection) -> None:
+    from paygate_cli.devnet.contracts.market import ORDER_TTL_LEDGERS
+
+    users = chain.genesis["users"]
+    admit_relay(rdb, chain.devnet, users[0], "order")
+    run_until_quiet(chain, rdb)
+    chain.devnet.close_ledger(ORDER_TTL_LEDGERS + 1)
+    from stellar_sdk import scval
+
+    job = rdb.execute("SELECT bot_job_id FROM paygate.admit_bot_job('close:twice', %s, 'close_expired', %s, 2)",
+                      (chain.genesis["contracts"]["market"],
+                       scval.to_vec([scval.to_address(users[0]["public"])]).to_xdr())).fetchone()[0]
+    chain.devnet.set_fault("drop_next", count=2)  # both attempts accepted, never included
+    for _ in range(12):
+        assert chain.tick("relay_drainer").code in (0, 1)
+        if rdb.execute("SELECT status FROM paygate.bot_jobs WHERE id = %s", (job,)).fetchone()[0] != "queued":
+            break
+        chain.devnet.close_ledger(advance_seconds=70)  # past each lineage's maxTime: provably dead
+    status, attempts, dead, reason = rdb.execute(
+        "SELECT status, attempts, dead_lineages, reason FROM paygate.bot_jobs WHERE id = %s", (job,)).fetchone()
+    assert status == "dead" and attempts == 2 and len(dead) == 2 and "proven dead" in reason
+    states = [r[0] for r in rdb.execute("SELECT state FROM paygate.lineages WHERE entitlement = %s ORDER BY id",
+                                        (f"bot_job:{job}",))]
+    assert states == ["expired", "expired"]
