@@ -40,7 +40,7 @@ from paygate_cli.ticks.registry import WORKERS
 from paygate_cli.workers.relay import tick as relay_tick
 from tests.chain_env import ChainEnv, chain_environ
 from tests.devnet_support import DevnetHandle, start_devnet
-from tests.relay_support import admit_relay, allow_market, sign_buy
+from tests.relay_support import MAX_FEE, admit_relay, allow_market, sign_buy
 
 OPEN_SQL = "SELECT count(*) FROM paygate.relays WHERE status = 'queued'"
 
@@ -61,6 +61,8 @@ def tick_until_done(ctx: TickContext, db: psycopg.Connection, chain: ChainEnv, l
 def run_paygate(chain: ChainEnv, db: psycopg.Connection, relays: int) -> dict[str, float]:
     users = chain.genesis["users"]
     allow_market(db, chain.genesis["contracts"]["market"])
+    # Room in the fee budget for every relay's reservation at once (the default holds 200 of these).
+    db.execute("UPDATE paygate.relay_config SET fee_budget = %s", (2 * (relays + 16) * MAX_FEE,))
     env = Env(environ=chain.environ)
     work = connect(env.settings, "bench:relay")
     ctx = TickContext(conn=work, settings=env.settings, worker="relay", instance_id="bench", slot=0,
