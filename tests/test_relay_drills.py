@@ -194,3 +194,33 @@ def test_drainer_crash_drill(chain: ChainEnv, rdb: psycopg.Connection, point: st
         assert rdb.execute("SELECT count(*) FROM paygate.lineages WHERE entitlement = %s AND state = 'applied'",
                            (f"bot_job:{job}",)).fetchone()[0] == 1
     assert_relay_invariants(chain, rdb)
+
+
+def test_signed_relay_whose_lane_sequence_is_taken_by_a_foreign_transaction(
+        chain: ChainEnv, rdb: psycopg.Connection) -> None:
+    """Anchored, killed before the broadcast; then a transaction we never journaled takes the lane's
+    sequence. The relay's lineage is proven superseded, the lane fenced and a human asked about the
+    lane (exit 3), and the relay goes out on another lane: applied once, its fee settled once."""
+    from tests.cli import run_proc
+
+    users = chain.genesis["users"]
+    warm_up(chain, rdb)
+    relay = admit_relay(rdb, chain.devnet, users[0], "r-competed")
+    crash_tick(chain, "relay", "relay.after_anchor")
+    [(lineage_id, lane)] = rdb.execute("SELECT id, lane FROM paygate.lineages WHERE entitlement = %s",
+                                       (f"relay:{relay}",)).fetchall()
+    chain.devnet.rpc("devnet_consumeSequence", {"account": lane})
+    chain.devnet.close_ledger()
+    wait_for_leases(rdb, "relays")
+    resumed = run_proc("run-tick", "relay", "--once", "--json", environ=chain.environ)
+    assert resumed.code == 3, resumed.err
+    assert "journal.foreign_sequence_use" in resumed.err
+    assert rdb.execute("SELECT state FROM paygate.lineages WHERE id = %s", (lineage_id,)).fetchone()[0] == "superseded"
+    assert rdb.execute("SELECT status FROM paygate.lanes WHERE address = %s", (lane,)).fetchone()[0] == "drained"
+    run_until_quiet(chain, rdb)
+    row = relay_rows(rdb)[relay]
+    assert row["status"] == "applied" and row["dead_lineages"] == [lineage_id]
+    applied_lane = rdb.execute("SELECT lane FROM paygate.lineages WHERE entitlement = %s AND state = 'applied'",
+                               (f"relay:{relay}",)).fetchone()[0]
+    assert applied_lane != lane
+    assert_relay_invariants(chain, rdb)
