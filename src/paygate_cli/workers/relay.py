@@ -54,7 +54,9 @@ SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(se
     claimed_by = %(owner)s, attempts = r.attempts + 1, updated_at = now()
 FROM claimable WHERE r.id = claimable.id
 RETURNING r.id, r.account, r.contract, r.function, r.args_xdr, r.auth_entries, r.auth_nonces,
-          r.auth_expiration_ledger, r.max_fee, r.lease_token, r.lineage_id, r.pending_failure
+          r.auth_expiration_ledger, r.max_fee, r.lease_token, r.lineage_id, r.pending_failure,
+          EXISTS (SELECT 1 FROM paygate.relay_allowlist a
+                  WHERE a.contract = r.contract AND a.function = r.function AND a.enabled)
 """
 # Every write below is guarded by the lease token the claim took.
 HOLD_SQL = """
@@ -78,7 +80,6 @@ UPDATE paygate.relays r SET lease_token = NULL, lease_expires_at = NULL, updated
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
 WHERE r.id = mine.id AND r.status = 'queued' AND r.lease_token = mine.token
 """
-ALLOWED_SQL = "SELECT 1 FROM paygate.relay_allowlist WHERE contract = %s AND function = %s AND enabled"
 # The disposition flip for a lineage included on chain: the CAS names the lineage whose receipt it
 # settles, so a stale tick (another lineage, another lease) matches nothing.
 FLIP_INCLUDED_SQL = """
@@ -124,6 +125,7 @@ class Relay:
     token: Any
     lineage_id: int | None
     pending_failure: str | None
+    allowed: bool  # still on the allow-list at claim time (read with the claim: no extra round trip)
 
     @property
     def entitlement(self) -> str:
@@ -294,7 +296,7 @@ def _prepare(deps: Deps, row: Relay) -> str:
     from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Sent
 
     settings = deps.ctx.settings
-    if deps.conn.execute(ALLOWED_SQL, (row.contract, row.function)).fetchone() is None:
+    if not row.allowed:
         return _finish(deps, row, "rejected", f"{row.contract}.{row.function} is no longer on the relay allow-list")
     try:
         invocation = relay_invocation(

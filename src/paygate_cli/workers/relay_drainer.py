@@ -45,7 +45,9 @@ SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(se
     claimed_by = %(owner)s, updated_at = now()
 FROM claimable WHERE j.id = claimable.id
 RETURNING j.id, j.job_key, j.contract, j.function, j.args_xdr, j.lease_token, j.lineage_id, j.attempts,
-          coalesce(j.max_attempts, (SELECT bot_job_max_attempts FROM paygate.relay_config)), j.pending_failure
+          coalesce(j.max_attempts, (SELECT bot_job_max_attempts FROM paygate.relay_config)), j.pending_failure,
+          EXISTS (SELECT 1 FROM paygate.relay_allowlist a
+                  WHERE a.contract = j.contract AND a.function = j.function AND a.enabled)
 """
 HOLD_SQL = """
 SELECT 1 FROM paygate.bot_jobs WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s FOR UPDATE
@@ -84,7 +86,6 @@ UPDATE paygate.bot_jobs j SET lease_token = NULL, lease_expires_at = NULL, updat
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
 WHERE j.id = mine.id AND j.status = 'queued' AND j.lease_token = mine.token
 """
-ALLOWED_SQL = "SELECT 1 FROM paygate.relay_allowlist WHERE contract = %s AND function = %s AND enabled"
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
 ORPHANS_SQL = """
 SELECT x.id FROM paygate.lineages x
@@ -107,6 +108,7 @@ class BotJob:
     attempts: int
     max_attempts: int
     pending_failure: str | None
+    allowed: bool  # still on the allow-list at claim time
 
     @property
     def entitlement(self) -> str:
@@ -244,7 +246,7 @@ def advance(deps: Deps, row: BotJob) -> str:
         return _finish(deps, row, "failed", row.pending_failure)
     if row.attempts >= row.max_attempts:
         return _finish(deps, row, "dead", f"{row.attempts} lineages proven dead (max {row.max_attempts})")
-    if deps.conn.execute(ALLOWED_SQL, (row.contract, row.function)).fetchone() is None:
+    if not row.allowed:
         return _finish(deps, row, "failed", f"{row.contract}.{row.function} is no longer on the relay allow-list")
     with relaxed_transaction(deps.conn):
         got = engine.allocate(purpose=job.purpose, entitlement=row.entitlement)
