@@ -44,7 +44,8 @@ API (stable: `relay` and `relay_drainer` build on it)
 A `Job` (Protocol below) is what one path supplies: its crash-point prefix, its lineage purpose, its
 call built for a given lane, an optional ledger bound, its lease guard (`hold`, run inside the
 anchor and abandon transactions: False = lease lost, the transaction rolls back) and what each
-outcome means for its rows (`on_abandon`, `on_sent`, `on_build_failure`).
+outcome means for its rows (`on_abandon`, `on_anchor` — commits atomically with the envelope —,
+`on_sent`, `on_build_failure`, `check`).
 
 Crash points (PAYGATE_CRASH_AT), with `job.crash` as prefix: `.after_allocate`, `.after_sign`,
 `.after_anchor`, `.after_broadcast`, `.before_resolve`, `.after_resolve`."""
@@ -89,6 +90,11 @@ class Job(Protocol):
 
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
         """Inside the transaction that abandoned the lineage (after hold): hand rows back if need be."""
+        ...
+
+    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: SignedTransaction) -> None:
+        """Inside the anchor transaction (after hold and the lineage's CAS): anything that must commit
+        atomically with the journaled envelope (e.g. the relay's pointer to it). Raise to roll back."""
         ...
 
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
@@ -244,6 +250,7 @@ class Engine:
                                    max_time=signed.max_time, signed_at_ledger=latest.sequence,
                                    max_ledger=signed.max_ledger):
                 raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
+            job.on_anchor(conn, lineage_id, signed)
         # The crash window is closed: the exact bytes are journaled before anything is broadcast.
         crashpoint(f"{job.crash}.after_anchor")
         send = self.chain.send(signed.envelope_xdr)

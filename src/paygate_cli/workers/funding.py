@@ -357,6 +357,9 @@ class FundingJob:
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
         pass  # the row keeps pointing at the dead lineage until a new one replaces it
 
+    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: Any) -> None:
+        pass  # the row already points at its lineage (recorded at allocation)
+
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: Any, terminal: bool) -> None:
         if terminal:
             # Rejected for good; the row ends failed once the lineage is proven dead (maxTime). If

@@ -287,6 +287,9 @@ class BatchJob:
         conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
         _close(self.deps, lineage_id, self.token, "abandoned")
 
+    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: SignedTransaction) -> None:
+        pass  # every row already points at the lineage (recorded with the claim)
+
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
         conn.execute(RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": self.token})
         if send.status == "ERROR":
