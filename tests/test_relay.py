@@ -245,9 +245,9 @@ def test_a_settle_that_fails_rolls_the_disposition_flip_back(chain: ChainEnv, rd
     result = chain.tick("relay")
     assert result.code == 1 and details(result) == {"settle_failed": 1}, result.err
     row = relay_rows(rdb)[relay]
-    assert row["status"] == "queued" and row["fee_charged"] is None and row["tx_hash"] is None
-    assert rdb.execute("SELECT state FROM paygate.lineages WHERE id = %s", (row["lineage_id"],)).fetchone() == (
-        "applied",)
+    assert row["status"] == "queued" and row["fee_charged"] is None and row["finished_at"] is None
+    assert rdb.execute("SELECT state, inner_hash FROM paygate.lineages WHERE id = %s", (row["lineage_id"],)
+                       ).fetchone() == ("applied", row["tx_hash"])  # the installed pointer, nothing more
     totals = rdb.execute("SELECT reserved, settled, released FROM paygate.relay_fee_totals").fetchone()
     assert totals == (0, 0, MAX_FEE)  # nothing settled by the rolled-back flip
     assert rdb.execute("SELECT count(*) FROM paygate.webhook_outbox WHERE event_type = 'relay.applied'"

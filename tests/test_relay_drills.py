@@ -91,11 +91,18 @@ def _claimed(db: psycopg.Connection) -> bool:
         "SELECT count(*) FROM paygate.relays WHERE lease_token IS NOT NULL").fetchone()[0] == 2
 
 
+def _installed(db: psycopg.Connection) -> int:
+    """Relays under test pointing at the hash of their journaled lineage's envelope."""
+    return db.execute("SELECT count(*) FROM paygate.relays r JOIN paygate.lineages x ON x.id = r.lineage_id "
+                      "WHERE r.id <> 1 AND r.tx_hash = x.inner_hash").fetchone()[0]
+
+
 MARKERS: dict[str, Any] = {
     "relay.after_claim": _claimed,
     "relay.after_allocate": lambda db: lineage_states(db) == ["allocated"],
-    "relay.after_sign": lambda db: lineage_states(db) == ["allocated"],
-    "relay.after_anchor": lambda db: lineage_states(db) == ["signed"],
+    "relay.after_sign": lambda db: lineage_states(db) == ["allocated"] and not _installed(db),
+    # The atomic install: the envelope and the relay's pointer to it committed together.
+    "relay.after_anchor": lambda db: lineage_states(db) == ["signed"] and _installed(db) == 1,
     "relay.after_broadcast": lambda db: lineage_states(db) == ["signed"],  # sent, not yet marked
     "relay.before_resolve": lambda db: lineage_states(db) == ["sent", "sent"],
     "relay.after_resolve": lambda db: lineage_states(db)[0] == "applied",

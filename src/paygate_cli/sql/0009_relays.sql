@@ -86,6 +86,8 @@ CREATE TABLE paygate.relays (
     -- once that lineage is proven dead (never while it could still land).
     pending_failure         text,
     fee_charged             bigint,                 -- applied/failed: from the receipt
+    -- The inner hash of the envelope installed for the current lineage (phase 2b: committed with the
+    -- journaled envelope, under the lease); of the included transaction once applied/failed.
     tx_hash                 bytea CHECK (length(tx_hash) = 32),
     reason                  text,
     finished_at             timestamptz,

@@ -66,9 +66,17 @@ SET_LINEAGE_SQL = """
 UPDATE paygate.relays SET lineage_id = %(lineage)s, updated_at = now()
 WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
 """
+# Phase 2b, the atomic install: in the engine's anchor transaction, the relay points at the hash of
+# the envelope just journaled, guarded on the live lease and the allocated lineage. Zero rows rolls
+# the anchor back with it: nothing installed, nothing sent.
+INSTALL_SQL = """
+UPDATE paygate.relays SET tx_hash = %(tx)s, updated_at = now()
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
+"""
 # A dead lineage is remembered and the pointer cleared: only then may a new one be prepared.
 DROP_LINEAGE_SQL = """
-UPDATE paygate.relays SET lineage_id = NULL, dead_lineages = dead_lineages || %(lineage)s::bigint, updated_at = now()
+UPDATE paygate.relays
+SET lineage_id = NULL, tx_hash = NULL, dead_lineages = dead_lineages || %(lineage)s::bigint, updated_at = now()
 WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
 """
 SET_PENDING_FAILURE_SQL = """
@@ -163,6 +171,11 @@ class RelayJob:
         conn.execute(DROP_LINEAGE_SQL, {"id": self.row.id, "token": self.row.token, "lineage": lineage_id})
         if self.row.lineage_id == lineage_id:
             self.row.lineage_id = None
+
+    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: SignedTransaction) -> None:
+        if conn.execute(INSTALL_SQL, {"tx": signed.inner_hash, "id": self.row.id, "token": self.row.token,
+                                      "lineage": lineage_id}).rowcount == 0:
+            raise LeaseLost(f"relay {self.row.id}: lease lost at install")
 
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
         if terminal:

@@ -147,6 +147,9 @@ class DrainerJob:
         if self.row.lineage_id == lineage_id:
             self.row.lineage_id = None
 
+    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: SignedTransaction) -> None:
+        return None  # the job already points at its lineage (set with the allocation, under the lease)
+
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
         if terminal:
             reason = f"bot job transaction rejected by the network: {send.code}"

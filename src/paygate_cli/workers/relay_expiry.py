@@ -24,7 +24,7 @@ WITH expiring AS (
 ), flipped AS (
     UPDATE paygate.relays r
     SET status = 'expired', finished_at = now(), lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
-        lineage_id = NULL,
+        lineage_id = NULL, tx_hash = NULL,
         dead_lineages = CASE WHEN r.lineage_id IS NULL THEN r.dead_lineages ELSE r.dead_lineages || r.lineage_id END,
         reason = format('authorisation expired at ledger %%s (latest %%s)', r.auth_expiration_ledger, %(latest)s::int)
     FROM expiring e WHERE r.id = e.id
