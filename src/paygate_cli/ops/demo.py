@@ -214,9 +214,9 @@ def _relays(env: Env, conn: Any, chain: Any, genesis: dict[str, Any],
     admit(2, "limited", 100)
     admit(3, "book", 1)
     time.sleep(2.5)  # two ledgers close: the last authorisation is past its expiration ledger
-    # A busy network holds the first racer back two ledgers: both simulate with the item in stock,
+    # A busy network holds the first racer back six ledgers: both simulate with the item in stock,
     # the second lands first and gets it, the first then fails on chain (its fee burned all the same).
-    devnet_admin(genesis["url"], "devnet_setFault", {"kind": "hold_next", "ledgers": 2})
+    devnet_admin(genesis["url"], "devnet_setFault", {"kind": "hold_next", "ledgers": 6})
     ticks += _tick_until_done(env, conn, OPEN_RELAYS_SQL, ("relay", "relay_expiry"))
     devnet_admin(genesis["url"], "devnet_clearFaults", {})
     say(f"8. relayed 4 market.buy calls (two racing for one item, one with an authorisation that expired) "
