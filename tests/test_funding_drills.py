@@ -199,6 +199,9 @@ DRILLS = [pytest.param(point, "plain", id=point.split(".", 1)[1]) for point in C
     pytest.param("funding.after_broadcast", "dropped", id="after_broadcast+dropped"),
     pytest.param("funding.credit.after_broadcast", "dropped", id="credit.after_broadcast+dropped"),
     pytest.param("funding.after_anchor", "try_again_later", id="after_anchor+try_again_later"),
+    pytest.param("funding.credit.after_anchor", "answer_lost", id="credit.after_anchor+answer_lost"),
+    pytest.param("funding.credit.after_sign", "sequence_lag", id="credit.after_sign+sequence_lag"),
+    pytest.param("funding.credit.after_anchor", "try_again_later", id="credit.after_anchor+try_again_later"),
 ]
 
 

@@ -210,14 +210,13 @@ def test_a_worker_stalled_past_its_lease_in_the_nonce_read_steps_aside(chain: Ch
     sends the deposit. A wakes: before, it reached allocate, hit the one-live-lineage-per-entitlement
     index and exited 70. Now it sees its lease is gone, writes nothing and exits 0."""
     pending_id = admit(chain, db, user=0)
-    chain.devnet.set_fault("slow", ms=2500, count=1, methods=["getLedgerEntries"])
+    chain.devnet.set_fault("slow", ms=4000, count=1, methods=["getLedgerEntries"])
     slow = spawn("run-tick", "funding", "--once", "--json", environ=chain.environ)
     try:
         deadline = time.monotonic() + 30
-        while row_of(db, pending_id)["lease_token"] is None:
+        while chain.devnet.state()["faults"]:  # taken: A renewed its lease and is inside the slow read
             assert time.monotonic() < deadline and slow.poll() is None, slow.communicate()
             time.sleep(0.02)
-        time.sleep(0.3)  # A is inside the slow read now
         wait_for_leases(db)
         assert chain.tick("funding", "--once").code == 0  # B
         out, err = slow.communicate(timeout=60)
@@ -366,3 +365,32 @@ def test_a_drained_instance_drives_in_flight_work_but_claims_nothing_new(chain: 
     assert row_of(db, fresh)["status"] == "pending" and row_of(db, fresh)["deposit_lineage_id"] is None
     charges = dict(db.execute("SELECT amount::int, status FROM paygate.charges").fetchall())
     assert charges == {1000: "settled", 2000: "authorized"}
+
+
+def test_a_lane_whose_account_does_not_exist_is_fenced_and_the_deposit_moves_on(chain: ChainEnv,
+                                                                               db: psycopg.Connection) -> None:
+    """A lane key in the secrets file whose account is not on chain (never created, or merged away):
+    before, the worker exited 78 at every tick it picked that lane; now the lane is fenced once and
+    the deposit goes out on another lane in the same tick."""
+    genuine = lanes_by_address(chain)
+    ghost = Keypair.random()
+    while ghost.public_key > genuine[0]:  # first in address order too: what the old allocator picked
+        ghost = Keypair.random()
+    lanes_file = Path(chain.environ["PAYGATE_LANE_SECRETS_FILE"])
+    lanes_file.write_text(lanes_file.read_text() + ghost.secret + "\n")
+    pending_id = admit(chain, db, user=0)
+    code, _, err = tick_json(chain, "funding")
+    assert code == 3, err  # the lane is a human's matter (alarmed once)
+    assert "journal.lane_fenced" in err and ghost.secret not in err
+    assert db.execute("SELECT status FROM paygate.lanes WHERE address = %s", (ghost.public_key,)).fetchone() == (
+        "drained",)
+    [abandoned, deposit] = lineages_of(db)
+    assert abandoned["lane"] == ghost.public_key and abandoned["state"] == "abandoned"
+    assert deposit["lane"] in genuine and deposit["state"] == "sent"
+    for _ in range(6):
+        chain.devnet.close_ledger()
+        code, _, err = tick_json(chain, "funding")
+        assert code == 0, err
+        if row_of(db, pending_id)["status"] == "settled":
+            break
+    assert_invariants(chain, db, [pending_id])

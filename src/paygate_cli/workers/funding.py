@@ -3,7 +3,12 @@
 Phases (DESIGN §5): claim (tx) -> nonce check and prepare (no tx) -> anchor (tx) -> broadcast
 (no tx) -> resolve -> credit as its own lineage -> settle (tx). Every step is re-entrant: a tick
 looks at what the journal and the chain prove and does the next thing, so a process killed at
-any point is picked up by the next tick once its lease lapses."""
+any point is picked up by the next tick once its lease lapses.
+
+The safety-critical sequence (allocate, sign, anchor under the lease, broadcast, resolve) is the
+shared engine's (journal/engine.py); this module says what each outcome means for a deposit. The
+credit phase has its own crash points (funding.credit.*). Live funding lineages no pending row
+holds any more (the observer won the credit race) are swept to a terminal state every tick."""
 
 from __future__ import annotations
 

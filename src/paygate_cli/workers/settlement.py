@@ -6,6 +6,9 @@ new batches while lanes are free:
 
     claim + allocate (tx) -> simulate, sign (no tx) -> anchor (tx) -> broadcast (no tx) -> mark sent (tx)
 
+(everything after the claim is the shared engine's, journal/engine.py; BatchJob says what it means
+for the batch's rows.)
+
 The claim takes rows `WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL`
 and records the lineage on every row in the same transaction, so a row with a lineage is never
 claimed again while that lineage could land. The worker never marks a charge settled: the observer
