@@ -36,6 +36,10 @@ def demo_command(ctx: typer.Context,
     emit(env, mode, {}, rows=report["charges"], title="charges (admitted -> settled or failed, from chain events)")
     emit(env, mode, {}, rows=report["balances"], title="billing balances: paygate's cache vs the chain",
          lines=["(the imported balance with nothing behind it on chain is the drift the reconciler will flag)"])
+    fees = report["relay_fees"]
+    emit(env, mode, {}, rows=report["relays"], title="relays (the gateway pays the fees)",
+         lines=[f"fees: settled {fees['settled']} (exact feeCharged of applied + failed-on-chain relays), "
+                f"released {fees['released']}, still reserved {fees['open_reserved']} (stroops)"])
     emit(env, mode, {}, rows=report["outbox"], title="webhook outbox (every event to each enabled endpoint)")
     received = report["received"]
     emit(env, mode, {}, lines=[

@@ -15,6 +15,7 @@ def nonce_inspect_command(
     ctx: typer.Context,
     lane: Annotated[str | None, typer.Option("--lane", help="One lane (default: every lane).")] = None,
     credit: Annotated[int | None, typer.Option("--credit", help="A pending credit (deposit) id.")] = None,
+    relay: Annotated[int | None, typer.Option("--relay", help="A relay id.")] = None,
     json_flag: JsonFlag = False, plain_flag: PlainFlag = False,
 ) -> int:
     """Journal vs chain: lane sequences, in-flight lineages and what resolve would do, deposit nonces.
@@ -25,8 +26,18 @@ def nonce_inspect_command(
 
     env = get_env(ctx)
     mode = output_mode(json_flag, plain_flag)
-    report = nonce_inspect(env.settings, lane=lane, credit_id=credit)
-    if "credit" in report:
+    report = nonce_inspect(env.settings, lane=lane, credit_id=credit, relay_id=relay)
+    if "relay" in report:
+        relay_report = report["relay"]
+        auth = relay_report["authorisation"]
+        rows = [{"lineage": lin["id"], "state": lin["state"], "lane": lin["lane"], "seq": lin["source_seq"],
+                 "inner_hash": lin["inner_hash"], "fee_charged": lin["fee_charged"],
+                 "would": lin["resolution"]["would"]} for lin in relay_report["lineages"]]
+        lines = [f"relay {relay}: {relay_report['relay']['status']}; nonces {auth['nonces']} consumed on chain: "
+                 f"{auth['consumed_on_chain'] or 'none'}; expires at ledger {auth['expiration_ledger']} "
+                 f"(latest {auth['latest_ledger']}); fee {relay_report['fee_reservation']['status']}"]
+        emit(env, mode, report, rows=rows, lines=lines)
+    elif "credit" in report:
         credit_report = report["credit"]
         auth = credit_report["authorisation"]
         rows = [{"lineage": lin["id"], "purpose": lin["purpose"], "state": lin["state"], "lane": lin["lane"],

@@ -40,6 +40,11 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
     rows += [{"check": f"queue:{q['queue']}", "value": q["depth"],
               "detail": f"oldest {q['oldest_age_s']}s" if q["oldest_age_s"] is not None else ""}
              for q in report["queues"]]
+    if report.get("gas", {}).get("level"):
+        g = report["gas"]
+        rows.append({"check": "gas", "value": g["level"], "detail": f"headroom {g['headroom']} stroops, "
+                     f"fees reserved {g['fees_reserved']}, settled {g['fees_settled']}"
+                     + (f", {len(g['low_lanes'])} lane(s) low" if g["low_lanes"] else "")})
     rows += [{"check": f"rpc:{e['role']}", "value": e["status"],
               "detail": f"{e['url']} ledger {e.get('latest_ledger')} lag {e.get('lag_ledgers')}"}
              for e in report.get("rpc", {}).get("endpoints", [])]

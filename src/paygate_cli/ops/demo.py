@@ -81,6 +81,17 @@ SELECT c.id, left(c.account, 8) || '…', c.amount::text, c.status,
 FROM paygate.charges c ORDER BY c.id
 """
 KEYS_LEFT_SQL = "SELECT count(*) FROM paygate.idempotency_keys WHERE scope = 'demo'"
+# Relays: the operator's allow-list (configuration), the API service's admission.
+ALLOW_MARKET_SQL = "INSERT INTO paygate.relay_allowlist (contract, function, note) VALUES (%s, 'buy', 'demo market')"
+ADMIT_RELAY_SQL = "SELECT relay_id FROM paygate.admit_relay(%s, %s, 'buy', %s, %s, %s, %s)"
+OPEN_RELAYS_SQL = "SELECT count(*) FROM paygate.relays WHERE status = 'queued'"
+RELAYS_REPORT_SQL = """
+SELECT r.id, left(r.account, 8) || '…', r.function, r.status, r.max_fee, f.status, coalesce(f.fee_charged, 0),
+       coalesce(r.reason, '')
+FROM paygate.relays r JOIN paygate.fee_reservations f ON f.relay_id = r.id ORDER BY r.id
+"""
+RELAY_FEES_SQL = "SELECT reserved, settled, released FROM paygate.relay_fee_totals"
+RELAY_FEE = 2_000_000  # stroops each demo relay reserves
 
 
 @dataclass
@@ -180,6 +191,42 @@ def _tick_until_done(env: Env, conn: Any, open_sql: str, workers: tuple[str, ...
     return rounds
 
 
+def _relays(env: Env, conn: Any, chain: Any, genesis: dict[str, Any],
+            say: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Users' signed market.buy calls relayed with the gateway paying the fees: one plain buy, two
+    users racing for the one-of-a-kind item (one applies, the other fails on chain and its fee is
+    burned and settled all the same), and one whose authorisation expires before it can be used."""
+    from paygate_cli.devnet.contracts.market import sign_buy
+    from paygate_cli.devnet.runner import call as devnet_admin
+
+    market, users = genesis["contracts"]["market"], genesis["users"]
+    conn.execute(ALLOW_MARKET_SQL, (market,))
+
+    def admit(n: int, item: str, valid_ledgers: int) -> None:
+        latest = chain.latest_ledger().sequence
+        args, entry = sign_buy(user_secret=users[n]["secret"], market=market, item=item, price=5 + n,
+                               passphrase=genesis["passphrase"], expiration_ledger=latest + valid_ledgers)
+        conn.execute(ADMIT_RELAY_SQL, (users[n]["public"], market, args, [entry], RELAY_FEE, f"demo-relay-{n}"))
+
+    admit(0, "book", 100)
+    ticks = _tick_until_done(env, conn, OPEN_RELAYS_SQL, ("relay",))
+    admit(1, "limited", 100)
+    admit(2, "limited", 100)
+    admit(3, "book", 1)
+    time.sleep(2.5)  # two ledgers close: the last authorisation is past its expiration ledger
+    # A busy network holds the first racer back six ledgers: both simulate with the item in stock,
+    # the second lands first and gets it, the first then fails on chain (its fee burned all the same).
+    devnet_admin(genesis["url"], "devnet_setFault", {"kind": "hold_next", "ledgers": 6})
+    ticks += _tick_until_done(env, conn, OPEN_RELAYS_SQL, ("relay", "relay_expiry"))
+    devnet_admin(genesis["url"], "devnet_clearFaults", {})
+    say(f"8. relayed 4 market.buy calls (two racing for one item, one with an authorisation that expired) "
+        f"in {ticks} rounds of ticks")
+    relays = [dict(zip(("id", "account", "function", "status", "fee_reserved", "reservation", "fee_settled",
+                        "reason"), row, strict=True)) for row in conn.execute(RELAYS_REPORT_SQL)]
+    reserved, settled, released = conn.execute(RELAY_FEES_SQL).fetchone()
+    return relays, {"open_reserved": int(reserved), "settled": int(settled), "released": int(released)}
+
+
 def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, Any]:
     from psycopg.types.json import Jsonb
 
@@ -259,6 +306,7 @@ def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, 
             _tick(env, "idempotency_sweep")
             say(f"7. settlement and the observer took the charges to settled/failed in {ticks} rounds; "
                 "then the idempotency sweep")
+            relays, relay_fees = _relays(env, conn, chain, genesis, say)
             charges = [dict(zip(("id", "account", "amount", "status", "kind", "reason"), row, strict=True))
                        for row in conn.execute(CHARGES_REPORT_SQL)]
             deposits = [dict(zip(("id", "account", "amount", "status", "settled_by", "reason", "lineages"), row,
@@ -277,5 +325,5 @@ def run_demo(env: Env, data_dir: Path, say: Callable[[str], None]) -> dict[str, 
         devnet.terminate()
         devnet.wait(10)
     return {"dsn": cluster.dsn(DEMO_DATABASE), "devnet": genesis["url"], "deposits": deposits, "charges": charges,
-            "balances": balances, "outbox": outbox, "received": receiver.received,
-            "idempotency_keys_left": keys_left}
+            "balances": balances, "outbox": outbox, "relays": relays, "relay_fees": relay_fees,
+            "received": receiver.received, "idempotency_keys_left": keys_left}

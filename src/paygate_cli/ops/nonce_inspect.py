@@ -27,6 +27,12 @@ SELECT id, account, amount::text, auth_nonce, auth_expiration_ledger, status, re
 FROM paygate.pending_credits WHERE id = %s
 """
 CREDIT_LINEAGES_SQL = "SELECT id FROM paygate.lineages WHERE entitlement LIKE %s ORDER BY id"
+RELAY_SQL = """
+SELECT r.id, r.account, r.contract, r.function, r.auth_nonces, r.auth_expiration_ledger, r.status, r.reason,
+       r.lineage_id, r.attempts, r.lease_expires_at, r.max_fee, r.fee_charged, f.status, f.fee_charged
+FROM paygate.relays r LEFT JOIN paygate.fee_reservations f ON f.relay_id = r.id WHERE r.id = %s
+"""
+RELAY_LINEAGES_SQL = "SELECT id FROM paygate.lineages WHERE entitlement = %s ORDER BY id"
 
 
 def preview(chain: ChainClient, lineage: lineages.Lineage) -> dict[str, Any]:
@@ -100,16 +106,46 @@ def inspect_credit(conn: psycopg.Connection, chain: ChainClient, credit_id: int)
     }
 
 
-def nonce_inspect(settings: Any, *, lane: str | None = None, credit_id: int | None = None) -> dict[str, Any]:
-    """The whole command: {"lanes": [...]} or {"credit": {...}}, plus "needs_human"."""
+def inspect_relay(conn: psycopg.Connection, chain: ChainClient, relay_id: int) -> dict[str, Any]:
+    """A relay's authorisation nonces on chain, its expiry by ledger, its lineages and what resolve
+    would do with a live one, and its fee reservation. Never the auth entries or envelopes."""
+    from paygate_cli.chain.relay import nonces_consumed
+
+    row = conn.execute(RELAY_SQL, (relay_id,)).fetchone()
+    if row is None:
+        raise UsageError(f"relay {relay_id} does not exist")
+    (rid, account, contract, function, nonces, expiration, status, reason, lineage_id, attempts, lease, max_fee,
+     fee_charged, reservation, settled_fee) = row
+    consumed, latest = nonces_consumed(chain, account, list(nonces))
+    history = [lineages.load(conn, i) for (i,) in conn.execute(RELAY_LINEAGES_SQL, (f"relay:{rid}",))]
+    ours = any(lin.state == "applied" or lin.live for lin in history)
+    return {
+        "relay": {"id": rid, "account": account, "contract": contract, "function": function, "status": status,
+                  "reason": reason, "attempts": attempts, "lease_expires_at": lease, "lineage_id": lineage_id,
+                  "fee_charged": fee_charged},
+        "authorisation": {"nonces": list(nonces), "consumed_on_chain": consumed, "expiration_ledger": expiration,
+                          "latest_ledger": latest, "expired": latest > expiration},
+        "fee_reservation": {"status": reservation, "reserved": max_fee, "settled_fee": settled_fee},
+        "lineages": [lin.public() | {"resolution": preview(chain, lin)} for lin in history],
+        # A nonce spent with no applied or in-flight lineage of ours: someone else used the authorisation.
+        "needs_human": status == "needs_human" or (bool(consumed) and not ours),
+    }
+
+
+def nonce_inspect(settings: Any, *, lane: str | None = None, credit_id: int | None = None,
+                  relay_id: int | None = None) -> dict[str, Any]:
+    """The whole command: {"lanes": [...]}, {"credit": {...}} or {"relay": {...}}, plus "needs_human"."""
     from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.db.connect import connect
 
-    if lane and credit_id is not None:
-        raise UsageError("--lane and --credit are mutually exclusive")
+    if sum(x is not None and x != "" for x in (lane, credit_id, relay_id)) > 1:
+        raise UsageError("--lane, --credit and --relay are mutually exclusive")
     with connect(settings, "nonce-inspect") as conn:
         chain = ChainClient(settings, guard_conn=conn)
         try:
+            if relay_id is not None:
+                relay_report = inspect_relay(conn, chain, relay_id)
+                return {"relay": relay_report, "needs_human": relay_report["needs_human"]}
             if credit_id is not None:
                 report = inspect_credit(conn, chain, credit_id)
                 return {"credit": report, "needs_human": report["needs_human"]}

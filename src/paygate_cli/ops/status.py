@@ -54,6 +54,18 @@ QUEUE_SQL: dict[str, str] = {
     "webhooks.dead": """
         SELECT count(*), extract(epoch FROM now() - min(dead_at))::float8
         FROM paygate.webhook_outbox WHERE status = 'dead'""",
+    "relays.queued": """
+        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
+        FROM paygate.relays WHERE status = 'queued'""",
+    "relays.needs_human": """
+        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
+        FROM paygate.relays WHERE status = 'needs_human'""",
+    "bot_jobs.queued": """
+        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
+        FROM paygate.bot_jobs WHERE status = 'queued'""",
+    "bot_jobs.dead": """
+        SELECT count(*), extract(epoch FROM now() - min(finished_at))::float8
+        FROM paygate.bot_jobs WHERE status = 'dead'""",
     "idempotency.expired": """
         SELECT count(*), extract(epoch FROM now() - min(expires_at))::float8
         FROM paygate.idempotency_keys WHERE expires_at < now()""",
@@ -106,6 +118,21 @@ def workers_that_cannot_work(settings: Any) -> list[dict[str, Any]]:
     """Workers whose configuration lacks what they need (the same check `run-tick` makes)."""
     return [{"worker": spec.name, "missing": missing} for spec in WORKERS.values()
             if (missing := spec.missing(settings))]
+
+
+# The gas monitor's last reading (workers/gas.py) and the relay fee accumulator.
+GAS_SQL = """
+SELECT g.level, g.headroom, g.balance, g.reserve, g.reserved_fees, g.halted, g.low_lanes, g.checked_at,
+       t.reserved, t.settled, t.released
+FROM paygate.relay_fee_totals t LEFT JOIN paygate.gas_state g ON true
+"""
+
+
+def gas(conn: psycopg.Connection) -> dict[str, Any]:
+    row = conn.execute(GAS_SQL).fetchone()
+    names = ("level", "headroom", "balance", "reserve", "reserved_fees", "halted", "low_lanes", "checked_at",
+             "fees_reserved", "fees_settled", "fees_released")
+    return dict(zip(names, row, strict=True)) if row else {}
 
 
 def queue_depths(conn: psycopg.Connection) -> list[dict[str, Any]]:
@@ -181,7 +208,7 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
         report["findings"] = open_findings_summary(conn)
         problems += [f"{f['count']} open {f['kind']} finding(s) (see `paygate reconcile-report`)"
                      for f in report["findings"]]
-        report.update(queues=queue_depths(conn), workers=last_runs(conn))
+        report.update(queues=queue_depths(conn), workers=last_runs(conn), gas=gas(conn))
     except tolerated as exc:
         # A schema behind this build may lack what these read; the report already says why (not ready).
         report["incomplete"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"

@@ -36,8 +36,10 @@ REQUIREMENTS: dict[str, tuple[str, Callable[[Settings], bool]]] = {
     "journal_active_key": ("the active journal key id (PAYGATE_JOURNAL_ACTIVE_KEY_ID)",
                            lambda s: bool(s.journal_active_key_id)),
 }
-# A worker that signs and sends transactions from lanes, fee-bumped, journaled before broadcast.
-SENDS_TRANSACTIONS = ("rpc", "billing_contract", "lane_keys", "fee_key", "journal_keys", "journal_active_key")
+# A worker that signs and sends transactions from lanes, fee-bumped, journaled before broadcast;
+# the billing contract's paths also need its id.
+SIGNS = ("rpc", "lane_keys", "fee_key", "journal_keys", "journal_active_key")
+SENDS_TRANSACTIONS = (*SIGNS, "billing_contract")
 
 # DESIGN §3 catalogue order. Never renumber: ids are lock keys shared by every running host.
 RESERVED_WORKER_IDS: dict[str, int] = {
@@ -111,6 +113,22 @@ WORKERS: dict[str, WorkerSpec] = {
         WorkerSpec("webhooks", cadence=1, batch=32, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.webhooks:tick",
                    description="outbox -> customer HTTP (HMAC-signed), backoff, dead after N attempts"),
+        WorkerSpec("relay", cadence=2, batch=16, single_writer=True, concurrency=1,
+                   target="paygate_cli.workers.relay:tick",
+                   description="queued relays -> chain, four phases under a lease; fees settled from receipts",
+                   requires=SIGNS),
+        WorkerSpec("relay_drainer", cadence=10, batch=25, single_writer=True, concurrency=1,
+                   target="paygate_cli.workers.relay_drainer:tick",
+                   description="permissionless contract calls queued as bot jobs (source-account auth only)",
+                   requires=SIGNS),
+        WorkerSpec("relay_expiry", cadence=60, batch=100, single_writer=True, concurrency=1,
+                   target="paygate_cli.workers.relay_expiry:tick",
+                   description="relays whose authorisation expired -> terminal, reservation released, told once",
+                   requires=("rpc",)),
+        WorkerSpec("gas", cadence=300, batch=None, single_writer=False, concurrency=1,
+                   target="paygate_cli.workers.gas:tick",
+                   description="fee account XLM headroom vs floors; writes/clears the durable gas halt",
+                   requires=("rpc", "lane_keys", "fee_key")),
     )
 }
 

@@ -1,0 +1,161 @@
+"""Relay throughput: market.buy relays admitted -> applied against the devnet in manual mode, 8 lanes.
+
+paygate: N relays admitted through paygate.admit_relay (each with the user's signed authorisation
+and a fee reservation), then relay ticks (in-process, one work connection kept across ticks as in a
+`run-tick --every` loop, the registry's batch) and a ledger close, repeated until every relay is
+applied and its fee settled. Reported: relays/s end to end, paygate's own (non-RPC) time per relay
+= tick wall time minus time spent waiting on RPC (target <= 5 ms), and the Postgres statements and
+time per relay.
+Baseline, same run, same devnet: the same calls (simulate in enforce mode, sign, fee-bump, send, one
+per lane per ledger) by bare stellar-sdk with no journal, no database, no receipts: the ratio
+paygate / bare should be >= 0.8. Prints figures; asserts nothing.
+
+    .venv/bin/python bench/relay.py [--relays 500] [--lanes 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+from stellar_sdk import Keypair, SorobanServer, TransactionBuilder, xdr
+from stellar_sdk.client.requests_client import RequestsClient
+
+from bench.meter import Meter
+from paygate_cli.chain.rpc import ChainClient
+from paygate_cli.db.cluster import Cluster
+from paygate_cli.db.connect import connect
+from paygate_cli.db.migrate import migrate
+from paygate_cli.env import Env
+from paygate_cli.logs import get_logger
+from paygate_cli.ticks.context import TickContext
+from paygate_cli.ticks.registry import WORKERS
+from paygate_cli.workers.relay import tick as relay_tick
+from tests.chain_env import ChainEnv, chain_environ
+from tests.devnet_support import DevnetHandle, start_devnet
+from tests.relay_support import MAX_FEE, admit_relay, allow_market, sign_buy
+
+OPEN_SQL = "SELECT count(*) FROM paygate.relays WHERE status = 'queued'"
+
+
+def tick_until_done(ctx: TickContext, db: psycopg.Connection, chain: ChainEnv, limit: int) -> tuple[float, int]:
+    seconds, ledgers = 0.0, 0
+    while db.execute(OPEN_SQL).fetchone()[0]:
+        before = time.perf_counter()
+        relay_tick(ctx)
+        seconds += time.perf_counter() - before
+        chain.devnet.close_ledger()
+        ledgers += 1
+        if ledgers > limit:
+            raise SystemExit("relay did not finish")
+    return seconds, ledgers
+
+
+def run_paygate(chain: ChainEnv, db: psycopg.Connection, relays: int) -> dict[str, float]:
+    users = chain.genesis["users"]
+    allow_market(db, chain.genesis["contracts"]["market"])
+    # Room in the fee budget for every relay's reservation at once (the default holds 200 of these).
+    db.execute("UPDATE paygate.relay_config SET fee_budget = %s", (2 * (relays + 16) * MAX_FEE,))
+    env = Env(environ=chain.environ)
+    work = connect(env.settings, "bench:relay")
+    ctx = TickContext(conn=work, settings=env.settings, worker="relay", instance_id="bench", slot=0,
+                      batch=WORKERS["relay"].batch or 16, log=get_logger("relay"))
+    # Warm-up, not measured: each user's first buy creates the market's per-user entries (two first
+    # buys by one user in one ledger would read more on apply than they declared at simulation).
+    admit_relay(db, chain.devnet, users[0], "warm-up-0", valid_ledgers=2000)
+    tick_until_done(ctx, db, chain, 20)
+    for n, user in enumerate(users[1:], start=1):
+        admit_relay(db, chain.devnet, user, f"warm-up-{n}", valid_ledgers=2000)
+    tick_until_done(ctx, db, chain, 20)
+    for i in range(relays):
+        admit_relay(db, chain.devnet, users[i % len(users)], f"bench-{i}", "book", 1 + i % 50, valid_ledgers=2000)
+    rpc, sql = Meter(enabled=True), Meter(enabled=True)
+    for name in ("send", "probe", "simulate", "ledger_entries", "latest_ledger", "account_sequence"):
+        rpc.wrap(ChainClient, name)
+    sql.wrap(psycopg.Connection, "execute")
+    started = time.perf_counter()
+    tick_seconds, ledgers = tick_until_done(ctx, db, chain, 40 + relays)
+    elapsed = time.perf_counter() - started
+    sql.enabled = rpc.enabled = False
+    work.close()
+    applied = db.execute("SELECT count(*) FROM paygate.relays WHERE status = 'applied' AND "
+                         "idempotency_key LIKE 'bench-%%'").fetchone()[0]
+    own = tick_seconds - rpc.seconds
+    # The loop's own `open relays?` check runs on `db` and is metered too: subtract it.
+    loop_checks = ledgers + 1
+    return {"seconds": elapsed, "applied": applied, "ledgers": ledgers, "own_ms": own * 1000 / relays,
+            "sql_ms": sql.seconds * 1000 / relays, "rpc_ms": rpc.seconds * 1000 / relays,
+            "sql_calls": (sql.calls - loop_checks) / relays, "rpc_calls": rpc.calls / relays}
+
+
+def run_bare_sdk(devnet: DevnetHandle, relays: int, lanes: int) -> dict[str, float]:
+    """The same chain work with bare stellar-sdk calls: no journal, no database, no proofs."""
+    g = devnet.genesis
+    passphrase, market = g["passphrase"], g["contracts"]["market"]
+    lane_keys = [Keypair.from_secret(p["secret"]) for p in g["lanes"][:lanes]]
+    fee = Keypair.from_secret(g["fee_account"]["secret"])
+    users = g["users"]
+    server = SorobanServer(devnet.url, client=RequestsClient(num_retries=0))
+    work = []
+    for i in range(relays):
+        args, entry = sign_buy(devnet, users[i % len(users)]["secret"], "book", 1 + i % 50, valid_ledgers=2000)
+        work.append((list(xdr.SCVal.from_xdr(args).vec.sc_vec), xdr.SorobanAuthorizationEntry.from_xdr(entry)))
+    started = time.perf_counter()
+    while work:
+        for lane in lane_keys:
+            if not work:
+                break
+            args, auth = work.pop(0)
+            account = server.load_account(lane.public_key)
+            tx = (TransactionBuilder(account, passphrase, base_fee=100)
+                  .append_invoke_contract_function_op(market, "buy", args, auth=[auth]).set_timeout(300).build())
+            tx = server.prepare_transaction(tx, server.simulate_transaction(tx))
+            tx.sign(lane)
+            bumped = TransactionBuilder.build_fee_bump_transaction(fee.public_key, 200, tx, passphrase)
+            bumped.sign(fee)
+            server.send_transaction(bumped)
+        devnet.close_ledger()
+    return {"seconds": time.perf_counter() - started}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--relays", type=int, default=500)
+    parser.add_argument("--lanes", type=int, default=8)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="pgr-", dir="/tmp"))
+    tmp.chmod(0o755)
+    cluster = Cluster.at(tmp / "pg")
+    cluster.init(fast=True)
+    cluster.start()
+    devnet = start_devnet(tmp / "devnet", lanes=args.lanes, users=8)
+    try:
+        dsn = cluster.dsn()
+        with psycopg.connect(dsn, autocommit=True) as db:
+            migrate(db)
+            chain = ChainEnv(devnet, dsn, chain_environ(devnet, dsn, tmp / "keys"))
+            ours = run_paygate(chain, db, args.relays)
+        bare = run_bare_sdk(devnet, args.relays, args.lanes)
+    finally:
+        devnet.stop()
+        cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"relay: {args.relays} market.buy relays, {args.lanes} lanes, devnet in manual mode")
+    print(f"  paygate   : {ours['applied']} applied in {ours['seconds']:.2f} s over {ours['ledgers']} ledgers "
+          f"= {args.relays / ours['seconds']:.1f} relays/s")
+    print(f"  own (non-RPC) time per relay     : {ours['own_ms']:6.2f} ms  (target <= 5; includes XDR build+sign)")
+    print(f"  Postgres per relay               : {ours['sql_ms']:6.2f} ms ({ours['sql_calls']:.1f} statements)")
+    print(f"  waiting on RPC per relay         : {ours['rpc_ms']:6.2f} ms ({ours['rpc_calls']:.1f} calls)")
+    print(f"  baseline, bare stellar-sdk (no journal, no DB): {args.relays / bare['seconds']:.1f} relays/s")
+    print(f"  ratio paygate / bare             : {bare['seconds'] / ours['seconds']:.2f}  (target >= 0.8)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Gas monitor: the fee account's XLM headroom against the floors in paygate.relay_config.
+
+headroom = fee account balance - its reserve - fees reserved by in-flight relays (every open
+paygate.fee_reservations row: liability the gateway has already accepted).
+- below the warning floor: alert (outbox event on the change of level, tick details, gas_state for
+  `status`);
+- below the critical floor: the durable `gas` halt (admission of deposits, charges, relays and bot
+  jobs closes: every admit_* function refuses while any halt row exists);
+- the halt clears only at or above the higher resume floor (hysteresis), never in between.
+It never touches the operator's halt, and never stops the relay workers: rows holding signed
+authorisations and reserved fees are committed liability, and draining them restores headroom.
+Lanes whose spendable XLM is below their own minimum are reported too."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from paygate_cli.ticks.context import TickContext, TickResult
+
+CONFIG_SQL = """
+SELECT gas_warning_floor, gas_critical_floor, gas_resume_floor, lane_min_balance FROM paygate.relay_config
+"""
+# The rows, not the accumulator: the open reservations are the liability itself.
+RESERVED_SQL = "SELECT coalesce(sum(amount), 0)::bigint FROM paygate.fee_reservations WHERE status = 'reserved'"
+# The monitor is the only writer of its state row; FOR UPDATE orders two overlapping monitors.
+PREVIOUS_SQL = "SELECT level FROM paygate.gas_state FOR UPDATE"
+HALTED_SQL = "SELECT reason FROM paygate.halts WHERE kind = 'gas' FOR UPDATE"
+SET_HALT_SQL = """
+INSERT INTO paygate.halts (kind, reason, set_by) VALUES ('gas', %s, 'gas-monitor')
+ON CONFLICT (kind) DO NOTHING RETURNING kind
+"""
+# Only the gas row: the operator's own halt is theirs to clear.
+CLEAR_HALT_SQL = "DELETE FROM paygate.halts WHERE kind = 'gas' RETURNING reason"
+SAVE_STATE_SQL = """
+INSERT INTO paygate.gas_state (singleton, fee_account, balance, reserve, reserved_fees, headroom, level, halted,
+                               low_lanes, ledger, checked_at)
+VALUES (true, %(fee_account)s, %(balance)s, %(reserve)s, %(reserved)s, %(headroom)s, %(level)s, %(halted)s,
+        %(low_lanes)s, %(ledger)s, now())
+ON CONFLICT (singleton) DO UPDATE SET
+    fee_account = EXCLUDED.fee_account, balance = EXCLUDED.balance, reserve = EXCLUDED.reserve,
+    reserved_fees = EXCLUDED.reserved_fees, headroom = EXCLUDED.headroom, level = EXCLUDED.level,
+    halted = EXCLUDED.halted, low_lanes = EXCLUDED.low_lanes, ledger = EXCLUDED.ledger, checked_at = now()
+"""
+EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
+AUDIT_SQL = "INSERT INTO paygate.audit_log (actor, action, target, details) VALUES ('gas-monitor', %s, 'gas', %s)"
+
+
+def level_of(headroom: int, warning: int, critical: int) -> str:
+    if headroom < critical:
+        return "critical"
+    return "warning" if headroom < warning else "ok"
+
+
+def tick(ctx: TickContext) -> TickResult:
+    from paygate_cli.chain.keys import Signer
+    from paygate_cli.chain.relay import xlm_balances
+    from paygate_cli.chain.rpc import ChainClient
+
+    signer = Signer.from_settings(ctx.settings)
+    fee_account = signer.fee.public_key
+    lanes = sorted(signer.lanes)
+    chain = ChainClient(ctx.settings, guard_conn=ctx.conn)
+    try:
+        balances = xlm_balances(chain, [fee_account, *lanes])  # no transaction open (rule 2)
+    finally:
+        chain.close()
+    fee = balances[fee_account]
+    with ctx.conn.transaction():
+        warning, critical, resume, lane_min = ctx.conn.execute(CONFIG_SQL).fetchone()
+        low_lanes = [{"lane": b.address, "spendable": b.spendable if b.exists else None, "minimum": lane_min,
+                      "exists": b.exists}
+                     for b in (balances[lane] for lane in lanes) if not b.exists or b.spendable < lane_min]
+        reserved = int(ctx.conn.execute(RESERVED_SQL).fetchone()[0])
+        headroom = (fee.balance - fee.reserve - fee.selling_liabilities - reserved) if fee.exists else -reserved
+        level = level_of(headroom, warning, critical)
+        previous = ctx.conn.execute(PREVIOUS_SQL).fetchone()
+        previous_level = previous[0] if previous else "ok"
+        halted = ctx.conn.execute(HALTED_SQL).fetchone() is not None
+        facts: dict[str, Any] = {"fee_account": fee_account, "balance": fee.balance, "reserve": fee.reserve,
+                                 "reserved_fees": reserved, "headroom": headroom, "warning_floor": warning,
+                                 "critical_floor": critical, "resume_floor": resume, "ledger": fee.ledger}
+        action = None
+        if level == "critical" and not halted:
+            reason = (f"fee account headroom {headroom} stroops is below the critical floor {critical}"
+                      + ("" if fee.exists else " (the fee account does not exist on chain)"))
+            if ctx.conn.execute(SET_HALT_SQL, (reason,)).fetchone() is not None:
+                action, halted = "halt", True
+        elif halted and headroom >= resume and ctx.conn.execute(CLEAR_HALT_SQL).fetchone() is not None:
+            action, halted = "resume", False
+        if action is not None:
+            ctx.conn.execute(AUDIT_SQL, (f"gas.{action}", Jsonb(facts)))
+            ctx.conn.execute(EMIT_SQL, ("gas.halted" if action == "halt" else "gas.resumed", Jsonb(facts)))
+        if level != previous_level:
+            # One event per change of level, not one every 300 s while it stays low.
+            ctx.conn.execute(EMIT_SQL, (f"gas.{level}", Jsonb({**facts, "previous_level": previous_level})))
+        ctx.conn.execute(SAVE_STATE_SQL, {
+            "fee_account": fee_account, "balance": fee.balance, "reserve": fee.reserve, "reserved": reserved,
+            "headroom": headroom, "level": level, "halted": halted, "low_lanes": Jsonb(low_lanes),
+            "ledger": fee.ledger})
+    if level != "ok":
+        ctx.log.warning("fee account %s headroom %s stroops is %s (warning floor %s, critical %s, resume %s)%s",
+                        fee_account, headroom, level, warning, critical, resume,
+                        "; admission halted" if halted else "",
+                        extra={"msgid": f"gas.{level}", "headroom": headroom})
+    for lane in low_lanes:
+        ctx.log.warning("lane %s spendable XLM %s is below its minimum %s", lane["lane"], lane["spendable"],
+                        lane_min, extra={"msgid": "gas.lane_low", "lane": lane["lane"]})
+    return TickResult(processed=1, details={**facts, "level": level, "halted": halted, "action": action,
+                                            "low_lanes": low_lanes})

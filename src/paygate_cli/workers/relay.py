@@ -1,0 +1,403 @@
+"""Relay: a user's signed contract call, fees paid by the gateway (DESIGN §5 "Relay").
+
+Phases, each re-entrant (a process killed anywhere is picked up by the next tick once its lease
+lapses):
+- Phase 1 (tx): claim under a lease token; commit before any RPC. Then, without a transaction: the
+  lineage the row points at is driven first (converge from its receipt, or resend the same bytes);
+  with none live: the deep checks of the authorisation (quarantine -> `rejected`), the nonces on
+  chain (consumed with no lineage of ours applied -> needs a human, exit 3), the expiration by the
+  chain's ledger (-> `expired`).
+- Phase 2a (no tx) and 2b (one tx): the journal engine allocates a lane (the row's pointer commits
+  with the allocation, under the lease), simulates in enforce mode with the user's entries, signs,
+  fee-bumps, and installs the encrypted envelope under the live lease token (its `hold`): a lost
+  lease installs nothing and sends nothing.
+- Phase 3 (no tx): broadcast (engine); on a later tick the lineage's receipt decides the
+  disposition: applied or failed on chain -> settle the actual feeCharged; proven dead -> a new
+  lineage (the authorisation may still be good) or, at a terminal, the reservation is released.
+  The disposition is one transaction: the status flip (a CAS on status + lease token + lineage)
+  and the settlement of the reservation and the accumulator; only the flip's winner settles, and a
+  settle that finds nothing to settle rolls the flip back, so the row re-ticks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from psycopg.types.json import Jsonb
+
+from paygate_cli.db.connect import relaxed_transaction
+from paygate_cli.errors import NeedsHuman, PaygateError, Unavailable
+from paygate_cli.journal import lineage as lineages
+from paygate_cli.ticks.context import TickContext, TickResult
+from paygate_cli.ticks.crash import crashpoint
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from paygate_cli.chain.contracts import Invocation, SignedTransaction
+    from paygate_cli.chain.rpc import SendOutcome
+    from paygate_cli.journal.engine import Engine
+
+# Rows with a lineage first (resolving them frees lanes), then fresh ones in admission order. A
+# drained instance finishes what is in flight and takes nothing new.
+CLAIM_SQL = """
+WITH claimable AS (
+    SELECT id FROM paygate.relays
+    WHERE status = 'queued' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND (lineage_id IS NOT NULL OR NOT %(draining)s)
+    ORDER BY (lineage_id IS NULL), id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE paygate.relays r
+SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
+    claimed_by = %(owner)s, attempts = r.attempts + 1, updated_at = now()
+FROM claimable WHERE r.id = claimable.id
+RETURNING r.id, r.account, r.contract, r.function, r.args_xdr, r.auth_entries, r.auth_nonces,
+          r.auth_expiration_ledger, r.max_fee, r.lease_token, r.lineage_id, r.pending_failure,
+          EXISTS (SELECT 1 FROM paygate.relay_allowlist a
+                  WHERE a.contract = r.contract AND a.function = r.function AND a.enabled)
+"""
+# Every write below is guarded by the lease token the claim took.
+HOLD_SQL = """
+SELECT 1 FROM paygate.relays WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s FOR UPDATE
+"""
+SET_LINEAGE_SQL = """
+UPDATE paygate.relays SET lineage_id = %(lineage)s, updated_at = now()
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
+"""
+# Phase 2b, the atomic install: in the engine's anchor transaction, the relay points at the hash of
+# the envelope just journaled, guarded on the live lease and the allocated lineage. Zero rows rolls
+# the anchor back with it: nothing installed, nothing sent.
+INSTALL_SQL = """
+UPDATE paygate.relays SET tx_hash = %(tx)s, updated_at = now()
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
+"""
+# A dead lineage is remembered and the pointer cleared: only then may a new one be prepared.
+DROP_LINEAGE_SQL = """
+UPDATE paygate.relays
+SET lineage_id = NULL, tx_hash = NULL, dead_lineages = dead_lineages || %(lineage)s::bigint, updated_at = now()
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
+"""
+SET_PENDING_FAILURE_SQL = """
+UPDATE paygate.relays SET pending_failure = %(reason)s, updated_at = now()
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
+"""
+RELEASE_SQL = """
+UPDATE paygate.relays r SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
+WHERE r.id = mine.id AND r.status = 'queued' AND r.lease_token = mine.token
+"""
+# The disposition flip for a lineage included on chain: the CAS names the lineage whose receipt it
+# settles, so a stale tick (another lineage, another lease) matches nothing.
+FLIP_INCLUDED_SQL = """
+UPDATE paygate.relays
+SET status = %(status)s, fee_charged = %(fee)s, tx_hash = %(tx)s, reason = %(reason)s, finished_at = now(),
+    lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
+RETURNING id
+"""
+SETTLE_SQL = "SELECT paygate.settle_relay_fee(%s, %s, %s)"
+# Terminal without a fee burned by us: the reservation is released in the same transaction.
+FINISH_SQL = """
+UPDATE paygate.relays
+SET status = %(status)s, reason = %(reason)s, finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
+    updated_at = now()
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id IS NULL
+RETURNING id
+"""
+RELEASE_FEE_SQL = "SELECT paygate.release_relay_fee(%s, %s)"
+EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
+# Live relay lineages no queued relay points at any more (a row finished elsewhere): drive them so
+# no lane stays pinned. Older than a minute: never a lineage whose allocation is being recorded.
+ORPHANS_SQL = """
+SELECT x.id FROM paygate.lineages x
+WHERE x.purpose = 'relay' AND x.entitlement LIKE 'relay:%%' AND x.state IN ('allocated', 'signed', 'sent')
+  AND x.created_at < now() - interval '1 minute'
+  AND NOT EXISTS (SELECT 1 FROM paygate.relays r WHERE r.lineage_id = x.id AND r.status = 'queued')
+ORDER BY x.id LIMIT %(limit)s
+"""
+
+
+@dataclass
+class Relay:
+    id: int
+    account: str
+    contract: str
+    function: str
+    args_xdr: str
+    auth_entries: list[str]
+    auth_nonces: list[int]
+    auth_expiration_ledger: int
+    max_fee: int
+    token: Any
+    lineage_id: int | None
+    pending_failure: str | None
+    allowed: bool  # still on the allow-list at claim time (read with the claim: no extra round trip)
+
+    @property
+    def entitlement(self) -> str:
+        return f"relay:{self.id}"
+
+
+class LeaseLost(PaygateError):
+    msgid = "relay.lease_lost"
+
+
+class SettleFailed(PaygateError):
+    msgid = "relay.settle_failed"
+
+
+class RelayJob:
+    """What the journal engine needs from the relay path (journal.engine.Job)."""
+
+    crash = "relay"
+    purpose = "relay"
+
+    def __init__(self, row: Relay, invocation: Invocation | None) -> None:
+        self.row = row
+        self.invocation = invocation
+        # The authorisation's last ledger bounds the transaction: it can never apply after it.
+        self.max_ledger: int | None = row.auth_expiration_ledger
+
+    def call(self, lane: str) -> Invocation:
+        assert self.invocation is not None
+        return self.invocation
+
+    def hold(self, conn: psycopg.Connection) -> bool:
+        return conn.execute(HOLD_SQL, {"id": self.row.id, "token": self.row.token}).fetchone() is not None
+
+    def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
+        conn.execute(DROP_LINEAGE_SQL, {"id": self.row.id, "token": self.row.token, "lineage": lineage_id})
+        if self.row.lineage_id == lineage_id:
+            self.row.lineage_id = None
+
+    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: SignedTransaction) -> None:
+        if conn.execute(INSTALL_SQL, {"tx": signed.inner_hash, "id": self.row.id, "token": self.row.token,
+                                      "lineage": lineage_id}).rowcount == 0:
+            raise LeaseLost(f"relay {self.row.id}: lease lost at install")
+
+    def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
+        if terminal:
+            reason = f"relay transaction rejected by the network: {send.code}"
+            conn.execute(SET_PENDING_FAILURE_SQL, {"reason": reason, "id": self.row.id, "token": self.row.token})
+            self.row.pending_failure = reason
+
+    def on_build_failure(self, conn: psycopg.Connection, lineage_id: int, exc: Exception) -> bool:
+        return False  # the user's call cannot work as signed: the relay is quarantined
+
+    def check(self, signed: SignedTransaction) -> None:
+        from paygate_cli.chain.relay import BadRelay, envelope_fee
+
+        fee = envelope_fee(signed)
+        if fee > self.row.max_fee:
+            # Never spend more than the reservation holds: the budget is the promise admission made.
+            raise BadRelay(f"the transaction needs a fee of {fee} stroops, above the {self.row.max_fee} reserved")
+
+
+@dataclass
+class Deps:
+    ctx: TickContext
+    engine: Engine
+    own_accounts: set[str]
+    # Phase-1 nonce reads for the tick's fresh relays, done in one getLedgerEntries:
+    # relay id -> (nonces consumed on chain, latest ledger of the read).
+    nonces: dict[int, tuple[list[int], int]] = field(default_factory=dict)
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        return self.ctx.conn
+
+
+HONOURS_DRAIN = True  # a drained instance drives what is in flight and claims nothing new
+
+
+def tick(ctx: TickContext) -> TickResult:
+    with relaxed_transaction(ctx.conn):
+        rows = [Relay(*r) for r in ctx.conn.execute(CLAIM_SQL, {
+            "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
+            "draining": ctx.draining})]
+    if not rows:
+        return TickResult()
+    crashpoint("relay.after_claim")
+    # Heavy imports only now that there is chain work (an idle tick never loads stellar_sdk).
+    from paygate_cli.chain.keys import Signer
+    from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.journal.engine import Engine
+    from paygate_cli.journal.engine import LeaseLost as EngineLeaseLost
+    from paygate_cli.journal.keyring import Keyring
+
+    signer = Signer.from_settings(ctx.settings)
+    chain = ChainClient(ctx.settings, guard_conn=ctx.conn)
+    deps = Deps(ctx, Engine(ctx, chain, signer, Keyring.from_settings(ctx.settings)),
+                {*signer.lanes, signer.fee.public_key})
+    lineages.sync_lanes(ctx.conn, list(signer.lanes))
+    result = TickResult()
+    outcomes: dict[str, int] = {}
+    try:
+        _read_nonces(deps, [r for r in rows if r.lineage_id is None and not r.pending_failure])
+        for row in rows:
+            try:
+                outcome = advance(deps, row)
+            except (LeaseLost, EngineLeaseLost):
+                outcome = "lease_lost"
+            except SettleFailed as exc:
+                outcome = "settle_failed"  # the flip rolled back: the row re-ticks
+                ctx.log.error(str(exc), extra={"msgid": exc.msgid, "relay_id": row.id})
+            except NeedsHuman as exc:
+                outcome = "needs_human"
+                try:
+                    _finish(deps, row, "needs_human", str(exc), release=False)
+                except LeaseLost:
+                    outcome = "lease_lost"
+                ctx.log.error("relay %s needs a human: %s", row.id, exc,
+                              extra={"msgid": exc.msgid, "relay_id": row.id})
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            result.processed += 1
+            if outcome == "needs_human":
+                result.needs_human += 1
+            elif outcome in ("lease_lost", "settle_failed"):
+                result.failed += 1
+        deps.engine.sweep(ORPHANS_SQL)
+    except Unavailable:
+        _release_all(deps, rows)  # the chain is gone: hand the rows back now, not after the lease
+        raise
+    finally:
+        chain.close()
+    _release_all(deps, rows)
+    result.needs_human += deps.engine.needs_human
+    if outcomes.get("no_free_lane"):
+        result.stalled = deps.engine.stall_reason()
+    result.details = outcomes
+    return result
+
+
+def _read_nonces(deps: Deps, fresh: list[Relay]) -> None:
+    from paygate_cli.chain.relay import nonces_consumed_many
+
+    if not fresh:
+        return
+    consumed, latest = nonces_consumed_many(deps.engine.chain, [(r.account, list(r.auth_nonces)) for r in fresh])
+    deps.nonces = {r.id: (spent, latest) for r, spent in zip(fresh, consumed, strict=True)}
+
+
+def _release_all(deps: Deps, rows: list[Relay]) -> None:
+    with relaxed_transaction(deps.conn):
+        deps.conn.execute(RELEASE_SQL, {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
+
+
+def advance(deps: Deps, row: Relay) -> str:
+    """Everything the journal and the chain allow for one relay now; returns what happened."""
+    engine = deps.engine
+    if row.lineage_id is not None:
+        lineage = engine.load(row.lineage_id)
+        state = engine.drive(RelayJob(row, None), lineage)
+        if state in ("applied", "failed"):
+            return _dispose_included(deps, row, engine.load(lineage.id))
+        if state in lineages.LIVE_STATES:
+            return "waiting"  # in flight: the same bytes were resent; a ledger decides
+        # Proven dead (expired / superseded / abandoned): nothing of it can land. Forget it (an
+        # abandon already did, through the job's on_abandon).
+        if row.lineage_id is not None:
+            with deps.conn.transaction():
+                _write(deps, DROP_LINEAGE_SQL, {"id": row.id, "token": row.token, "lineage": lineage.id})
+            row.lineage_id = None
+    if row.pending_failure:  # the network refused its bytes for good, and that lineage is now dead
+        return _finish(deps, row, "rejected", row.pending_failure)
+    return _prepare(deps, row)
+
+
+def _prepare(deps: Deps, row: Relay) -> str:
+    from paygate_cli.chain.relay import BadRelay, nonces_consumed, relay_invocation
+    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Sent
+
+    settings = deps.ctx.settings
+    if not row.allowed:
+        return _finish(deps, row, "rejected", f"{row.contract}.{row.function} is no longer on the relay allow-list")
+    try:
+        invocation = relay_invocation(
+            account=row.account, contract=row.contract, function=row.function, args_xdr=row.args_xdr,
+            auth_entries=list(row.auth_entries), nonces=list(row.auth_nonces),
+            expiration_ledger=row.auth_expiration_ledger, passphrase=settings.network_passphrase,
+            own_accounts=deps.own_accounts)
+    except BadRelay as exc:
+        return _finish(deps, row, "rejected", f"bad authorisation: {exc}")
+    # Read this tick (batched) unless the row only now lost its lineage: then read it fresh.
+    known = deps.nonces.pop(row.id, None)
+    consumed, latest = known or nonces_consumed(deps.engine.chain, row.account, list(row.auth_nonces))
+    if consumed:
+        # Every lineage of ours is dead and none applied (else we would have converged): something
+        # that is not this gateway spent the authorisation. Never guessed (DESIGN rule 10).
+        raise NeedsHuman(f"relay {row.id}: authorisation nonce(s) {consumed} of {row.account} are consumed on "
+                         "chain but no journaled lineage of ours applied them", msgid="relay.nonce_consumed_elsewhere")
+    if latest >= row.auth_expiration_ledger:
+        # The earliest ledger a new transaction could apply in is latest + 1: past the authorisation.
+        return _finish(deps, row, "expired", f"authorisation expired at ledger {row.auth_expiration_ledger} "
+                       f"(latest {latest}) before it could be used")
+    job = RelayJob(row, invocation)
+    with relaxed_transaction(deps.conn):  # the anchor's synchronous commit flushes it before any send
+        got = deps.engine.allocate(purpose=job.purpose, entitlement=row.entitlement)
+        if got is None:
+            return "no_free_lane"
+        lineage_id, lane = got
+        _write(deps, SET_LINEAGE_SQL, {"lineage": lineage_id, "id": row.id, "token": row.token})
+    row.lineage_id = lineage_id
+    outcome = deps.engine.sign_and_send(job, lineage_id, lane)
+    if isinstance(outcome, Sent):
+        return "sent"
+    if isinstance(outcome, LaneFailed):
+        return "lane_failed"  # the lane is fenced; the next tick allocates another
+    if isinstance(outcome, Expired):
+        return _finish(deps, row, "expired", outcome.reason)
+    assert isinstance(outcome, BuildFailed)
+    return _finish(deps, row, "rejected", f"the call cannot work as signed: {outcome.reason}")
+
+
+def _dispose_included(deps: Deps, row: Relay, lineage: lineages.Lineage) -> str:
+    """The disposition CAS for a lineage included on chain: fees were burned whether the call
+    succeeded or failed, so the actual feeCharged is settled either way."""
+    status = "applied" if lineage.state == "applied" else "failed"
+    fee = int(lineage.fee_charged or 0)
+    reason = None if status == "applied" else f"relayed call failed on chain ({lineage.result_code})"
+    with deps.conn.transaction():
+        won = deps.conn.execute(FLIP_INCLUDED_SQL, {
+            "status": status, "fee": fee, "tx": lineage.inner_hash, "reason": reason, "id": row.id,
+            "token": row.token, "lineage": lineage.id}).fetchone()
+        if won is None:
+            return "settled_elsewhere"
+        crashpoint("relay.in_disposition")  # killed here: the flip rolls back with the transaction
+        if not deps.conn.execute(SETTLE_SQL, (row.id, lineage.id, fee)).fetchone()[0]:
+            # Nothing to settle: the reservation was closed by someone else. Roll the flip back and
+            # let the row re-tick rather than record a relay whose fee is unaccounted.
+            raise SettleFailed(f"relay {row.id}: reservation not open at settlement")
+        deps.conn.execute(EMIT_SQL, (f"relay.{status}", Jsonb({
+            "relay_id": row.id, "account": row.account, "contract": row.contract, "function": row.function,
+            "tx_hash": lineage.inner_hash.hex() if lineage.inner_hash else None, "ledger": lineage.ledger,
+            "fee_charged": fee, "reserved_fee": row.max_fee, "reason": reason})))
+    deps.ctx.log.info("relay %s %s on chain in ledger %s; fee %s of %s reserved settled", row.id, status,
+                      lineage.ledger, fee, row.max_fee, extra={"msgid": f"relay.{status}", "relay_id": row.id})
+    return status
+
+
+def _finish(deps: Deps, row: Relay, status: str, reason: str, *, release: bool = True) -> str:
+    """A terminal with no fee burned by a lineage of ours: the reservation is released with it
+    (needs_human keeps it open: a human decides what the consumed nonce cost)."""
+    with deps.conn.transaction():
+        done = deps.conn.execute(FINISH_SQL, {"status": status, "reason": reason[:1000], "id": row.id,
+                                              "token": row.token}).fetchone()
+        if done is None:
+            raise LeaseLost(f"relay {row.id}: lease lost")
+        if release:
+            deps.conn.execute(RELEASE_FEE_SQL, (row.id, f"{status}: {reason}"[:1000]))
+        deps.conn.execute(EMIT_SQL, (f"relay.{status}", Jsonb({
+            "relay_id": row.id, "account": row.account, "contract": row.contract, "function": row.function,
+            "reason": reason[:1000], "released_fee": row.max_fee if release else 0})))
+    deps.ctx.log.warning("relay %s %s: %s", row.id, status, reason, extra={"msgid": f"relay.{status}",
+                                                                         "relay_id": row.id})
+    return status
+
+
+def _write(deps: Deps, sql: str, params: dict[str, Any]) -> None:
+    """A lease-guarded write; zero rows means another worker owns the row now."""
+    if deps.conn.execute(sql, params).rowcount == 0:
+        raise LeaseLost(f"relay {params.get('id')}: lease lost")

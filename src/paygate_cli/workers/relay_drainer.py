@@ -1,0 +1,289 @@
+"""Relay drainer: bot jobs, the permissionless contract calls the product queues (e.g. closing the
+market's expired orders), each sent as one lineage at a time from a lane with source-account
+authorisation only, through the journal engine (the same rules as every money path).
+
+- A job's lineage applied -> `applied`; included but failed on chain -> `failed` (the call ran and
+  trapped: resending it would fail again), with the fee recorded.
+- A lineage proven dead (expired / superseded / abandoned) counts one attempt; after
+  max_attempts (relay_config.bot_job_max_attempts unless the job says otherwise) the job is
+  `dead` (replayable), otherwise the next tick prepares a new lineage.
+- Simulation refuses the call (e.g. the order is not expired yet, or already closed) -> `failed`
+  with the reason: the call cannot work now; the product queues a new job if it wants to retry.
+Dedup is per job key at admission (paygate.admit_bot_job)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from psycopg.types.json import Jsonb
+
+from paygate_cli.db.connect import relaxed_transaction
+from paygate_cli.errors import PaygateError, Unavailable
+from paygate_cli.journal import lineage as lineages
+from paygate_cli.ticks.context import TickContext, TickResult
+from paygate_cli.ticks.crash import crashpoint
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from paygate_cli.chain.contracts import Invocation, SignedTransaction
+    from paygate_cli.chain.rpc import SendOutcome
+    from paygate_cli.journal.engine import Engine
+
+CLAIM_SQL = """
+WITH claimable AS (
+    SELECT id FROM paygate.bot_jobs
+    WHERE status = 'queued' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND (lineage_id IS NOT NULL OR NOT %(draining)s)
+    ORDER BY (lineage_id IS NULL), id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE paygate.bot_jobs j
+SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
+    claimed_by = %(owner)s, updated_at = now()
+FROM claimable WHERE j.id = claimable.id
+RETURNING j.id, j.job_key, j.contract, j.function, j.args_xdr, j.lease_token, j.lineage_id, j.attempts,
+          coalesce(j.max_attempts, (SELECT bot_job_max_attempts FROM paygate.relay_config)), j.pending_failure,
+          EXISTS (SELECT 1 FROM paygate.relay_allowlist a
+                  WHERE a.contract = j.contract AND a.function = j.function AND a.enabled)
+"""
+HOLD_SQL = """
+SELECT 1 FROM paygate.bot_jobs WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s FOR UPDATE
+"""
+SET_LINEAGE_SQL = """
+UPDATE paygate.bot_jobs SET lineage_id = %(lineage)s, updated_at = now()
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
+"""
+# A proven-dead lineage is one attempt; the pointer is cleared so a new one may be prepared.
+DEAD_LINEAGE_SQL = """
+UPDATE paygate.bot_jobs
+SET lineage_id = NULL, dead_lineages = dead_lineages || %(lineage)s::bigint, attempts = attempts + 1,
+    updated_at = now()
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
+RETURNING attempts
+"""
+# Inside the engine's transaction, after its hold() took the row lock under our lease.
+UNHOOK_SQL = """
+UPDATE paygate.bot_jobs SET lineage_id = NULL, dead_lineages = dead_lineages || %(lineage)s::bigint, updated_at = now()
+WHERE id = %(id)s AND lineage_id = %(lineage)s
+"""
+SET_PENDING_FAILURE_SQL = """
+UPDATE paygate.bot_jobs SET pending_failure = %(reason)s, updated_at = now()
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
+"""
+FINISH_SQL = """
+UPDATE paygate.bot_jobs
+SET status = %(status)s, reason = %(reason)s, fee_charged = %(fee)s, tx_hash = %(tx)s, finished_at = now(),
+    lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
+  AND lineage_id IS NOT DISTINCT FROM %(lineage)s
+RETURNING id
+"""
+RELEASE_SQL = """
+UPDATE paygate.bot_jobs j SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
+WHERE j.id = mine.id AND j.status = 'queued' AND j.lease_token = mine.token
+"""
+EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
+ORPHANS_SQL = """
+SELECT x.id FROM paygate.lineages x
+WHERE x.purpose = 'relay' AND x.entitlement LIKE 'bot_job:%%' AND x.state IN ('allocated', 'signed', 'sent')
+  AND x.created_at < now() - interval '1 minute'
+  AND NOT EXISTS (SELECT 1 FROM paygate.bot_jobs j WHERE j.lineage_id = x.id AND j.status = 'queued')
+ORDER BY x.id LIMIT %(limit)s
+"""
+
+
+@dataclass
+class BotJob:
+    id: int
+    job_key: str
+    contract: str
+    function: str
+    args_xdr: str
+    token: Any
+    lineage_id: int | None
+    attempts: int
+    max_attempts: int
+    pending_failure: str | None
+    allowed: bool  # still on the allow-list at claim time
+
+    @property
+    def entitlement(self) -> str:
+        return f"bot_job:{self.id}"
+
+
+class LeaseLost(PaygateError):
+    msgid = "relay_drainer.lease_lost"
+
+
+class DrainerJob:
+    """What the journal engine needs from a bot job (journal.engine.Job)."""
+
+    crash = "relay_drainer"
+    purpose = "relay"
+    max_ledger: int | None = None  # no user authorisation: maxTime bounds it
+
+    def __init__(self, row: BotJob) -> None:
+        self.row = row
+
+    def call(self, lane: str) -> Invocation:
+        from stellar_sdk import xdr
+
+        from paygate_cli.chain.contracts import Invocation
+
+        args = xdr.SCVal.from_xdr(self.row.args_xdr).vec
+        return Invocation(self.row.contract, self.row.function, list(args.sc_vec) if args else [], [])
+
+    def hold(self, conn: psycopg.Connection) -> bool:
+        return conn.execute(HOLD_SQL, {"id": self.row.id, "token": self.row.token}).fetchone() is not None
+
+    def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
+        # Abandoned before anchoring: nothing was sent, so it is not a proven-dead attempt. Only
+        # the pointer goes.
+        conn.execute(UNHOOK_SQL, {"id": self.row.id, "lineage": lineage_id})
+        if self.row.lineage_id == lineage_id:
+            self.row.lineage_id = None
+
+    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: SignedTransaction) -> None:
+        return None  # the job already points at its lineage (set with the allocation, under the lease)
+
+    def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
+        if terminal:
+            reason = f"bot job transaction rejected by the network: {send.code}"
+            conn.execute(SET_PENDING_FAILURE_SQL, {"reason": reason, "id": self.row.id, "token": self.row.token})
+            self.row.pending_failure = reason
+
+    def on_build_failure(self, conn: psycopg.Connection, lineage_id: int, exc: Exception) -> bool:
+        return False
+
+    def check(self, signed: SignedTransaction) -> None:
+        from paygate_cli.chain.relay import source_account_only
+
+        source_account_only(signed)
+
+
+@dataclass
+class Deps:
+    ctx: TickContext
+    engine: Engine
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        return self.ctx.conn
+
+
+HONOURS_DRAIN = True  # a drained instance drives what is in flight and claims nothing new
+
+
+def tick(ctx: TickContext) -> TickResult:
+    with relaxed_transaction(ctx.conn):
+        rows = [BotJob(*r) for r in ctx.conn.execute(CLAIM_SQL, {
+            "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
+            "draining": ctx.draining})]
+    if not rows:
+        return TickResult()
+    crashpoint("relay_drainer.after_claim")
+    from paygate_cli.chain.keys import Signer
+    from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.journal.engine import Engine
+    from paygate_cli.journal.engine import LeaseLost as EngineLeaseLost
+    from paygate_cli.journal.keyring import Keyring
+
+    signer = Signer.from_settings(ctx.settings)
+    chain = ChainClient(ctx.settings, guard_conn=ctx.conn)
+    deps = Deps(ctx, Engine(ctx, chain, signer, Keyring.from_settings(ctx.settings)))
+    lineages.sync_lanes(ctx.conn, list(signer.lanes))
+    result = TickResult()
+    outcomes: dict[str, int] = {}
+    try:
+        for row in rows:
+            try:
+                outcome = advance(deps, row)
+            except (LeaseLost, EngineLeaseLost):
+                outcome = "lease_lost"
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+            result.processed += 1
+            if outcome == "lease_lost":
+                result.failed += 1
+        deps.engine.sweep(ORPHANS_SQL)
+    except Unavailable:
+        _release_all(deps, rows)
+        raise
+    finally:
+        chain.close()
+    _release_all(deps, rows)
+    result.needs_human += deps.engine.needs_human
+    if outcomes.get("no_free_lane"):
+        result.stalled = deps.engine.stall_reason()
+    result.details = outcomes
+    return result
+
+
+def _release_all(deps: Deps, rows: list[BotJob]) -> None:
+    with relaxed_transaction(deps.conn):
+        deps.conn.execute(RELEASE_SQL, {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
+
+
+def advance(deps: Deps, row: BotJob) -> str:
+    from paygate_cli.journal.engine import BuildFailed, LaneFailed, Sent
+
+    engine = deps.engine
+    job = DrainerJob(row)
+    if row.lineage_id is not None:
+        lineage = engine.load(row.lineage_id)
+        state = engine.drive(job, lineage)
+        if state in ("applied", "failed"):
+            done = engine.load(lineage.id)
+            reason = None if state == "applied" else f"bot job call failed on chain ({done.result_code})"
+            return _finish(deps, row, state, reason, lineage=done)
+        if state in lineages.LIVE_STATES:
+            return "waiting"
+        if row.lineage_id is not None:  # proven dead after it was sent: one attempt spent
+            with deps.conn.transaction():
+                got = deps.conn.execute(DEAD_LINEAGE_SQL, {"id": row.id, "token": row.token,
+                                                           "lineage": lineage.id}).fetchone()
+                if got is None:
+                    raise LeaseLost(f"bot job {row.id}: lease lost")
+            row.lineage_id, row.attempts = None, int(got[0])
+    if row.pending_failure:
+        return _finish(deps, row, "failed", row.pending_failure)
+    if row.attempts >= row.max_attempts:
+        return _finish(deps, row, "dead", f"{row.attempts} lineages proven dead (max {row.max_attempts})")
+    if not row.allowed:
+        return _finish(deps, row, "failed", f"{row.contract}.{row.function} is no longer on the relay allow-list")
+    with relaxed_transaction(deps.conn):
+        got = engine.allocate(purpose=job.purpose, entitlement=row.entitlement)
+        if got is None:
+            return "no_free_lane"
+        lineage_id, lane = got
+        if deps.conn.execute(SET_LINEAGE_SQL, {"lineage": lineage_id, "id": row.id, "token": row.token}).rowcount == 0:
+            raise LeaseLost(f"bot job {row.id}: lease lost")
+    row.lineage_id = lineage_id
+    outcome = engine.sign_and_send(job, lineage_id, lane)
+    if isinstance(outcome, Sent):
+        return "sent"
+    if isinstance(outcome, LaneFailed):
+        return "lane_failed"
+    assert isinstance(outcome, BuildFailed)  # no max_ledger: never Expired
+    return _finish(deps, row, "failed", f"the call cannot work now: {outcome.reason}")
+
+
+def _finish(deps: Deps, row: BotJob, status: str, reason: str | None, *,
+            lineage: lineages.Lineage | None = None) -> str:
+    with deps.conn.transaction():
+        done = deps.conn.execute(FINISH_SQL, {
+            "status": status, "reason": reason[:1000] if reason else None,
+            "fee": lineage.fee_charged if lineage else None, "tx": lineage.inner_hash if lineage else None,
+            "id": row.id, "token": row.token, "lineage": lineage.id if lineage else None}).fetchone()
+        if done is None:
+            raise LeaseLost(f"bot job {row.id}: lease lost")
+        deps.conn.execute(EMIT_SQL, (f"bot_job.{status}", Jsonb({
+            "bot_job_id": row.id, "job_key": row.job_key, "contract": row.contract, "function": row.function,
+            "reason": reason, "fee_charged": lineage.fee_charged if lineage else None})))
+    level = 20 if status == "applied" else 30
+    deps.ctx.log.log(level, "bot job %s (%s) %s%s", row.id, row.job_key, status, f": {reason}" if reason else "",
+                     extra={"msgid": f"relay_drainer.{status}", "bot_job_id": row.id})
+    return status

@@ -1,0 +1,67 @@
+"""Relay expiry: relays whose authorisation can no longer succeed (its signatureExpirationLedger is
+below the chain's latest ledger) end `expired`, their fee reservation is released and the product is
+told once (one outbox event, in the transaction that wins the flip).
+
+Never while a lineage of the relay could still land: a relay whose current lineage is allocated,
+signed or sent is left to the relay worker, whose resolve() proves it dead first (by maxTime or by
+its ledger bound), nor while the relay worker holds the row's lease. A lineage included on chain
+(applied or failed) is the relay worker's disposition, never an expiry: its fee was burned."""
+
+from __future__ import annotations
+
+from paygate_cli.ticks.context import TickContext, TickResult
+
+EXPIRE_SQL = """
+WITH expiring AS (
+    SELECT r.id FROM paygate.relays r
+    LEFT JOIN paygate.lineages x ON x.id = r.lineage_id
+    WHERE r.status = 'queued' AND r.auth_expiration_ledger < %(latest)s
+      AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
+      AND (r.lineage_id IS NULL OR x.state IN ('expired', 'superseded', 'abandoned'))
+    ORDER BY r.auth_expiration_ledger, r.id
+    LIMIT %(batch)s
+    FOR UPDATE OF r SKIP LOCKED
+), flipped AS (
+    UPDATE paygate.relays r
+    SET status = 'expired', finished_at = now(), lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
+        lineage_id = NULL, tx_hash = NULL,
+        dead_lineages = CASE WHEN r.lineage_id IS NULL THEN r.dead_lineages ELSE r.dead_lineages || r.lineage_id END,
+        reason = format('authorisation expired at ledger %%s (latest %%s)', r.auth_expiration_ledger, %(latest)s::int)
+    FROM expiring e WHERE r.id = e.id
+    RETURNING r.id, r.account, r.contract, r.function, r.auth_expiration_ledger, r.max_fee, r.reason
+)
+SELECT f.id, paygate.release_relay_fee(f.id, f.reason),
+       paygate.emit_event('relay.expired', jsonb_build_object(
+           'relay_id', f.id, 'account', f.account, 'contract', f.contract, 'function', f.function,
+           'auth_expiration_ledger', f.auth_expiration_ledger, 'latest_ledger', %(latest)s::int,
+           'released_fee', f.max_fee, 'reason', f.reason))
+FROM flipped f
+"""
+# Cheap check before any chain read: is anything queued at all?
+ANY_QUEUED_SQL = "SELECT min(auth_expiration_ledger) FROM paygate.relays WHERE status = 'queued'"
+
+
+def tick(ctx: TickContext) -> TickResult:
+    earliest = ctx.conn.execute(ANY_QUEUED_SQL).fetchone()[0]
+    if earliest is None:
+        return TickResult()
+    from paygate_cli.chain.rpc import ChainClient
+
+    chain = ChainClient(ctx.settings, guard_conn=ctx.conn)
+    try:
+        latest = chain.latest_ledger().sequence  # ledger time, from the chain (DESIGN rule 9)
+    finally:
+        chain.close()
+    if earliest >= latest:
+        return TickResult(details={"latest_ledger": latest, "expired": 0})
+    with ctx.conn.transaction():
+        rows = ctx.conn.execute(EXPIRE_SQL, {"latest": latest, "batch": ctx.batch}).fetchall()
+    for relay_id, released, _ in rows:
+        if not released:
+            # The reservation was already closed: the invariant "settled or released, once" held,
+            # but something closed it without ending the relay. Reported, never papered over.
+            ctx.log.error("relay %s expired but its reservation was not open", relay_id,
+                          extra={"msgid": "relay_expiry.reservation_closed", "relay_id": relay_id})
+    ctx.log.log(20 if rows else 10, "relay expiry: %d relay(s) expired at latest ledger %d", len(rows), latest,
+                extra={"msgid": "relay_expiry.done"})
+    return TickResult(processed=len(rows), details={"latest_ledger": latest, "expired": len(rows)})
