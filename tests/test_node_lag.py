@@ -146,12 +146,17 @@ def test_two_nodes_a_lagging_reader_waits_and_only_caught_up_nodes_prove_a_lane_
         result = chain.tick("funding", "--once")
         assert result.code == 69 and "127.0.0.2" in result.err and "behind ledger" in result.err, result.err
         _pending_unclaimed(db, pending_id)
-        # A lane that really does not exist, said by a reader caught up with the write node: 78.
+        # A lane that really does not exist, said by a reader caught up with the write node: the lane
+        # (not the run) is broken, so it is fenced with the evidence and a human is asked (exit 3).
         b.clear_faults()
-        _only_lane(chain, Keypair.random().secret)
+        ghost = Keypair.random()
+        _only_lane(chain, ghost.secret)
         wait_for_leases(db)
         result = chain.tick("funding", "--once")
-        assert result.code == 78 and "does not exist on chain" in result.err, result.err
+        assert result.code == 3 and "does not exist on chain" in result.err, result.err
+        assert "journal.lane_fenced" in result.err and ghost.secret not in result.err
+        assert db.execute("SELECT status FROM paygate.lanes WHERE address = %s",
+                          (ghost.public_key,)).fetchone() == ("drained",)
     finally:
         a.stop()
         b.stop()

@@ -37,6 +37,13 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSPORT_ERRORS)
 
 
+class LaneMissing(ConfigError):
+    """A lane's account is proven absent (a quorum of caught-up read hosts): the lane, not the run,
+    is broken. The engine fences it and moves the work to another lane."""
+
+    msgid = "rpc.lane_missing"
+
+
 class LaneNotVisible(Unavailable):
     """A lane account was "not found" by read nodes that are not proven caught up: a lagging read
     ("not there yet"), never a configuration error. Retry later (exit 69 if it ends the run)."""
@@ -165,8 +172,10 @@ class ChainClient:
         """One node said "no such account". A lagging node says that about a brand-new lane (issue 11),
         so it proves nothing by itself: the lane is missing (78) only when a majority of the distinct
         read hosts say so from at least the highest ledger any endpoint admits to — read before the
-        entries, and vouched for by two hosts or more (one node cannot tell that it lags). Otherwise
-        the read is "not visible yet" (LaneNotVisible, transient)."""
+        entries, and vouched for by two hosts or more (one node cannot tell that it lags), or by the
+        one read host when only one is configured (the development override: the node we read is the
+        node we send to, which would refuse the transaction anyway). Otherwise the read is "not
+        visible yet" (LaneNotVisible, transient)."""
         from paygate_cli.settings import rpc_host
 
         reference, hosts = 0, set()
@@ -192,8 +201,9 @@ class ChainClient:
             else:
                 views.append(f"{rpc_host(url)} at ledger {answer.latest_ledger}: behind ledger {reference}")
         seen_by = f"({'; '.join(views)})"
-        if len(hosts) >= 2 and absent >= len(self.read_urls) // 2 + 1:
-            raise ConfigError(f"lane {address} does not exist on chain: not found by {absent} of "
+        vouchers_needed = 1 if len(self.read_urls) == 1 else 2
+        if len(hosts) >= vouchers_needed and absent >= len(self.read_urls) // 2 + 1:
+            raise LaneMissing(f"lane {address} does not exist on chain: not found by {absent} of "
                               f"{len(self.read_urls)} read endpoints caught up to ledger {reference} {seen_by}")
         raise LaneNotVisible(f"lane {address} is not visible on chain yet {seen_by}: the read nodes may lag; "
                              f"retrying later (if it persists, create the account or remove the lane)"[:500])

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from paygate_cli.db.connect import assert_not_in_transaction, relaxed_transaction
-from paygate_cli.errors import ConfigError, PaygateError, Unavailable
+from paygate_cli.errors import PaygateError, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.ticks.crash import crashpoint
 
@@ -203,9 +203,11 @@ class Engine:
         crashpoint(f"{job.crash}.after_allocate")
         assert_not_in_transaction(conn, "building a transaction")
         self._check_lease(job)  # a worker stalled past its lease stops here, before any chain work
+        from paygate_cli.chain.rpc import LaneMissing
+
         try:
             chain_seq = self.chain.account_sequence(lane)
-        except ConfigError as exc:  # the lane's account does not exist on chain
+        except LaneMissing as exc:  # proven absent by a quorum; a lagging read (LaneNotVisible) is 69
             return self._lane_failed(job, lineage_id, lane, str(exc))
         seq = lineages.next_sequence(conn, lane, chain_seq)
         latest = self.chain.latest_ledger()
