@@ -152,3 +152,61 @@ def test_demo_runs_end_to_end_from_a_private_directory(private_tmp: Path) -> Non
         assert len(rerun["deposits"]) == len(report["deposits"])  # a second run starts from scratch
     finally:
         run_proc("dev", "db", "down", "--data-dir", data)
+
+
+def _nobody_can(*check: str) -> bool:
+    return subprocess.run(["runuser", "-u", "nobody", "--", "test", *check]).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as an ordinary user needs root to switch to one")
+def test_make_demo_from_a_private_clone_as_an_ordinary_user() -> None:
+    """`make demo` in a clone made in a private directory (mode 0700, as `mktemp -d` or a home is),
+    run by an ordinary user: the user's own cluster inside the clone, nothing relocated or chmod-ed.
+    The venv step of the Makefile needs the network, so the clone gets a ready venv (this run's
+    packages, the clone's own source) and the stamp that tells make it is installed; everything
+    from `make demo` on is the real thing."""
+    root = Path(__file__).resolve().parents[1]
+    # This interpreter may live under a private home (pyenv in /root): then the system's same version.
+    python = sys.executable if _nobody_can("-x", sys.executable) else "/usr/bin/python3.11"
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    if not (Path(python).exists() and _nobody_can("-r", site)):
+        pytest.skip("no interpreter or packages an ordinary user can use")
+    clone = Path(tempfile.mkdtemp(prefix="pgclone-"))
+    assert clone.stat().st_mode & 0o777 == 0o700
+    try:
+        for name in ("Makefile", "pyproject.toml", "README.md"):
+            shutil.copy2(root / name, clone / name)
+        shutil.copytree(root / "src", clone / "src", symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        (clone / "sql").symlink_to("src/paygate_cli/sql")
+        venv = clone / ".venv"
+        subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+        probe = "import sysconfig; print(sysconfig.get_path('purelib'))"
+        purelib = subprocess.run([str(venv / "bin" / "python"), "-c", probe], check=True, capture_output=True,
+                                 text=True).stdout.strip()
+        Path(purelib, "paygate_clone.pth").write_text(f"{clone / 'src'}\n{site}\n")
+        script = venv / "bin" / "paygate"
+        script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom paygate_cli.__main__ import main\n"
+                          "sys.exit(main())\n")
+        script.chmod(0o755)
+        checksum = subprocess.run("cksum < pyproject.toml | cut -d' ' -f1", shell=True, cwd=clone, check=True,
+                                  capture_output=True, text=True).stdout.strip()
+        (venv / f".installed-{checksum}").touch()  # newer than pyproject.toml: make skips the pip step
+        subprocess.run(["chown", "-R", "nobody:", str(clone)], check=True)
+        environ = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(clone), "LANG": "C.UTF-8"}
+        as_user = ["runuser", "-u", "nobody", "--", "make", "-C", str(clone)]
+        try:
+            demo = subprocess.run([*as_user, "demo"], env=environ, capture_output=True, text=True, timeout=240)
+            assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+            assert "pip install" not in demo.stdout  # the real demo ran, not the venv step
+            assert "deposits (admitted -> settled on the devnet)" in demo.stdout, demo.stdout[-3000:]
+            assert "all signatures valid: True" in demo.stdout, demo.stdout[-3000:]
+            cluster = clone / ".demo" / "pg"
+            assert (cluster / "PG_VERSION").stat().st_uid == clone.stat().st_uid  # the user's own cluster, in place
+            assert not (cluster / "paygate-datadir").exists()
+            assert clone.stat().st_mode & 0o777 == 0o700  # nobody's directory was chmod-ed
+        finally:
+            subprocess.run([*as_user, "clean"], env=environ, capture_output=True, timeout=60)
+    finally:
+        shutil.rmtree(clone, ignore_errors=True)

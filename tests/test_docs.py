@@ -44,3 +44,31 @@ def test_readme_documents_every_exit_code() -> None:
     table = {int(m) for m in re.findall(r"^\| (\d+)(?: / \d+)? \|", README, re.MULTILINE)}
     table |= {int(m) for m in re.findall(r"^\| \d+ / (\d+) \|", README, re.MULTILINE)}
     assert {int(code) for code in ExitCode} <= table
+
+
+def _docs() -> dict[str, str]:
+    paths = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in paths}
+
+
+def test_the_docs_name_the_metrics_files_the_code_writes() -> None:
+    from paygate_cli.metrics import STATE_FILE, textfile_path
+
+    assert Path(textfile_path("d", "funding", 0)).name == "paygate_funding_slot0.prom"
+    assert Path(textfile_path("d", "funding", None)).name == "paygate_funding_start.prom"
+    for name, text in _docs().items():
+        stale = re.findall(r"paygate_<worker>\.prom", text)
+        assert not stale, name
+    assert "paygate_<worker>_slot<N>.prom" in README and "paygate_<worker>_start.prom" in README
+    assert STATE_FILE in README
+
+
+def test_the_readme_lists_every_command_and_worker() -> None:
+    from paygate_cli.app import COMMANDS
+    from paygate_cli.ticks.registry import WORKERS
+
+    for command in COMMANDS:
+        assert re.search(rf"`paygate {re.escape(command)}\b", README), command
+    for worker in WORKERS:
+        assert re.search(rf"^\| {worker} \|", README, re.MULTILINE), worker
+    assert "(runbooks/README.md)" in README

@@ -19,7 +19,17 @@ import yaml
 from typer._click.exceptions import UsageError as ClickUsageError  # typer vendors click
 
 from paygate_cli.app import app
-from paygate_cli.settings import FIELDS
+from paygate_cli.errors import ConfigError
+from paygate_cli.settings import (
+    FIELDS,
+    MIN_READ_HOSTS,
+    MONEY_MOVERS,
+    Settings,
+    check_read_quorum,
+    distinct_read_urls,
+    load_settings,
+    rpc_host,
+)
 from paygate_cli.ticks.registry import RESERVED_WORKER_IDS, WORKERS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -356,6 +366,37 @@ def test_k8s_cadence_and_config_keys_are_real_settings() -> None:
     [config] = [doc for _, doc in k8s_documents() if doc["kind"] == "ConfigMap"]
     known = {f"PAYGATE_{f.name.upper()}" for f in FIELDS} | {"TTY_INTERACTIVE"}
     assert set(config["data"]) <= known, set(config["data"]) - known
+
+
+def _quorum_settings(environ: dict[str, str], config: Path | None = None) -> Settings:
+    return load_settings({"XDG_CONFIG_HOME": "/nonexistent-paygate-test-config", **environ},
+                         config_path=str(config) if config else None)
+
+
+def test_shipped_settings_give_the_money_movers_three_read_hosts_and_no_override() -> None:
+    """Production refuses a read quorum of fewer than three hosts (78 on every money mover's start):
+    the ConfigMap and the host config example must ship three, and never the dev override."""
+    [config] = [doc for _, doc in k8s_documents() if doc["kind"] == "ConfigMap"]
+    data = {k: str(v) for k, v in config["data"].items()}
+    assert "PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT" not in data
+    for job in cronjobs().values():
+        container = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+        assert "PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT" not in {e["name"] for e in container.get("env", [])}
+    toml_example = SYSTEMD / "config.toml.example"
+    for settings in (_quorum_settings(data), _quorum_settings({}, toml_example)):
+        assert not settings.values["rpc_allow_single_endpoint"]
+        hosts = {rpc_host(u) for u in distinct_read_urls(settings.values["rpc_read_urls"], settings.values["rpc_url"])}
+        assert len(hosts) >= MIN_READ_HOSTS, hosts
+        for worker in sorted(MONEY_MOVERS):
+            check_read_quorum(settings, worker)  # raises ConfigError (78) below three hosts
+    # The check above can fail: two of the three hosts is refused.
+    two = dict(data, PAYGATE_RPC_READ_URLS=",".join(data["PAYGATE_RPC_READ_URLS"].split(",")[:2]))
+    with pytest.raises(ConfigError, match="at least 3 distinct hosts"):
+        check_read_quorum(_quorum_settings(two), "funding")
+    for line in (ROOT / "crontab.example").read_text().splitlines():
+        assert not line.startswith("PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT"), line
+    for env_file in SYSTEMD.glob("tick-*.env"):
+        assert not re.search(r"^PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT", env_file.read_text(), re.M), env_file
 
 
 @pytest.mark.parametrize("command", cron_commands() + k8s_commands() + systemd_commands(),

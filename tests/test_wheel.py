@@ -1,5 +1,6 @@
 """The wheel is what operators install (`pip install`, `pipx install`): built from a copy of this
-checkout, installed into a fresh venv, it must migrate a database and run, with no source tree."""
+checkout, installed into a fresh venv, it must migrate a database and run every worker, with no
+source tree."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from paygate_cli.db.migrate import available_migrations
+from paygate_cli.ticks.registry import RESERVED_WORKER_IDS, WORKERS
+from tests.chain_env import chain_environ
 from tests.cli import base_environ
+from tests.devnet_support import start_devnet
 
 ROOT = Path(__file__).resolve().parents[1]
 # Build inputs only: no .venv, caches or .git, and nothing written into the checkout by the build.
@@ -78,7 +82,22 @@ def test_wheel_installed_in_a_fresh_venv_migrates_and_runs(tmp_path: Path, empty
     assert report["schema"]["pending"] == []
     # Not ready only because no RPC, keys or contracts are configured here: nothing else is wrong.
     assert status.returncode == 1 and all("cannot work" in p for p in report["problems"]), report["problems"]
-    for worker in ("webhooks", "idempotency_sweep", "subscriptions"):
-        tick = run("run-tick", worker)
-        assert tick.returncode == 0, (worker, tick.stderr)
+    # Every worker of the catalogue, once, from the installed copy against a devnet, with nothing
+    # queued: a complete money-mover environment (one devnet: the single-endpoint dev override).
+    devnet = start_devnet(tmp_path / "devnet")
+    try:
+        chain = chain_environ(devnet, empty_dsn, tmp_path / "keys")
+        chain = {k: v for k, v in chain.items() if k != "PYTHONPATH"}
+        chain["PAYGATE_OBSERVER_START_LEDGER"] = str(devnet.latest_ledger())
+        ran = {}
+        for worker in sorted(WORKERS):
+            tick = subprocess.run([paygate, "run-tick", worker, "--once", "--json"], env=chain, cwd=tmp_path,
+                                  capture_output=True, text=True, timeout=120)
+            ran[worker] = tick.returncode
+            assert tick.returncode == 0, (worker, tick.returncode, tick.stderr)
+            summary = json.loads(tick.stdout)["run_tick"]
+            assert (summary["worker"], summary["ticks"]) == (worker, 1), tick.stdout
+        assert sorted(ran) == sorted(RESERVED_WORKER_IDS) and len(ran) == 12, ran
+    finally:
+        devnet.stop()
     assert os.access(venv / "bin" / "paygate", os.X_OK)
