@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 from stellar_sdk import Keypair, SorobanServer, TransactionBuilder, scval, xdr
-from stellar_sdk.auth import authorize_invocation
+from stellar_sdk.auth import authorize_entry, authorize_invocation
 from stellar_sdk.client.requests_client import RequestsClient
 
 from tests.cli import Result, base_environ, run_cli
@@ -63,10 +63,18 @@ def chain_environ(devnet: DevnetHandle, dsn: str, directory: Path, *, lanes: int
     )
 
 
+def credentials_type(upgraded: bool) -> xdr.SorobanCredentialsType:
+    """The address-credential version a wallet signs with: ADDRESS_V2 (CAP-71, current SDKs) or the
+    legacy ADDRESS (v1) that stellar-rpc records without `useUpgradedAuth` and older SDKs produce."""
+    ct = xdr.SorobanCredentialsType
+    return ct.SOROBAN_CREDENTIALS_ADDRESS_V2 if upgraded else ct.SOROBAN_CREDENTIALS_ADDRESS
+
+
 def sign_deposit(devnet: DevnetHandle, user_secret: str, amount: int, *, valid_ledgers: int = 100,
                  to: str | None = None, contract: str | None = None, passphrase: str | None = None,
-                 nonce: int | None = None) -> tuple[str, int, int]:
-    """The user's wallet: authorise USDC.transfer(user, billing, amount). -> (entry b64, nonce, expiration)."""
+                 nonce: int | None = None, upgraded: bool = True) -> tuple[str, int, int]:
+    """The user's wallet: authorise USDC.transfer(user, billing, amount). -> (entry b64, nonce, expiration).
+    `upgraded=False` signs legacy ADDRESS (v1) credentials instead of ADDRESS_V2."""
     g = devnet.genesis
     user = Keypair.from_secret(user_secret)
     invocation = xdr.SorobanAuthorizedInvocation(
@@ -79,11 +87,12 @@ def sign_deposit(devnet: DevnetHandle, user_secret: str, amount: int, *, valid_l
                       scval.to_int128(amount)])),
         sub_invocations=[])
     expiration = devnet.latest_ledger() + valid_ledgers
-    entry = authorize_invocation(user, None, expiration, invocation, passphrase or g["passphrase"])
-    if nonce is not None:
+    entry = authorize_invocation(user, None, expiration, invocation, passphrase or g["passphrase"],
+                                 credentials_type=credentials_type(upgraded))
+    if nonce is not None:  # a chosen nonce: set it, then sign the entry again (the signature covers it)
         creds = entry.credentials.address_v2 or entry.credentials.address
         creds.nonce = xdr.Int64(nonce)
-        entry = authorize_invocation(user, None, expiration, invocation, passphrase or g["passphrase"])
+        entry = authorize_entry(entry, user, expiration, passphrase or g["passphrase"])
     creds = entry.credentials.address_v2 or entry.credentials.address
     return entry.to_xdr(), int(creds.nonce.int64), expiration
 
@@ -130,3 +139,15 @@ def contract_events(chain: ChainEnv, topic: str) -> list[dict[str, Any]]:
                 break
             cursor = page.cursor
     return found
+
+
+def landed_auth_types(chain: ChainEnv, inner_hash: bytes) -> list[xdr.SorobanCredentialsType]:
+    """The credential types of the auth entries in the transaction that landed under this inner hash,
+    read from the chain (fee-bumped or not): what the network verified, not what paygate stored."""
+    with chain.server() as server:
+        landed = server.get_transaction(inner_hash.hex())
+    assert landed.envelope_xdr, f"{inner_hash.hex()} is not on chain ({landed.status})"
+    env = xdr.TransactionEnvelope.from_xdr(landed.envelope_xdr)
+    inner = env.fee_bump.tx.inner_tx.v1.tx if env.fee_bump is not None else env.v1.tx
+    return [a.credentials.type for op in inner.operations if op.body.invoke_host_function_op
+            for a in op.body.invoke_host_function_op.auth]

@@ -9,7 +9,7 @@ from stellar_sdk import Keypair, scval, xdr
 from stellar_sdk.auth import authorize_invocation
 from stellar_sdk.soroban_rpc import GetTransactionStatus
 
-from tests.chain_env import ChainEnv
+from tests.chain_env import ChainEnv, credentials_type
 from tests.devnet_support import DevnetHandle
 
 MAX_FEE = 5_000_000  # stroops reserved per relay in tests
@@ -26,9 +26,10 @@ def buy_args(user: str, item: str, price: int) -> list[xdr.SCVal]:
 
 def sign_buy(devnet: DevnetHandle, user_secret: str, item: str = "book", price: int = 7, *,
              valid_ledgers: int = 100, passphrase: str | None = None, signer_secret: str | None = None,
-             expiration: int | None = None) -> tuple[str, str]:
+             expiration: int | None = None, upgraded: bool = True) -> tuple[str, str]:
     """The user's wallet: authorise market.buy(user, item, price). -> (args_xdr, auth entry b64).
-    `signer_secret` signs as another account (e.g. a lane) for the bad-input tests."""
+    `signer_secret` signs as another account (e.g. a lane) for the bad-input tests; `upgraded=False`
+    signs legacy ADDRESS (v1) credentials instead of ADDRESS_V2."""
     g = devnet.genesis
     user = Keypair.from_secret(user_secret)
     signer = Keypair.from_secret(signer_secret) if signer_secret else user
@@ -40,7 +41,8 @@ def sign_buy(devnet: DevnetHandle, user_secret: str, item: str = "book", price: 
                                                function_name=xdr.SCSymbol(b"buy"), args=args)),
         sub_invocations=[])
     exp = expiration if expiration is not None else devnet.latest_ledger() + valid_ledgers
-    entry = authorize_invocation(signer, None, exp, invocation, passphrase or g["passphrase"])
+    entry = authorize_invocation(signer, None, exp, invocation, passphrase or g["passphrase"],
+                                 credentials_type=credentials_type(upgraded))
     return scval.to_vec(args).to_xdr(), entry.to_xdr()
 
 

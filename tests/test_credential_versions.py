@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from stellar_sdk import xdr
+from stellar_sdk import Keypair, StrKey, xdr
 
 from paygate_cli.devnet.wallet import sign_deposit
 from tests.chain_env import ChainEnv, admit_deposit, billing_balance, chain_environ, contract_events
@@ -71,3 +71,51 @@ def test_deposit_settles_with_either_credential_version(chain: ChainEnv, db: psy
     quarantined = db.execute("SELECT count(*) FROM paygate.chain_events WHERE quarantined").fetchone()[0]
     assert quarantined == 0
     assert db.execute("SELECT count(*) FROM paygate.chain_events WHERE kind = 'credit'").fetchone()[0] == 1
+
+
+# -- admission and the funding worker's deep check, per version (no chain needed) --------------------
+
+PASSPHRASE = "Standalone Network ; February 2017"
+USDC = StrKey.encode_contract(bytes(range(32)))
+BILLING = StrKey.encode_contract(bytes(range(1, 33)))
+
+
+def wallet_entry(user: Keypair, upgraded: bool, expiration: int = 4321) -> tuple[str, int]:
+    return sign_deposit(user_secret=user.secret, amount=AMOUNT, usdc=USDC, billing=BILLING, passphrase=PASSPHRASE,
+                        expiration_ledger=expiration, upgraded=upgraded)
+
+
+@pytest.mark.parametrize("upgraded,ctype", [(False, CT.SOROBAN_CREDENTIALS_ADDRESS),
+                                            (True, CT.SOROBAN_CREDENTIALS_ADDRESS_V2)], ids=["ADDRESS", "ADDRESS_V2"])
+def test_admission_stores_either_version_as_signed(db: psycopg.Connection, upgraded: bool,
+                                                  ctype: xdr.SorobanCredentialsType) -> None:
+    """admit_deposit checks only the base64 shape (the deep checks run in the funding worker): both
+    versions are admitted, the entry is stored byte for byte, and a replay finds the same row."""
+    user = Keypair.random()
+    entry, nonce = wallet_entry(user, upgraded)
+    assert xdr.SorobanAuthorizationEntry.from_xdr(entry).credentials.type == ctype
+    pending_id = admit_deposit(db, user.public_key, AMOUNT, entry, nonce, 4321, "k")
+    assert admit_deposit(db, user.public_key, AMOUNT, entry, nonce, 4321, "k") == pending_id
+    assert db.execute("SELECT auth_entry, auth_nonce, auth_expiration_ledger, status FROM paygate.pending_credits "
+                      "WHERE id = %s", (pending_id,)).fetchone() == (entry, nonce, 4321, "pending")
+
+
+@pytest.mark.parametrize("upgraded", [False, True], ids=["ADDRESS", "ADDRESS_V2"])
+def test_the_deep_check_verifies_either_version_against_its_own_preimage(upgraded: bool) -> None:
+    """check_deposit_auth accepts both versions (nonce and expiration read from either arm), and the
+    signature is checked against the preimage of the entry's own version: the same signature
+    relabelled as the other version (v2's preimage binds the address, v1's does not) is refused."""
+    from paygate_cli.chain.contracts import BadAuthorization, check_deposit_auth
+
+    user = Keypair.random()
+    entry, nonce = wallet_entry(user, upgraded, expiration=777)
+    checked = check_deposit_auth(entry, account=user.public_key, amount=AMOUNT, usdc=USDC, billing=BILLING,
+                                 passphrase=PASSPHRASE)
+    assert (checked.nonce, checked.expiration_ledger) == (nonce, 777)
+    relabelled = xdr.SorobanAuthorizationEntry.from_xdr(entry)
+    creds = relabelled.credentials.address_v2 or relabelled.credentials.address
+    relabelled.credentials = (xdr.SorobanCredentials(CT.SOROBAN_CREDENTIALS_ADDRESS, address=creds) if upgraded
+                              else xdr.SorobanCredentials(CT.SOROBAN_CREDENTIALS_ADDRESS_V2, address_v2=creds))
+    with pytest.raises(BadAuthorization, match="does not verify"):
+        check_deposit_auth(relabelled.to_xdr(), account=user.public_key, amount=AMOUNT, usdc=USDC, billing=BILLING,
+                           passphrase=PASSPHRASE)

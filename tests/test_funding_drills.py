@@ -4,7 +4,12 @@ Each drill kills a real `paygate run-tick funding --once` process with SIGKILL a
 point, then runs ticks (in-process) with ledgers closing until nothing is left to do, and checks the
 money invariants against the chain: one credit per deposit, one SAC transfer per authorisation,
 cached balance = on-chain billing balance, no live lineage, no busy lane, at most one applied lineage
-per entitlement. Devnet faults make some of them nastier."""
+per entitlement. Devnet faults make some of them nastier.
+
+Credential versions (issue 11): the whole matrix signs the deposits as a current wallet does
+(ADDRESS_V2); every crash point runs once more, without faults, with legacy ADDRESS (v1) entries,
+as stellar-rpc records them without `useUpgradedAuth` and older SDKs sign them. Each drill checks
+the deposit that landed carries the version the wallet signed (paygate never re-shapes an entry)."""
 
 from __future__ import annotations
 
@@ -16,10 +21,19 @@ from typing import Any
 
 import psycopg
 import pytest
-from stellar_sdk import FeeBumpTransactionEnvelope
+from stellar_sdk import FeeBumpTransactionEnvelope, xdr
 
 from paygate_cli.journal.keyring import Keyring
-from tests.chain_env import ChainEnv, admit_deposit, billing_balance, chain_environ, contract_events, sign_deposit
+from tests.chain_env import (
+    ChainEnv,
+    admit_deposit,
+    billing_balance,
+    chain_environ,
+    contract_events,
+    credentials_type,
+    landed_auth_types,
+    sign_deposit,
+)
 from tests.cli import Result, run_proc
 from tests.devnet_support import DevnetHandle, start_devnet
 from tests.drill_support import assert_crashed_at
@@ -127,8 +141,10 @@ def addr(topic: Any) -> str:
     return str(getattr(topic, "address", topic))
 
 
-def assert_invariants(chain: ChainEnv, db: psycopg.Connection, settled: list[int]) -> None:
-    """The money invariants of DESIGN §9 for the given deposits, which must all have settled."""
+def assert_invariants(chain: ChainEnv, db: psycopg.Connection, settled: list[int],
+                      credentials: xdr.SorobanCredentialsType | None = None) -> None:
+    """The money invariants of DESIGN §9 for the given deposits, which must all have settled; with
+    `credentials`, each deposit that landed carries exactly one auth entry of that version."""
     g = chain.genesis
     billing = g["contracts"]["billing"]
     credits = contract_events(chain, "credit")
@@ -143,6 +159,8 @@ def assert_invariants(chain: ChainEnv, db: psycopg.Connection, settled: list[int
         applied = db.execute("SELECT inner_hash FROM paygate.lineages WHERE entitlement = %s AND state = 'applied'",
                              (f"pending_credit:{pending_id}:deposit",)).fetchall()
         assert [bytes(a[0]) for a in applied] == [deposit_tx]
+        if credentials is not None:
+            assert landed_auth_types(chain, deposit_tx) == [credentials], pending_id
     # exactly one SAC transfer into the billing contract per authorisation we settled
     by_account: dict[str, int] = {}
     for pending_id in settled:
@@ -189,7 +207,7 @@ FAULTS: dict[str, tuple[str, dict[str, Any]] | None] = {
     "try_again_later": ("try_again_later", {"count": 3}),
 }
 
-DRILLS = [pytest.param(point, "plain", id=point.split(".", 1)[1]) for point in CRASH_POINTS] + [
+FAULT_DRILLS = [pytest.param(point, "plain", id=point.split(".", 1)[1]) for point in CRASH_POINTS] + [
     pytest.param("funding.after_anchor", "answer_lost", id="after_anchor+answer_lost"),
     pytest.param("funding.after_broadcast", "answer_lost", id="after_broadcast+answer_lost"),
     pytest.param("funding.credit.after_broadcast", "late_landing", id="credit.after_broadcast+late_landing"),
@@ -203,14 +221,20 @@ DRILLS = [pytest.param(point, "plain", id=point.split(".", 1)[1]) for point in C
     pytest.param("funding.credit.after_sign", "sequence_lag", id="credit.after_sign+sequence_lag"),
     pytest.param("funding.credit.after_anchor", "try_again_later", id="credit.after_anchor+try_again_later"),
 ]
+# (point, fault, upgraded): the matrix above with ADDRESS_V2, every crash point once more with v1.
+DRILLS = [pytest.param(*p.values, True, id=p.id) for p in FAULT_DRILLS] + [
+    pytest.param(point, "plain", False, id=point.split(".", 1)[1] + "@v1") for point in CRASH_POINTS]
 
 
-@pytest.mark.parametrize(("point", "fault"), DRILLS)
-def test_crash_drill(chain: ChainEnv, db: psycopg.Connection, point: str, fault: str) -> None:
+@pytest.mark.parametrize(("point", "fault", "upgraded"), DRILLS)
+def test_crash_drill(chain: ChainEnv, db: psycopg.Connection, point: str, fault: str, upgraded: bool) -> None:
     if fault == "sequence_lag":
         chain.devnet.close_ledger(4)  # history for the lagging reads (the devnet keeps per-ledger versions)
-    first = admit(chain, db, user=0)
-    second = admit(chain, db, user=1)
+    first = admit(chain, db, user=0, upgraded=upgraded)
+    second = admit(chain, db, user=1, upgraded=upgraded)
+    ctype = credentials_type(upgraded)
+    assert {xdr.SorobanAuthorizationEntry.from_xdr(row_of(db, r)["auth_entry"]).credentials.type
+            for r in (first, second)} == {ctype}
     prepare_to(chain, db, point)
     spec = FAULTS[fault]
     if spec is not None:
@@ -220,7 +244,7 @@ def test_crash_drill(chain: ChainEnv, db: psycopg.Connection, point: str, fault:
     assert row_of(db, first)["status"] == "pending"
     run_until_quiet(chain, db)
     chain.devnet.clear_faults()
-    assert_invariants(chain, db, [first, second])
+    assert_invariants(chain, db, [first, second], credentials=ctype)
     if fault == "sequence_lag":  # stale sequence reads never made us sign a number already consumed
         assert all(x["state"] in ("applied", "abandoned") for x in lineages_of(db)), lineages_of(db)
     if fault == "dropped":  # the dropped attempt was proven dead by time, never by a guess

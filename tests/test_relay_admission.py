@@ -22,7 +22,7 @@ def args_xdr(item: str = "apple", price: int = 5) -> str:
 
 
 def auth_entry(expiration: int = 500, nonce: int | None = None, *, signer: Keypair = USER,
-               function: str = "buy") -> str:
+               function: str = "buy", upgraded: bool = True) -> str:
     invocation = xdr.SorobanAuthorizedInvocation(
         function=xdr.SorobanAuthorizedFunction(
             type=xdr.SorobanAuthorizedFunctionType.SOROBAN_AUTHORIZED_FUNCTION_TYPE_CONTRACT_FN,
@@ -30,7 +30,9 @@ def auth_entry(expiration: int = 500, nonce: int | None = None, *, signer: Keypa
                                                function_name=xdr.SCSymbol(function.encode()),
                                                args=list(xdr.SCVal.from_xdr(args_xdr()).vec.sc_vec))),
         sub_invocations=[])
-    entry = authorize_invocation(signer, None, expiration, invocation, PASSPHRASE)
+    ct = xdr.SorobanCredentialsType
+    entry = authorize_invocation(signer, None, expiration, invocation, PASSPHRASE, credentials_type=(
+        ct.SOROBAN_CREDENTIALS_ADDRESS_V2 if upgraded else ct.SOROBAN_CREDENTIALS_ADDRESS))
     if nonce is not None:
         (entry.credentials.address_v2 or entry.credentials.address).nonce = xdr.Int64(nonce)
     return entry.to_xdr()
@@ -74,6 +76,25 @@ def test_admission_records_relay_reservation_totals_and_event(allowed: psycopg.C
     assert totals(allowed) == (2_000_000, 0, 0)
     events = allowed.execute("SELECT event_type, payload FROM paygate.webhook_outbox").fetchall()
     assert [e[0] for e in events] == ["relay.queued"] and events[0][1]["relay_id"] == relay_id
+
+
+# stellar-rpc records legacy ADDRESS (v1) credentials unless asked for ADDRESS_V2 (`useUpgradedAuth`,
+# cmd/stellar-rpc/internal/methods/simulate_transaction.go), so wallets hand in both. The two arms
+# share one SorobanAddressCredentials layout; the SQL must read nonce and expiration from either.
+@pytest.mark.parametrize("upgraded", [False, True], ids=["ADDRESS", "ADDRESS_V2"])
+def test_either_credential_version_is_admitted_with_its_nonce_and_expiration(
+        allowed: psycopg.Connection, upgraded: bool) -> None:
+    entries = [auth_entry(expiration=901, nonce=-(2**63), upgraded=upgraded),
+               auth_entry(expiration=2**32 - 1, nonce=2**63 - 1, upgraded=upgraded)]
+    ctype = xdr.SorobanCredentialsType
+    assert {xdr.SorobanAuthorizationEntry.from_xdr(e).credentials.type for e in entries} == {
+        ctype.SOROBAN_CREDENTIALS_ADDRESS_V2 if upgraded else ctype.SOROBAN_CREDENTIALS_ADDRESS}
+    assert [allowed.execute("SELECT nonce, expiration_ledger FROM paygate.relay_auth_shape(%s)", (e,)).fetchone()
+            for e in entries] == [(-(2**63), 901), (2**63 - 1, 2**32 - 1)]
+    relay_id, _, replayed = admit(allowed, "r1", entries=entries)
+    assert not replayed
+    assert allowed.execute("SELECT auth_entries, auth_nonces, auth_expiration_ledger FROM paygate.relays "
+                           "WHERE id = %s", (relay_id,)).fetchone() == (entries, [-(2**63), 2**63 - 1], 901)
 
 
 def test_expiration_is_the_earliest_of_the_entries(allowed: psycopg.Connection) -> None:

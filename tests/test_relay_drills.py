@@ -5,7 +5,13 @@ named crash point, checks it died there (exit -9, the crash point's marker on st
 journal/row state that point leaves behind), then ticks until quiet with ledgers closing and checks
 the invariants against the chain: at most one applied lineage per relay / bot job; settled fees ==
 the sum of feeCharged of our applied+failed relay transactions on chain, exactly; every reservation
-settled or released, never both, never twice; no relay broadcast after its expiry."""
+settled or released, never both, never twice; no relay broadcast after its expiry.
+
+Credential versions (issue 11): a relay carries the user's own auth entry (market.buy signed by the
+user), so the relay drill matrix signs it as ADDRESS_V2 (a current wallet) and every crash point runs
+once more, without faults, with legacy ADDRESS (v1) entries; each checks that the relay transactions
+that landed carry the version the user signed. Bot jobs carry no authorisation at all
+(market.close_expired is permissionless), so the drainer drills have nothing to vary."""
 
 from __future__ import annotations
 
@@ -16,8 +22,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from stellar_sdk import xdr
 
-from tests.chain_env import ChainEnv, chain_environ
+from tests.chain_env import ChainEnv, chain_environ, credentials_type, landed_auth_types
 from tests.cli import Result
 from tests.devnet_support import DevnetHandle, start_devnet
 from tests.drill_support import crash_tick as drill_crash_tick
@@ -122,22 +129,35 @@ FAULTS: dict[str, tuple[str, dict[str, Any]] | None] = {
     "dropped": ("drop_next", {}),
 }
 
-DRILLS = [pytest.param(point, "plain", id=point.split(".")[1]) for point in MARKERS] + [
+FAULT_DRILLS = [pytest.param(point, "plain", id=point.split(".")[1]) for point in MARKERS] + [
     pytest.param("relay.after_anchor", "answer_lost", id="after_anchor+answer_lost"),
     pytest.param("relay.after_broadcast", "late_landing", id="after_broadcast+late_landing"),
     pytest.param("relay.after_sign", "sequence_lag", id="after_sign+sequence_lag"),
     pytest.param("relay.after_broadcast", "dropped", id="after_broadcast+dropped"),
 ]
+# (point, fault, upgraded): the matrix above with ADDRESS_V2, every crash point once more with v1.
+DRILLS = [pytest.param(*p.values, True, id=p.id) for p in FAULT_DRILLS] + [
+    pytest.param(point, "plain", False, id=point.split(".")[1] + "@v1") for point in MARKERS]
 
 
-@pytest.mark.parametrize(("point", "fault"), DRILLS)
-def test_relay_crash_drill(chain: ChainEnv, rdb: psycopg.Connection, point: str, fault: str) -> None:
+def landed_relay_auth(db: psycopg.Connection, chain: ChainEnv, relay: int) -> list[xdr.SorobanCredentialsType]:
+    """The credential types on chain of the relay's one applied lineage."""
+    [(inner,)] = db.execute("SELECT inner_hash FROM paygate.lineages WHERE entitlement = %s AND state = 'applied'",
+                            (f"relay:{relay}",)).fetchall()
+    return landed_auth_types(chain, bytes(inner))
+
+
+@pytest.mark.parametrize(("point", "fault", "upgraded"), DRILLS)
+def test_relay_crash_drill(chain: ChainEnv, rdb: psycopg.Connection, point: str, fault: str, upgraded: bool) -> None:
     if fault == "sequence_lag":
         chain.devnet.close_ledger(4)  # history for the lagging reads
     users = chain.genesis["users"]
     warm_up(chain, rdb)
-    first = admit_relay(rdb, chain.devnet, users[0], "r0", "book", 3)
-    second = admit_relay(rdb, chain.devnet, users[1], "r1", "book", 4)
+    first = admit_relay(rdb, chain.devnet, users[0], "r0", "book", 3, upgraded=upgraded)
+    second = admit_relay(rdb, chain.devnet, users[1], "r1", "book", 4, upgraded=upgraded)
+    ctype = credentials_type(upgraded)
+    assert {xdr.SorobanAuthorizationEntry.from_xdr(e).credentials.type
+            for r in (first, second) for e in relay_rows(rdb)[r]["auth_entries"]} == {ctype}
     for _ in range(TICKS_BEFORE.get(point, 0)):
         assert chain.tick("relay", "--once").code == 0
         chain.devnet.close_ledger()
@@ -151,6 +171,7 @@ def test_relay_crash_drill(chain: ChainEnv, rdb: psycopg.Connection, point: str,
     rows = relay_rows(rdb)
     assert rows[first]["status"] == rows[second]["status"] == "applied", rows
     assert_relay_invariants(chain, rdb)
+    assert landed_relay_auth(rdb, chain, first) == landed_relay_auth(rdb, chain, second) == [ctype]
     if fault == "dropped":  # the dropped attempt was proven dead, then a fresh lineage applied
         assert sorted(lineage_states(rdb)) == ["applied", "applied", "expired"], lineage_states(rdb)
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from stellar_sdk import xdr
 
-from tests.chain_env import ChainEnv, billing_balance, contract_events
+from tests.chain_env import ChainEnv, billing_balance, contract_events, landed_auth_types
 from tests.charges_support import add_endpoint, admit_charge, charge_chain, check_invariants, fund, run_until_quiet
 from tests.devnet_support import DevnetHandle, start_devnet
 
@@ -43,6 +44,14 @@ def test_admitted_charges_are_settled_by_the_observer(chain: ChainEnv, db: psyco
     assert [r[0] for r in rows] == ["settled"] * 10 and all(r[1] is not None and r[2] == 0 for r in rows)
     batches = db.execute("SELECT outcome FROM paygate.charge_batches").fetchall()
     assert batches and all(b[0] == "applied" for b in batches)
+    # charge_batch carries only the operator's authorisation, and the operator is the lane that is the
+    # transaction's source: one SOURCE_ACCOUNT entry, no address credential of either version (why the
+    # settlement drills are not run with ADDRESS and ADDRESS_V2 as funding's are, issue 11).
+    applied = db.execute("SELECT inner_hash FROM paygate.lineages WHERE purpose = 'charge_batch' "
+                         "AND state = 'applied'").fetchall()
+    assert len(applied) == len(batches)
+    for (inner,) in applied:
+        assert landed_auth_types(chain, bytes(inner)) == [xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_SOURCE_ACCOUNT]
     on_chain = {bytes(e["value"][1]): e["value"][0] for e in contract_events(chain, "charge")}
     assert on_chain == {charge_id: 1_000_000 + i for i, (_, charge_id) in enumerate(charges)}
     spent = [sum(1_000_000 + i for i in range(10) if i % 2 == k) for k in (0, 1)]

@@ -1,7 +1,14 @@
 """Crash drills for settlement and the observer: a real `paygate run-tick` process is SIGKILLed at a
 named crash point, then ticks run until quiet, and the invariants of DESIGN §9 hold: each charge id
 debited at most once on chain, every admitted charge settled or failed, cached balances equal
-on-chain balances, each event applied once, the cursor never moved backwards."""
+on-chain balances, each event applied once, the cursor never moved backwards.
+
+Credential versions (issue 11): these drills are deliberately not run with both SOROBAN_CREDENTIALS
+ADDRESS (v1) and ADDRESS_V2. `charge_batch` carries no user authorisation: its only require_auth is
+the operator's, and the operator is the lane that is the transaction's source, so simulation records
+a SOURCE_ACCOUNT entry whatever `useUpgradedAuth` says and no address credential is ever signed. The
+deposits that fund the accounts here go through funding, whose drills cover both versions
+(tests/test_funding_drills.py)."""
 
 from __future__ import annotations
 
