@@ -127,6 +127,20 @@ def test_items_stuck_beyond_the_alarm_age_are_findings_until_they_move(env: dict
     assert db.execute("SELECT resolved_by FROM paygate.findings").fetchone()[0] == "recovery"
 
 
+def test_a_bot_job_queued_beyond_the_alarm_age_is_a_finding_until_it_ends(env: dict[str, str],
+                                                                         db: psycopg.Connection) -> None:
+    job = db.execute("INSERT INTO paygate.bot_jobs (job_key, request_hash, contract, function, args_xdr, created_at) "
+                     "VALUES ('k', '\\x00', %s, 'close_expired', 'AAAAEAAAAAE=', now() - interval '2 hours') "
+                     "RETURNING id", ("C" + "A" * 55,)).fetchone()[0]
+    code, details = recover(env, PAYGATE_RECOVERY_ALARM_AGE="1h")
+    assert code == 3 and details["stuck"]["new"] == 1 and details["bot_jobs"] == {}  # no lease lapsed: not taken
+    assert db.execute("SELECT subject FROM paygate.findings WHERE resolved_at IS NULL").fetchall() == [
+        (f"bot_job:{job}",)]
+    db.execute("UPDATE paygate.bot_jobs SET status = 'dead', reason = 'x', finished_at = now() WHERE id = %s", (job,))
+    code, details = recover(env, PAYGATE_RECOVERY_ALARM_AGE="1h")
+    assert code == 0 and details["stuck"]["cleared"] == 1
+
+
 @pytest.mark.parametrize("worker", ["recovery", "reconciler"])
 def test_an_idle_safety_tick_does_not_import_stellar_sdk(env: dict[str, str], worker: str) -> None:
     import subprocess
