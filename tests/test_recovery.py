@@ -7,18 +7,21 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.cli import base_environ, run_cli, spawn
+from tests.chain_env import chain_environ
+from tests.cli import run_cli, spawn
+from tests.devnet_support import start_devnet
 from tests.drill_support import crash_tick
 from tests.webhook_receiver import Receiver
 
 SECRET = "whsec_test_0123456789abcdef"
 FAST = {"PAYGATE_WEBHOOK_ALLOW_HOSTS": "127.0.0.1/32", "PAYGATE_WEBHOOK_LEASE": "1s",
-        "PAYGATE_WEBHOOK_TIMEOUT": "1s", "PAYGATE_RPC_TIMEOUT": "0.5s", "PAYGATE_RECOVERY_GRACE": "3s"}
+        "PAYGATE_WEBHOOK_TIMEOUT": "1s", "PAYGATE_RPC_TIMEOUT": "0.5s", "PAYGATE_RECOVERY_GRACE": "11s"}
 
 
 @pytest.fixture
@@ -33,28 +36,37 @@ def endpoint(db: psycopg.Connection, url: str) -> int:
                       (url, SECRET)).fetchone()[0]
 
 
-def recover(dsn: str, **extra: str) -> tuple[int, dict]:
-    result = run_cli("run-tick", "recovery", "--json", environ=base_environ(dsn, **{**FAST, **extra}))
+@pytest.fixture
+def env(dsn: str, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """Recovery declares what it needs to drive the money paths' lineages (rpc, keys, contracts):
+    a devnet-wired environment, with the fast timeouts above."""
+    handle = start_devnet(tmp_path / "devnet", lanes=1, users=1)
+    yield {**chain_environ(handle, dsn, tmp_path / "keys"), **FAST}
+    handle.stop()
+
+
+def recover(env: dict[str, str], **extra: str) -> tuple[int, dict]:
+    result = run_cli("run-tick", "recovery", "--json", environ={**env, **extra})
     return result.code, (json.loads(result.out)["run_tick"]["last_details"] if result.out else {"err": result.err})
 
 
-def test_a_grace_not_above_receipt_timeout_plus_a_tick_is_refused(dsn: str) -> None:
-    code, details = recover(dsn, PAYGATE_RECOVERY_GRACE="2s")  # webhook timeout 1s + webhooks tick 1s
+def test_a_grace_not_above_receipt_timeout_plus_a_tick_is_refused(env: dict[str, str]) -> None:
+    code, details = recover(env, PAYGATE_RECOVERY_GRACE="2s")  # not above any receipt timeout + tick
     assert code == 78 and "must exceed" in details["err"]
-    assert recover(dsn)[0] == 0
+    assert recover(env)[0] == 0
 
 
-def test_a_worker_killed_mid_delivery_is_taken_over_after_the_grace(dsn: str, db: psycopg.Connection,
+def test_a_worker_killed_mid_delivery_is_taken_over_after_the_grace(env: dict[str, str], db: psycopg.Connection,
                                                                     receiver: Receiver) -> None:
     outbox_id = db.execute("INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload) VALUES "
                            "(%s, 't', %s) RETURNING id", (endpoint(db, receiver.base + "/ok"), Jsonb({}))).fetchone()[0]
-    crash_tick(base_environ(dsn, **FAST), "webhooks", "webhooks.after_claim")  # died there, holding the row
+    crash_tick(env, "webhooks", "webhooks.after_claim")  # died there, holding the row
     token = db.execute("SELECT lease_token FROM paygate.webhook_outbox WHERE status = 'delivering'").fetchone()[0]
     assert token is not None and receiver.requests == []
-    code, details = recover(dsn)  # the lease has not lapsed by the grace yet: hands off
+    code, details = recover(env)  # the lease has not lapsed by the grace yet: hands off
     assert code == 0 and details["webhooks"] == {} and details["deposits"] == {}
-    time.sleep(4.2)  # lease 1 s + grace 3 s, DB time
-    code, details = recover(dsn)
+    time.sleep(12.2)  # lease 1 s + grace 11 s, DB time
+    code, details = recover(env)
     assert code == 0 and details["webhooks"] == {"pending": 1}
     row = db.execute("SELECT status, lease_token, attempts, last_error FROM paygate.webhook_outbox WHERE id = %s",
                      (outbox_id,)).fetchone()
@@ -64,13 +76,14 @@ def test_a_worker_killed_mid_delivery_is_taken_over_after_the_grace(dsn: str, db
 
     assert db.execute(SETTLE_SQL, {"status": "delivered", "code": 200, "error": None, "dead_reason": None,
                                    "delay": 0, "id": outbox_id, "token": token}).rowcount == 0
-    assert run_cli("run-tick", "webhooks", environ=base_environ(dsn, **FAST)).code == 0
+    assert run_cli("run-tick", "webhooks", environ=env).code == 0
     assert db.execute("SELECT status, attempts FROM paygate.webhook_outbox WHERE id = %s",
                       (outbox_id,)).fetchone() == ("delivered", 2)
     assert len(receiver.requests) == 1
 
 
-def test_recovery_racing_live_workers_on_the_same_rows(dsn: str, db: psycopg.Connection, receiver: Receiver) -> None:
+def test_recovery_racing_live_workers_on_the_same_rows(env: dict[str, str], db: psycopg.Connection,
+                                                       receiver: Receiver) -> None:
     endpoint_id = endpoint(db, receiver.base + "/ok")
     # 60 deliveries whose workers died an hour ago: both recovery and the webhook workers take over
     # lapsed rows, through the same routine.
@@ -78,7 +91,7 @@ def test_recovery_racing_live_workers_on_the_same_rows(dsn: str, db: psycopg.Con
                " lease_expires_at, claimed_by) SELECT %s, 't', jsonb_build_object('n', n), 'delivering', 1,"
                " gen_random_uuid(), now() - interval '1 hour', 'dead-host:0' FROM generate_series(1, 60) n",
                (endpoint_id,))
-    environ = base_environ(dsn, **FAST)
+    environ = env
     procs = [spawn("run-tick", "recovery", "--every", "0.05s", "--for", "5s", "--batch", "3", environ=environ),
              spawn("run-tick", "recovery", "--every", "0.05s", "--for", "5s", "--batch", "3", environ=environ),
              spawn("run-tick", "webhooks", "--every", "0.05s", "--for", "5s", "--batch", "4", environ=environ),
@@ -95,31 +108,46 @@ def test_recovery_racing_live_workers_on_the_same_rows(dsn: str, db: psycopg.Con
     assert 0 < taken_by_recovery <= 60  # recovery won some rows; the rest went to the workers
 
 
-def test_items_stuck_beyond_the_alarm_age_are_findings_until_they_move(dsn: str, db: psycopg.Connection) -> None:
+def test_items_stuck_beyond_the_alarm_age_are_findings_until_they_move(env: dict[str, str],
+                                                                       db: psycopg.Connection) -> None:
     account = "G" + "A" * 55
     db.execute("INSERT INTO paygate.accounts (address) VALUES (%s)", (account,))
     deposit = db.execute("INSERT INTO paygate.pending_credits (account, amount, auth_entry, auth_nonce, "
                          "auth_expiration_ledger, idempotency_key, created_at) VALUES (%s, 5, 'AAAA', 1, 10, 'k', "
                          "now() - interval '2 hours') RETURNING id", (account,)).fetchone()[0]
-    code, details = recover(dsn, PAYGATE_RECOVERY_ALARM_AGE="1h")
+    code, details = recover(env, PAYGATE_RECOVERY_ALARM_AGE="1h")
     assert code == 3 and details["stuck"] == {"open": 1, "new": 1, "cleared": 0}  # alerted once ...
-    code, details = recover(dsn, PAYGATE_RECOVERY_ALARM_AGE="1h")
+    code, details = recover(env, PAYGATE_RECOVERY_ALARM_AGE="1h")
     assert code == 0 and details["stuck"]["new"] == 0  # ... not again
     finding = db.execute("SELECT subject, seen_count FROM paygate.findings WHERE resolved_at IS NULL").fetchone()
     assert finding == (f"deposit:{deposit}", 2)
     db.execute("UPDATE paygate.pending_credits SET status = 'failed', reason = 'x' WHERE id = %s", (deposit,))
-    code, details = recover(dsn, PAYGATE_RECOVERY_ALARM_AGE="1h")
+    code, details = recover(env, PAYGATE_RECOVERY_ALARM_AGE="1h")
     assert code == 0 and details["stuck"]["cleared"] == 1
     assert db.execute("SELECT resolved_by FROM paygate.findings").fetchone()[0] == "recovery"
 
 
+def test_a_bot_job_queued_beyond_the_alarm_age_is_a_finding_until_it_ends(env: dict[str, str],
+                                                                         db: psycopg.Connection) -> None:
+    job = db.execute("INSERT INTO paygate.bot_jobs (job_key, request_hash, contract, function, args_xdr, created_at) "
+                     "VALUES ('k', '\\x00', %s, 'close_expired', 'AAAAEAAAAAE=', now() - interval '2 hours') "
+                     "RETURNING id", ("C" + "A" * 55,)).fetchone()[0]
+    code, details = recover(env, PAYGATE_RECOVERY_ALARM_AGE="1h")
+    assert code == 3 and details["stuck"]["new"] == 1 and details["bot_jobs"] == {}  # no lease lapsed: not taken
+    assert db.execute("SELECT subject FROM paygate.findings WHERE resolved_at IS NULL").fetchall() == [
+        (f"bot_job:{job}",)]
+    db.execute("UPDATE paygate.bot_jobs SET status = 'dead', reason = 'x', finished_at = now() WHERE id = %s", (job,))
+    code, details = recover(env, PAYGATE_RECOVERY_ALARM_AGE="1h")
+    assert code == 0 and details["stuck"]["cleared"] == 1
+
+
 @pytest.mark.parametrize("worker", ["recovery", "reconciler"])
-def test_an_idle_safety_tick_does_not_import_stellar_sdk(dsn: str, worker: str) -> None:
+def test_an_idle_safety_tick_does_not_import_stellar_sdk(env: dict[str, str], worker: str) -> None:
     import subprocess
     import sys
 
     probe = ("import sys\nfrom paygate_cli.__main__ import main\n"
              f"code = main(['run-tick', '{worker}', '--json'])\n"
              "print('RESULT', code, 'stellar_sdk' in sys.modules)\n")
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=base_environ(dsn))
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert proc.stdout.strip().splitlines()[-1].split() == ["RESULT", "0", "False"], proc.stderr[-2000:]

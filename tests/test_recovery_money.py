@@ -20,9 +20,9 @@ from tests.devnet_support import DevnetHandle, start_devnet
 from tests.drill_support import crash_tick
 
 AMOUNT = 7_000_000
-# Grace 3 s > rpc timeout 0.5 s + a funding/settlement tick (2 s) and > webhook timeout 1 s + 1 s.
-RECOVERY = {"PAYGATE_RPC_TIMEOUT": "0.5s", "PAYGATE_WEBHOOK_TIMEOUT": "1s", "PAYGATE_RECOVERY_GRACE": "3s"}
-LAPSE_S = 1.0 + 3.0 + 0.5  # lease + grace + margin (DB time)
+# Grace 11 s > rpc timeout 0.5 s + a relay_drainer tick (10 s), the longest of the recovered queues.
+RECOVERY = {"PAYGATE_RPC_TIMEOUT": "0.5s", "PAYGATE_WEBHOOK_TIMEOUT": "1s", "PAYGATE_RECOVERY_GRACE": "11s"}
+LAPSE_S = 1.0 + 11.0 + 0.5  # lease + grace + margin (DB time)
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ def test_replaying_a_dead_webhook_delivers_it(dsn: str, db: psycopg.Connection, 
 
 
 def test_usage_errors(dsn: str) -> None:
-    assert run_cli("replay", "relays", "1", "--yes", dsn=dsn).code == 2  # not a replayable queue (yet)
+    assert run_cli("replay", "payouts", "1", "--yes", dsn=dsn).code == 2  # not a replayable queue
     assert run_cli("replay", "webhooks", "--yes", dsn=dsn).code == 2  # neither IDS nor --all-dead
     assert run_cli("replay", "webhooks", "1", "--all-dead", "--yes", dsn=dsn).code == 2
 

@@ -15,7 +15,7 @@ from paygate_cli.output import emit
 
 def replay_command(
     ctx: typer.Context,
-    queue: Annotated[str, typer.Argument(help="webhooks | deposits")],
+    queue: Annotated[str, typer.Argument(help="webhooks | deposits | relays | bot_jobs")],
     ids: Annotated[list[int] | None, typer.Argument(help="Row ids (or --all-dead).", show_default=False)] = None,
     all_dead: Annotated[bool, typer.Option("--all-dead", help="Every dead row of the queue.")] = False,
     since: Annotated[str | None, typer.Option("--since", help="With --all-dead: died since (1h, or ISO time).",

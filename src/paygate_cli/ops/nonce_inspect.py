@@ -30,7 +30,10 @@ CREDIT_LINEAGES_SQL = "SELECT id FROM paygate.lineages WHERE entitlement LIKE %s
 RELAY_SQL = """
 SELECT r.id, r.account, r.contract, r.function, r.auth_nonces, r.auth_expiration_ledger, r.status, r.reason,
        r.lineage_id, r.attempts, r.lease_expires_at, r.max_fee, r.fee_charged, f.status, f.fee_charged
-FROM paygate.relays r LEFT JOIN paygate.fee_reservations f ON f.relay_id = r.id WHERE r.id = %s
+FROM paygate.relays r
+LEFT JOIN LATERAL (SELECT status, fee_charged FROM paygate.fee_reservations WHERE relay_id = r.id
+                   ORDER BY round DESC LIMIT 1) f ON true  -- the current round (a replay opens a new one)
+WHERE r.id = %s
 """
 RELAY_LINEAGES_SQL = "SELECT id FROM paygate.lineages WHERE entitlement = %s ORDER BY id"
 

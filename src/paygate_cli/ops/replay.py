@@ -2,11 +2,13 @@
 budget reset, with an audit entry (and an outbox event where the product should hear of it).
 
 Each queue is one `QueueSpec`: how to find its rows, why a row may not be replayed, and the
-compare-and-set that puts it back. Relays and bot jobs are added with one entry each.
+compare-and-set that puts it back. Relays and bot jobs are one entry each; a replayed relay
+reserves its fee again through admission's own budget rule (paygate.take_relay_fee_budget).
 
 Refused, per row and with the reason: a row that is not dead; a row whose lineage is not terminal
 (it could still land); a row whose effect is already on chain (re-verified by a majority of read
-endpoints, and refused if any endpoint sees it); a deposit whose authorisation has expired."""
+endpoints, and refused if any endpoint sees it: a deposit's or a relay's authorisation nonce); a
+deposit or relay whose authorisation has expired; a relay the fee budget cannot cover."""
 
 from __future__ import annotations
 
@@ -106,6 +108,158 @@ def _deposit_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: d
     return None
 
 
+# -- relays ----------------------------------------------------------------------------------------
+
+# Dead: ended without a lineage of ours included on chain (workers/relay.py): `expired` (its
+# authorisation ran out), `rejected` (quarantined), `needs_human` (its nonce was consumed elsewhere).
+# A `failed` relay was included and its call trapped on chain (its fee burned and settled): replaying
+# the same call would burn another fee for the same trap, so it is refused (the user re-submits).
+RELAY_DEAD = ("expired", "rejected", "needs_human")
+RELAY_ROWS_SQL = """
+SELECT r.id, r.status, r.account, r.contract, r.function, r.auth_nonces, r.auth_expiration_ledger, r.max_fee,
+       r.reason, r.attempts, r.idempotency_key, r.updated_at,
+       (SELECT array_agg(l.id || ':' || l.state ORDER BY l.id) FROM paygate.lineages l
+        WHERE l.entitlement = 'relay:' || r.id AND l.state IN ('allocated', 'signed', 'sent')) AS live,
+       (SELECT array_agg(l.id ORDER BY l.id) FROM paygate.lineages l
+        WHERE l.entitlement = 'relay:' || r.id AND l.state = 'applied') AS applied,
+       EXISTS (SELECT 1 FROM paygate.relay_allowlist a
+               WHERE a.contract = r.contract AND a.function = r.function AND a.enabled) AS allowed,
+       EXISTS (SELECT 1 FROM paygate.fee_reservations f
+               WHERE f.relay_id = r.id AND f.status = 'reserved') AS reservation_open
+FROM paygate.relays r
+WHERE CASE WHEN %(ids)s::bigint[] IS NULL
+           THEN r.status = ANY(%(dead)s) AND (%(since)s::timestamptz IS NULL OR r.updated_at >= %(since)s)
+           ELSE r.id = ANY(%(ids)s) END
+ORDER BY r.id
+"""
+# What admission would say about fees now (read-only, for the plan; apply re-checks under the lock).
+RELAY_ADMISSION_SQL = """
+SELECT (SELECT string_agg(kind || ': ' || reason, '; ' ORDER BY kind) FROM paygate.halts),
+       t.reserved, c.fee_budget
+FROM paygate.relay_fee_totals t, paygate.relay_config c
+"""
+# Back to queued under the same idempotency key, the dead lineages kept as history; the relay
+# worker starts it afresh (re-checks the authorisation, its nonces and its expiry before building).
+RELAY_REPLAY_SQL = """
+UPDATE paygate.relays
+SET status = 'queued', reason = NULL, pending_failure = NULL, attempts = 0, lease_token = NULL,
+    lease_expires_at = NULL, claimed_by = NULL, lineage_id = NULL, tx_hash = NULL, fee_charged = NULL,
+    finished_at = NULL, updated_at = now()
+WHERE id = %(id)s AND status = %(status)s AND updated_at = %(updated_at)s
+RETURNING id
+"""
+# The budget rule is admission's own (paygate.take_relay_fee_budget, migration 0010); the row is the
+# relay's next reservation round. A needs_human relay still holds its reservation: it keeps it.
+RELAY_RESERVATION_OPEN_SQL = """
+SELECT 1 FROM paygate.fee_reservations WHERE relay_id = %(id)s AND status = 'reserved'
+"""
+RELAY_TAKE_BUDGET_SQL = "SELECT paygate.take_relay_fee_budget(%(max_fee)s)"
+RELAY_RESERVE_SQL = """
+INSERT INTO paygate.fee_reservations (relay_id, amount, round)
+SELECT %(id)s, %(max_fee)s, coalesce(max(round), 0) + 1 FROM paygate.fee_reservations WHERE relay_id = %(id)s
+"""
+RELAY_EVENT_SQL = """
+SELECT paygate.emit_event('relay.replayed', jsonb_build_object('relay_id', %(id)s::bigint,
+                          'account', %(account)s::text, 'contract', %(contract)s::text,
+                          'function', %(function)s::text, 'reserved_fee', %(max_fee)s::bigint,
+                          'previous_status', %(status)s::text))
+"""
+
+
+def _relay_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: dict[str, Any]) -> str | None:
+    if row["status"] == "failed":
+        return ("not dead (status failed): its call was included and trapped on chain, its fee burned; "
+                "the same call would fail again")
+    if row["status"] not in RELAY_DEAD:
+        return f"not dead (status {row['status']})"
+    if row["live"]:
+        return f"lineage {', '.join(row['live'])} is not terminal: it could still land"
+    if row["applied"]:
+        return f"effect already on chain: lineage {row['applied'][0]} applied"
+    if not row["allowed"]:
+        return f"{row['contract']}.{row['function']} is not on the relay allow-list: it would be rejected again"
+    halts, reserved, budget = conn.execute(RELAY_ADMISSION_SQL).fetchone()
+    if halts:
+        return f"admission is halted ({halts}): a replay spends fees like an admission"
+    if not row["reservation_open"] and int(reserved) + int(row["max_fee"]) > int(budget):
+        return (f"fee budget cannot cover it: {reserved} of {budget} stroops reserved, "
+                f"this relay needs {row['max_fee']}")
+    assert chain is not None
+    from paygate_cli.chain.balances import nonce_consumed_by_quorum
+
+    latest: int | None = None
+    for nonce in row["auth_nonces"]:
+        consumed, seen, answers = nonce_consumed_by_quorum(chain, row["account"], int(nonce))
+        if consumed or any(v is True for v in answers.values()):
+            return (f"effect already on chain: authorisation nonce {nonce} is consumed "
+                    f"(read endpoints: {answers})")
+        if consumed is None:
+            return f"cannot re-verify on chain: no majority of read endpoints answered alike ({answers})"
+        latest = max(latest or 0, seen or 0)
+    # The relay worker's own rule: a transaction built now lands at latest + 1 at the earliest.
+    if latest is not None and latest >= int(row["auth_expiration_ledger"]):
+        return f"authorisation expired at ledger {row['auth_expiration_ledger']} (latest {latest})"
+    return None
+
+
+def _relay_reserve(conn: psycopg.Connection, row: dict[str, Any]) -> str | None:
+    """In the replay's transaction, after its CAS: reserve the fee again unless a reservation is
+    still open. -> a refusal reason (the caller rolls the replay back) or None."""
+    if conn.execute(RELAY_RESERVATION_OPEN_SQL, row).fetchone() is not None:
+        return None
+    if conn.execute(RELAY_TAKE_BUDGET_SQL, row).fetchone()[0] is None:
+        return f"fee budget cannot cover it: this relay needs {row['max_fee']} stroops"
+    conn.execute(RELAY_RESERVE_SQL, row)
+    return None
+
+
+# -- bot jobs --------------------------------------------------------------------------------------
+
+# Dead: `dead` (max_attempts lineages proven dead, workers/relay_drainer.py) and `needs_human`. A
+# `failed` job's call trapped on chain or could not work when simulated: the product queues a new job.
+BOT_JOB_DEAD = ("dead", "needs_human")
+BOT_JOB_ROWS_SQL = """
+SELECT j.id, j.status, j.job_key, j.contract, j.function, j.reason, j.attempts, j.updated_at,
+       (SELECT array_agg(l.id || ':' || l.state ORDER BY l.id) FROM paygate.lineages l
+        WHERE l.entitlement = 'bot_job:' || j.id AND l.state IN ('allocated', 'signed', 'sent')) AS live,
+       (SELECT array_agg(l.id ORDER BY l.id) FROM paygate.lineages l
+        WHERE l.entitlement = 'bot_job:' || j.id AND l.state = 'applied') AS applied,
+       EXISTS (SELECT 1 FROM paygate.relay_allowlist a
+               WHERE a.contract = j.contract AND a.function = j.function AND a.enabled) AS allowed
+FROM paygate.bot_jobs j
+WHERE CASE WHEN %(ids)s::bigint[] IS NULL
+           THEN j.status = ANY(%(dead)s) AND (%(since)s::timestamptz IS NULL OR j.updated_at >= %(since)s)
+           ELSE j.id = ANY(%(ids)s) END
+ORDER BY j.id
+"""
+BOT_JOB_REPLAY_SQL = """
+UPDATE paygate.bot_jobs
+SET status = 'queued', reason = NULL, pending_failure = NULL, attempts = 0, lease_token = NULL,
+    lease_expires_at = NULL, claimed_by = NULL, lineage_id = NULL, tx_hash = NULL, fee_charged = NULL,
+    finished_at = NULL, updated_at = now()
+WHERE id = %(id)s AND status = %(status)s AND updated_at = %(updated_at)s
+RETURNING id
+"""
+BOT_JOB_EVENT_SQL = """
+SELECT paygate.emit_event('bot_job.replayed', jsonb_build_object('bot_job_id', %(id)s::bigint,
+                          'job_key', %(job_key)s::text, 'previous_status', %(status)s::text))
+"""
+
+
+def _bot_job_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: dict[str, Any]) -> str | None:
+    if row["status"] == "failed":
+        return "not dead (status failed): its call cannot work as queued; queue a new job"
+    if row["status"] not in BOT_JOB_DEAD:
+        return f"not dead (status {row['status']})"
+    if row["live"]:
+        return f"lineage {', '.join(row['live'])} is not terminal: it could still land"
+    if row["applied"]:
+        return f"effect already on chain: lineage {row['applied'][0]} applied"
+    if not row["allowed"]:
+        return f"{row['contract']}.{row['function']} is not on the relay allow-list: it would fail again"
+    return None
+
+
 @dataclass(frozen=True)
 class QueueSpec:
     name: str
@@ -114,6 +268,9 @@ class QueueSpec:
     replay_sql: str  # CAS on the status and updated_at read; params: the row
     needs_chain: bool  # refusals re-verify on chain
     event_sql: str | None = None  # an outbox event in the same transaction
+    # More writes in the replay's transaction after its CAS won; a reason rolls the replay back.
+    after: Callable[[psycopg.Connection, dict[str, Any]], str | None] | None = None
+    dead: tuple[str, ...] = ()  # the statuses --all-dead selects (rows_sql's %(dead)s)
     aliases: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -122,6 +279,10 @@ QUEUES: dict[str, QueueSpec] = {spec.name: spec for spec in (
               aliases=("webhook", "webhook_deliveries", "webhook_outbox")),
     QueueSpec("deposits", DEPOSIT_ROWS_SQL, _deposit_refusal, DEPOSIT_REPLAY_SQL, needs_chain=True,
               event_sql=DEPOSIT_EVENT_SQL, aliases=("deposit", "pending_credits", "funding")),
+    QueueSpec("relays", RELAY_ROWS_SQL, _relay_refusal, RELAY_REPLAY_SQL, needs_chain=True,
+              event_sql=RELAY_EVENT_SQL, after=_relay_reserve, dead=RELAY_DEAD, aliases=("relay",)),
+    QueueSpec("bot_jobs", BOT_JOB_ROWS_SQL, _bot_job_refusal, BOT_JOB_REPLAY_SQL, needs_chain=False,
+              event_sql=BOT_JOB_EVENT_SQL, dead=BOT_JOB_DEAD, aliases=("bot_job", "bot-jobs", "jobs")),
 )}
 
 
@@ -134,14 +295,15 @@ def queue_spec(name: str) -> QueueSpec:
 
 
 def _public(row: dict[str, Any]) -> dict[str, Any]:
-    keep = ("status", "attempts", "reason", "dead_reason", "event_type", "account", "amount", "idempotency_key")
+    keep = ("status", "attempts", "reason", "dead_reason", "event_type", "account", "amount", "idempotency_key",
+            "contract", "function", "max_fee", "job_key")
     return {k: (str(v) if k == "amount" else v) for k, v in row.items() if k in keep and v is not None}
 
 
 def plan(conn: psycopg.Connection, chain: ChainClient | None, spec: QueueSpec, *, ids: list[int] | None,
          since: Any) -> list[dict[str, Any]]:
     """Every selected row with its refusal reason (None: replayable). Reads only."""
-    cursor = conn.execute(spec.rows_sql, {"ids": ids, "since": since})
+    cursor = conn.execute(spec.rows_sql, {"ids": ids, "since": since, "dead": list(spec.dead)})
     names = [c.name for c in cursor.description or []]
     rows = [dict(zip(names, r, strict=True)) for r in cursor]
     if ids:
@@ -150,6 +312,10 @@ def plan(conn: psycopg.Connection, chain: ChainClient | None, spec: QueueSpec, *
     for row in rows:
         row["refusal"] = "no such row" if row.get("missing") else spec.refusal(conn, chain, row)
     return rows
+
+
+class _RolledBack(Exception):
+    """Leaves a replay's transaction so it rolls back (the reason is kept by the caller)."""
 
 
 def apply(conn: psycopg.Connection, spec: QueueSpec, rows: list[dict[str, Any]], *, actor: str, dry_run: bool,
@@ -164,14 +330,23 @@ def apply(conn: psycopg.Connection, spec: QueueSpec, rows: list[dict[str, Any]],
         elif dry_run:
             outcomes.append({"id": row["id"], "outcome": "would_replay", "was": _public(row)})
         else:
-            with conn.transaction():
-                won = conn.execute(spec.replay_sql, row).fetchone()
-                if won is not None:
-                    record(conn, actor, f"replay.{spec.name}", f"{spec.name}:{row['id']}", {"was": _public(row)})
-                    if spec.event_sql:
-                        conn.execute(spec.event_sql, row)
-            outcomes.append({"id": row["id"], "outcome": "replayed", "was": _public(row)} if won else
-                            {"id": row["id"], "outcome": "refused", "reason": "changed while replaying (re-run)"})
+            refused = None
+            try:
+                with conn.transaction():
+                    won = conn.execute(spec.replay_sql, row).fetchone()
+                    refused = None if won else "changed while replaying (re-run)"
+                    if won and spec.after is not None:
+                        refused = spec.after(conn, row)
+                        if refused:
+                            raise _RolledBack
+                    if won:
+                        record(conn, actor, f"replay.{spec.name}", f"{spec.name}:{row['id']}", {"was": _public(row)})
+                        if spec.event_sql:
+                            conn.execute(spec.event_sql, row)
+            except _RolledBack:
+                pass
+            outcomes.append({"id": row["id"], "outcome": "refused", "reason": refused} if refused else
+                            {"id": row["id"], "outcome": "replayed", "was": _public(row)})
         if progress is not None:
             progress(n, len(rows))
     return outcomes

@@ -6,8 +6,8 @@ The grace window must exceed the longest a live owner may legitimately hold a ro
 (its receipt timeout) plus one of its ticks; a shorter one could take a row from a worker that is
 still about to write, so such a configuration is refused (78).
 
-Queues are a table of `Recoverable` entries: webhook deliveries, deposits and charge batches (relays
-and bot jobs add one entry each). Each entry calls its queue's own routine in its worker module; for
+Queues are a table of `Recoverable` entries: webhook deliveries, deposits, charge batches, relays
+and bot jobs. Each entry calls its queue's own routine in its worker module; for
 the money paths that drives the lineage in flight through the phase engine (journal/engine.py:
 resolve, or resend the same bytes) and never starts a new transaction."""
 
@@ -53,12 +53,26 @@ def _charge_batches(ctx: TickContext, grace: float) -> dict[str, int]:
     return settlement.take_over(ctx, grace=grace)
 
 
+def _relays(ctx: TickContext, grace: float) -> dict[str, int]:
+    from paygate_cli.workers import relay
+
+    return relay.take_over(ctx, grace=grace)
+
+
+def _bot_jobs(ctx: TickContext, grace: float) -> dict[str, int]:
+    from paygate_cli.workers import relay_drainer
+
+    return relay_drainer.take_over(ctx, grace=grace)
+
+
 RECOVERABLE: tuple[Recoverable, ...] = (
     # A delivery holds its row for at most the HTTP timeout; its settle follows at once.
     Recoverable("webhooks", "webhooks", lambda s: float(s.webhook_timeout), _webhooks),
     # A money worker renews its lease before each phase; within a phase it waits on one RPC answer.
     Recoverable("deposits", "funding", lambda s: float(s.rpc_timeout), _deposits),
     Recoverable("charge_batches", "settlement", lambda s: float(s.rpc_timeout), _charge_batches),
+    Recoverable("relays", "relay", lambda s: float(s.rpc_timeout), _relays),
+    Recoverable("bot_jobs", "relay_drainer", lambda s: float(s.rpc_timeout), _bot_jobs),
 )
 
 # Items in flight longer than the alarm age, per queue (at most `limit` each): each a finding.
@@ -75,6 +89,14 @@ UNION ALL
         || ' since ' || created_at
  FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')
    AND created_at < now() - make_interval(secs => %(age)s)
+ ORDER BY created_at LIMIT %(limit)s)
+UNION ALL
+(SELECT 'relay:' || id, 'relay ' || id || ' queued since ' || created_at
+ FROM paygate.relays WHERE status = 'queued' AND created_at < now() - make_interval(secs => %(age)s)
+ ORDER BY created_at LIMIT %(limit)s)
+UNION ALL
+(SELECT 'bot_job:' || id, 'bot job ' || id || ' queued since ' || created_at
+ FROM paygate.bot_jobs WHERE status = 'queued' AND created_at < now() - make_interval(secs => %(age)s)
  ORDER BY created_at LIMIT %(limit)s)
 UNION ALL
 (SELECT 'webhook:' || id, 'webhook delivery ' || id || ' delivering since ' || updated_at

@@ -39,11 +39,15 @@ if TYPE_CHECKING:
     from paygate_cli.journal.engine import Engine
 
 # Rows with a lineage first (resolving them frees lanes), then fresh ones in admission order. A
-# drained instance finishes what is in flight and takes nothing new.
+# drained instance finishes what is in flight and takes nothing new. This is the queue's one
+# take-over routine too: the worker takes rows whose lease lapsed (grace 0) with its free ones;
+# recovery takes only those (`lapsed_only`) whose lease lapsed more than its grace ago.
 CLAIM_SQL = """
 WITH claimable AS (
     SELECT id FROM paygate.relays
-    WHERE status = 'queued' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+    WHERE status = 'queued'
+      AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
+           OR lease_expires_at < now() - make_interval(secs => %(grace)s))
       AND (lineage_id IS NOT NULL OR NOT %(draining)s)
     ORDER BY (lineage_id IS NULL), id
     LIMIT %(batch)s
@@ -212,19 +216,21 @@ class Deps:
 HONOURS_DRAIN = True  # a drained instance drives what is in flight and claims nothing new
 
 
-def tick(ctx: TickContext) -> TickResult:
+def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) -> list[Relay]:
+    """Claim up to `batch` rows under a new lease: free rows (unless `lapsed_only`) and rows whose
+    lease lapsed more than `grace` seconds ago. The FOR UPDATE SKIP LOCKED claim is the CAS: the
+    old lease token is replaced, so a late write of the old owner matches nothing."""
     with relaxed_transaction(ctx.conn):
-        rows = [Relay(*r) for r in ctx.conn.execute(CLAIM_SQL, {
+        return [Relay(*r) for r in ctx.conn.execute(CLAIM_SQL, {
             "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
-            "draining": ctx.draining})]
-    if not rows:
-        return TickResult()
-    crashpoint("relay.after_claim")
+            "draining": ctx.draining, "grace": grace, "lapsed_only": lapsed_only})]
+
+
+def _deps(ctx: TickContext) -> tuple[Deps, Any]:
     # Heavy imports only now that there is chain work (an idle tick never loads stellar_sdk).
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.journal.engine import Engine
-    from paygate_cli.journal.engine import LeaseLost as EngineLeaseLost
     from paygate_cli.journal.keyring import Keyring
 
     signer = Signer.from_settings(ctx.settings)
@@ -232,32 +238,39 @@ def tick(ctx: TickContext) -> TickResult:
     deps = Deps(ctx, Engine(ctx, chain, signer, Keyring.from_settings(ctx.settings)),
                 {*signer.lanes, signer.fee.public_key})
     lineages.sync_lanes(ctx.conn, list(signer.lanes))
+    return deps, chain
+
+
+def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
+    """Recovery's entry: relays whose lease lapsed more than `grace` seconds ago are claimed through
+    the worker's own claim and driven by the worker's own step, limited to the lineage in flight
+    (resolve it, resend its same bytes, dispose of it: settle or release the reservation once);
+    never a new lineage. The rows are then handed back to the worker."""
+    rows = claim(ctx, grace=grace, lapsed_only=True)
+    if not rows:
+        return {}
+    deps, chain = _deps(ctx)
     result = TickResult()
-    outcomes: dict[str, int] = {}
+    try:
+        outcomes = _advance_all(deps, rows, result, new_work=False)
+    finally:
+        chain.close()
+        _release_all(deps, rows)
+    if deps.engine.needs_human:
+        outcomes["lane_fenced"] = deps.engine.needs_human
+    return outcomes
+
+
+def tick(ctx: TickContext) -> TickResult:
+    rows = claim(ctx)
+    if not rows:
+        return TickResult()
+    crashpoint("relay.after_claim")
+    deps, chain = _deps(ctx)
+    result = TickResult()
     try:
         _read_nonces(deps, [r for r in rows if r.lineage_id is None and not r.pending_failure])
-        for row in rows:
-            try:
-                outcome = advance(deps, row)
-            except (LeaseLost, EngineLeaseLost):
-                outcome = "lease_lost"
-            except SettleFailed as exc:
-                outcome = "settle_failed"  # the flip rolled back: the row re-ticks
-                ctx.log.error(str(exc), extra={"msgid": exc.msgid, "relay_id": row.id})
-            except NeedsHuman as exc:
-                outcome = "needs_human"
-                try:
-                    _finish(deps, row, "needs_human", str(exc), release=False)
-                except LeaseLost:
-                    outcome = "lease_lost"
-                ctx.log.error("relay %s needs a human: %s", row.id, exc,
-                              extra={"msgid": exc.msgid, "relay_id": row.id})
-            outcomes[outcome] = outcomes.get(outcome, 0) + 1
-            result.processed += 1
-            if outcome == "needs_human":
-                result.needs_human += 1
-            elif outcome in ("lease_lost", "settle_failed"):
-                result.failed += 1
+        outcomes = _advance_all(deps, rows, result, new_work=True)
         deps.engine.sweep(ORPHANS_SQL)
     except Unavailable:
         _release_all(deps, rows)  # the chain is gone: hand the rows back now, not after the lease
@@ -270,6 +283,37 @@ def tick(ctx: TickContext) -> TickResult:
         result.stalled = deps.engine.stall_reason()
     result.details = outcomes
     return result
+
+
+def _advance_all(deps: Deps, rows: list[Relay], result: TickResult, *, new_work: bool) -> dict[str, int]:
+    """advance() each claimed row, mapping what it raised to an outcome (counted into `result`)."""
+    from paygate_cli.journal.engine import LeaseLost as EngineLeaseLost
+
+    ctx = deps.ctx
+    outcomes: dict[str, int] = {}
+    for row in rows:
+        try:
+            outcome = advance(deps, row, new_work=new_work)
+        except (LeaseLost, EngineLeaseLost):
+            outcome = "lease_lost"
+        except SettleFailed as exc:
+            outcome = "settle_failed"  # the flip rolled back: the row re-ticks
+            ctx.log.error(str(exc), extra={"msgid": exc.msgid, "relay_id": row.id})
+        except NeedsHuman as exc:
+            outcome = "needs_human"
+            try:
+                _finish(deps, row, "needs_human", str(exc), release=False)
+            except LeaseLost:
+                outcome = "lease_lost"
+            ctx.log.error("relay %s needs a human: %s", row.id, exc,
+                          extra={"msgid": exc.msgid, "relay_id": row.id})
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        result.processed += 1
+        if outcome == "needs_human":
+            result.needs_human += 1
+        elif outcome in ("lease_lost", "settle_failed"):
+            result.failed += 1
+    return outcomes
 
 
 def _read_nonces(deps: Deps, fresh: list[Relay]) -> None:
@@ -286,8 +330,9 @@ def _release_all(deps: Deps, rows: list[Relay]) -> None:
         deps.conn.execute(RELEASE_SQL, {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
 
 
-def advance(deps: Deps, row: Relay) -> str:
-    """Everything the journal and the chain allow for one relay now; returns what happened."""
+def advance(deps: Deps, row: Relay, *, new_work: bool = True) -> str:
+    """Everything the journal and the chain allow for one relay now; returns what happened.
+    `new_work=False` (recovery) stops before a new lineage: only the one in flight is driven."""
     engine = deps.engine
     if row.lineage_id is not None:
         lineage = engine.load(row.lineage_id)
@@ -304,6 +349,8 @@ def advance(deps: Deps, row: Relay) -> str:
             row.lineage_id = None
     if row.pending_failure:  # the network refused its bytes for good, and that lineage is now dead
         return _finish(deps, row, "rejected", row.pending_failure)
+    if not new_work:
+        return "released"  # nothing in flight: the worker prepares its next lineage
     return _prepare(deps, row)
 
 

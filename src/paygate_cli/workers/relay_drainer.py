@@ -31,10 +31,14 @@ if TYPE_CHECKING:
     from paygate_cli.chain.rpc import SendOutcome
     from paygate_cli.journal.engine import Engine
 
+# The queue's one take-over routine too: the worker takes rows whose lease lapsed (grace 0) with its
+# free ones; recovery takes only those (`lapsed_only`) whose lease lapsed more than its grace ago.
 CLAIM_SQL = """
 WITH claimable AS (
     SELECT id FROM paygate.bot_jobs
-    WHERE status = 'queued' AND (lease_expires_at IS NULL OR lease_expires_at < now())
+    WHERE status = 'queued'
+      AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
+           OR lease_expires_at < now() - make_interval(secs => %(grace)s))
       AND (lineage_id IS NOT NULL OR NOT %(draining)s)
     ORDER BY (lineage_id IS NULL), id
     LIMIT %(batch)s
@@ -178,36 +182,73 @@ class Deps:
 HONOURS_DRAIN = True  # a drained instance drives what is in flight and claims nothing new
 
 
-def tick(ctx: TickContext) -> TickResult:
+def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) -> list[BotJob]:
+    """Claim up to `batch` jobs under a new lease: free ones (unless `lapsed_only`) and those whose
+    lease lapsed more than `grace` seconds ago. The FOR UPDATE SKIP LOCKED claim is the CAS: the
+    old lease token is replaced, so a late write of the old owner matches nothing."""
     with relaxed_transaction(ctx.conn):
-        rows = [BotJob(*r) for r in ctx.conn.execute(CLAIM_SQL, {
+        return [BotJob(*r) for r in ctx.conn.execute(CLAIM_SQL, {
             "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
-            "draining": ctx.draining})]
-    if not rows:
-        return TickResult()
-    crashpoint("relay_drainer.after_claim")
+            "draining": ctx.draining, "grace": grace, "lapsed_only": lapsed_only})]
+
+
+def _deps(ctx: TickContext) -> tuple[Deps, Any]:
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.journal.engine import Engine
-    from paygate_cli.journal.engine import LeaseLost as EngineLeaseLost
     from paygate_cli.journal.keyring import Keyring
 
     signer = Signer.from_settings(ctx.settings)
     chain = ChainClient(ctx.settings, guard_conn=ctx.conn)
     deps = Deps(ctx, Engine(ctx, chain, signer, Keyring.from_settings(ctx.settings)))
     lineages.sync_lanes(ctx.conn, list(signer.lanes))
-    result = TickResult()
+    return deps, chain
+
+
+def _advance_all(deps: Deps, rows: list[BotJob], result: TickResult, *, new_work: bool) -> dict[str, int]:
+    from paygate_cli.journal.engine import LeaseLost as EngineLeaseLost
+
     outcomes: dict[str, int] = {}
+    for row in rows:
+        try:
+            outcome = advance(deps, row, new_work=new_work)
+        except (LeaseLost, EngineLeaseLost):
+            outcome = "lease_lost"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        result.processed += 1
+        if outcome == "lease_lost":
+            result.failed += 1
+    return outcomes
+
+
+def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
+    """Recovery's entry: jobs whose lease lapsed more than `grace` seconds ago are claimed through
+    the worker's own claim and driven by the worker's own step, limited to the lineage in flight
+    (resolve it, resend its same bytes, record what it proved); never a new lineage. The jobs are
+    then handed back to the worker."""
+    rows = claim(ctx, grace=grace, lapsed_only=True)
+    if not rows:
+        return {}
+    deps, chain = _deps(ctx)
     try:
-        for row in rows:
-            try:
-                outcome = advance(deps, row)
-            except (LeaseLost, EngineLeaseLost):
-                outcome = "lease_lost"
-            outcomes[outcome] = outcomes.get(outcome, 0) + 1
-            result.processed += 1
-            if outcome == "lease_lost":
-                result.failed += 1
+        outcomes = _advance_all(deps, rows, TickResult(), new_work=False)
+    finally:
+        chain.close()
+        _release_all(deps, rows)
+    if deps.engine.needs_human:
+        outcomes["lane_fenced"] = deps.engine.needs_human
+    return outcomes
+
+
+def tick(ctx: TickContext) -> TickResult:
+    rows = claim(ctx)
+    if not rows:
+        return TickResult()
+    crashpoint("relay_drainer.after_claim")
+    deps, chain = _deps(ctx)
+    result = TickResult()
+    try:
+        outcomes = _advance_all(deps, rows, result, new_work=True)
         deps.engine.sweep(ORPHANS_SQL)
     except Unavailable:
         _release_all(deps, rows)
@@ -227,7 +268,9 @@ def _release_all(deps: Deps, rows: list[BotJob]) -> None:
         deps.conn.execute(RELEASE_SQL, {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
 
 
-def advance(deps: Deps, row: BotJob) -> str:
+def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
+    """Everything the journal and the chain allow for one job now; returns what happened.
+    `new_work=False` (recovery) stops before a new lineage: only the one in flight is driven."""
     from paygate_cli.journal.engine import BuildFailed, LaneFailed, Sent
 
     engine = deps.engine
@@ -252,6 +295,8 @@ def advance(deps: Deps, row: BotJob) -> str:
         return _finish(deps, row, "failed", row.pending_failure)
     if row.attempts >= row.max_attempts:
         return _finish(deps, row, "dead", f"{row.attempts} lineages proven dead (max {row.max_attempts})")
+    if not new_work:
+        return "released"  # nothing in flight: the worker prepares the next lineage
     if not row.allowed:
         return _finish(deps, row, "failed", f"{row.contract}.{row.function} is no longer on the relay allow-list")
     with relaxed_transaction(deps.conn):
