@@ -125,4 +125,5 @@ def test_a_drained_instance_runs_only_the_ticks_that_obey_draining() -> None:
     from paygate_cli.ticks.runner import honours_drain
 
     assert {name for name, spec in WORKERS.items() if honours_drain(spec)} == {
-        "funding", "settlement", "subscriptions", "webhooks", "idempotency_sweep", "recovery", "reconciler"}
+        "funding", "settlement", "subscriptions", "webhooks", "idempotency_sweep", "recovery", "reconciler",
+        "relay", "relay_drainer"}

@@ -367,11 +367,14 @@ def test_a_drained_instance_drives_in_flight_work_but_claims_nothing_new(chain: 
     assert charges == {1000: "settled", 2000: "authorized"}
 
 
-def test_a_lane_whose_account_does_not_exist_is_fenced_and_the_deposit_moves_on(chain: ChainEnv,
-                                                                               db: psycopg.Connection) -> None:
-    """A lane key in the secrets file whose account is not on chain (never created, or merged away):
-    before, the worker exited 78 at every tick it picked that lane; now the lane is fenced once and
-    the deposit goes out on another lane in the same tick."""
+def test_a_lane_whose_account_is_not_on_chain_never_stalls_the_deposit(chain: ChainEnv,
+                                                                        db: psycopg.Connection) -> None:
+    """A lane key in the secrets file whose account is not on chain (never created, or merged away).
+    Before, the worker exited 78 at every tick it picked that lane. With one read endpoint (this
+    test's development override) absence cannot be proven (a lone node cannot tell that it lags):
+    the tick that picked it hands its work back as "not visible yet" (69), and least-recently-used
+    allocation sends the deposit out on a genuine lane at the next tick. (With a quorum of caught-up
+    read hosts the lane is proven missing and fenced at once: tests/test_node_lag.py.)"""
     genuine = lanes_by_address(chain)
     ghost = Keypair.random()
     while ghost.public_key > genuine[0]:  # first in address order too: what the old allocator picked
@@ -380,17 +383,16 @@ def test_a_lane_whose_account_does_not_exist_is_fenced_and_the_deposit_moves_on(
     lanes_file.write_text(lanes_file.read_text() + ghost.secret + "\n")
     pending_id = admit(chain, db, user=0)
     code, _, err = tick_json(chain, "funding")
-    assert code == 3, err  # the lane is a human's matter (alarmed once)
-    assert "journal.lane_fenced" in err and ghost.secret not in err
+    assert code == 69 and "not visible on chain yet" in err and ghost.secret not in err, err
     assert db.execute("SELECT status FROM paygate.lanes WHERE address = %s", (ghost.public_key,)).fetchone() == (
-        "drained",)
-    [abandoned, deposit] = lineages_of(db)
-    assert abandoned["lane"] == ghost.public_key and abandoned["state"] == "abandoned"
-    assert deposit["lane"] in genuine and deposit["state"] == "sent"
+        "active",)  # unproven: not fenced
     for _ in range(6):
-        chain.devnet.close_ledger()
         code, _, err = tick_json(chain, "funding")
         assert code == 0, err
         if row_of(db, pending_id)["status"] == "settled":
             break
+        chain.devnet.close_ledger()
+    assert row_of(db, pending_id)["status"] == "settled"
+    deposit = [x for x in lineages_of(db) if x["state"] == "applied"]
+    assert deposit and all(x["lane"] in genuine for x in deposit)
     assert_invariants(chain, db, [pending_id])

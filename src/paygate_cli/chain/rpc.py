@@ -172,10 +172,9 @@ class ChainClient:
         """One node said "no such account". A lagging node says that about a brand-new lane (issue 11),
         so it proves nothing by itself: the lane is missing (78) only when a majority of the distinct
         read hosts say so from at least the highest ledger any endpoint admits to — read before the
-        entries, and vouched for by two hosts or more (one node cannot tell that it lags), or by the
-        one read host when only one is configured (the development override: the node we read is the
-        node we send to, which would refuse the transaction anyway). Otherwise the read is "not
-        visible yet" (LaneNotVisible, transient)."""
+        entries, and vouched for by two hosts or more (one node cannot tell that it lags, so under the
+        single-endpoint development override a lane is never proven missing). Otherwise the read is
+        "not visible yet" (LaneNotVisible, transient)."""
         from paygate_cli.settings import rpc_host
 
         reference, hosts = 0, set()
@@ -201,8 +200,7 @@ class ChainClient:
             else:
                 views.append(f"{rpc_host(url)} at ledger {answer.latest_ledger}: behind ledger {reference}")
         seen_by = f"({'; '.join(views)})"
-        vouchers_needed = 1 if len(self.read_urls) == 1 else 2
-        if len(hosts) >= vouchers_needed and absent >= len(self.read_urls) // 2 + 1:
+        if len(hosts) >= 2 and absent >= len(self.read_urls) // 2 + 1:
             raise LaneMissing(f"lane {address} does not exist on chain: not found by {absent} of "
                               f"{len(self.read_urls)} read endpoints caught up to ledger {reference} {seen_by}")
         raise LaneNotVisible(f"lane {address} is not visible on chain yet {seen_by}: the read nodes may lag; "
