@@ -58,6 +58,13 @@ class BadRelay(PaygateError):
     msgid = "relay.rejected"
 
 
+def bot_job_invocation(contract: str, function: str, args_xdr: str) -> Invocation:
+    """A permissionless call queued as a bot job: no user authorisation, the lane's source-account
+    authority only (admission and the drainer refuse anything else)."""
+    args = xdr.SCVal.from_xdr(args_xdr).vec
+    return Invocation(contract, function, list(args.sc_vec) if args else [], [])
+
+
 def relay_invocation(*, account: str, contract: str, function: str, args_xdr: str, auth_entries: list[str],
                      nonces: list[int], expiration_ledger: int, passphrase: str,
                      own_accounts: set[str]) -> Invocation:

@@ -134,12 +134,9 @@ class DrainerJob:
         self.row = row
 
     def call(self, lane: str) -> Invocation:
-        from stellar_sdk import xdr
+        from paygate_cli.chain.relay import bot_job_invocation
 
-        from paygate_cli.chain.contracts import Invocation
-
-        args = xdr.SCVal.from_xdr(self.row.args_xdr).vec
-        return Invocation(self.row.contract, self.row.function, list(args.sc_vec) if args else [], [])
+        return bot_job_invocation(self.row.contract, self.row.function, self.row.args_xdr)
 
     def hold(self, conn: psycopg.Connection) -> bool:
         return conn.execute(HOLD_SQL, {"id": self.row.id, "token": self.row.token}).fetchone() is not None
