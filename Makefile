@@ -25,7 +25,9 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/idle_tick.py
 	$(VENV)/bin/python bench/devnet_throughput.py --batch 10
 	$(VENV)/bin/python bench/funding.py
-	if [ -f bench/settlement.py ]; then $(VENV)/bin/python bench/settlement.py; fi
+	$(VENV)/bin/python bench/settlement.py
+	$(VENV)/bin/python bench/relay.py
+	$(VENV)/bin/python bench/ops_scale.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
