@@ -176,6 +176,19 @@ class Engine:
         self.keyring = keyring
         self.needs_human = 0  # alarms raised this tick (lanes fenced), each once
 
+    @classmethod
+    def for_tick(cls, ctx: TickContext) -> Engine:
+        """What a tick with chain work needs: its keys, its journal keyring and a chain client, with
+        the configured lanes known to the database. The heavy imports (stellar_sdk) happen here,
+        only once a tick has work."""
+        from paygate_cli.chain.keys import Signer
+        from paygate_cli.chain.rpc import ChainClient
+        from paygate_cli.journal.keyring import Keyring
+
+        signer, keyring = Signer.from_settings(ctx.settings), Keyring.from_settings(ctx.settings)
+        lineages.sync_lanes(ctx.conn, list(signer.lanes))
+        return cls(ctx, ChainClient(ctx.settings, guard_conn=ctx.conn), signer, keyring)
+
     @property
     def conn(self) -> psycopg.Connection:
         return self.ctx.conn

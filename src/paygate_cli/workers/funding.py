@@ -176,14 +176,10 @@ def drive_taken_over(ctx: TickContext, rows: list[Deposit]) -> dict[str, int]:
     """Recovery's step for rows taken over from a dead owner: drive the lineage in flight through
     the engine (resolve: record what the chain proves, or resend the same bytes), then release the
     rows to the worker. Never starts a new transaction for an entitlement."""
-    from paygate_cli.chain.keys import Signer
-    from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.journal.engine import Engine
-    from paygate_cli.journal.keyring import Keyring
 
-    chain, signer, keyring = (ChainClient(ctx.settings, guard_conn=ctx.conn), Signer.from_settings(ctx.settings),
-                              Keyring.from_settings(ctx.settings))
-    deps = Deps(ctx, chain, signer, keyring, Engine(ctx, chain, signer, keyring))
+    engine = Engine.for_tick(ctx)
+    deps = Deps(ctx, engine.chain, engine.signer, engine.keyring, engine)
     outcomes: dict[str, int] = {}
     try:
         for row in rows:
@@ -212,15 +208,10 @@ def tick(ctx: TickContext) -> TickResult:
     if rows:
         crashpoint("funding.after_claim")
     # Heavy imports only now that there is chain work (an idle tick never loads stellar_sdk).
-    from paygate_cli.chain.keys import Signer
-    from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.journal.engine import Engine
-    from paygate_cli.journal.keyring import Keyring
 
-    chain, signer, keyring = (ChainClient(ctx.settings, guard_conn=ctx.conn), Signer.from_settings(ctx.settings),
-                              Keyring.from_settings(ctx.settings))
-    deps = Deps(ctx, chain, signer, keyring, Engine(ctx, chain, signer, keyring))
-    lineages.sync_lanes(ctx.conn, list(deps.signer.lanes))
+    engine = Engine.for_tick(ctx)
+    deps = Deps(ctx, engine.chain, engine.signer, engine.keyring, engine)
     deps.free_lanes = lineages.free_lane_count(ctx.conn, list(deps.signer.lanes))
     # Rows with a transaction in flight first: resolving them frees lanes for the new ones.
     rows.sort(key=lambda r: (r.deposit_lineage_id is None and r.credit_lineage_id is None, r.id))
@@ -228,7 +219,7 @@ def tick(ctx: TickContext) -> TickResult:
     outcomes: dict[str, int] = {}
     try:
         if orphans:
-            outcomes["orphans_driven"] = deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(signer.lanes)))
+            outcomes["orphans_driven"] = deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(deps.signer.lanes)))
             deps.free_lanes = lineages.free_lane_count(ctx.conn, list(deps.signer.lanes))
         for row in rows:
             try:

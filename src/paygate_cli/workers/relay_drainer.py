@@ -190,16 +190,10 @@ def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) ->
 
 
 def _deps(ctx: TickContext) -> tuple[Deps, Any]:
-    from paygate_cli.chain.keys import Signer
-    from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.journal.engine import Engine
-    from paygate_cli.journal.keyring import Keyring
 
-    signer = Signer.from_settings(ctx.settings)
-    chain = ChainClient(ctx.settings, guard_conn=ctx.conn)
-    deps = Deps(ctx, Engine(ctx, chain, signer, Keyring.from_settings(ctx.settings)))
-    lineages.sync_lanes(ctx.conn, list(signer.lanes))
-    return deps, chain
+    engine = Engine.for_tick(ctx)
+    return Deps(ctx, engine), engine.chain
 
 
 def _advance_all(deps: Deps, rows: list[BotJob], result: TickResult, *, new_work: bool) -> dict[str, int]:

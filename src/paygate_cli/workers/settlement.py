@@ -224,14 +224,10 @@ def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
     back), under a new lease."""
     if not ctx.conn.execute(LAPSED_BATCHES_SQL, {"grace": grace}).fetchone()[0]:
         return {}
-    from paygate_cli.chain.keys import Signer
-    from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.journal.engine import Engine
-    from paygate_cli.journal.keyring import Keyring
 
-    chain, signer, keyring = (ChainClient(ctx.settings, guard_conn=ctx.conn), Signer.from_settings(ctx.settings),
-                              Keyring.from_settings(ctx.settings))
-    deps = Deps(ctx, chain, signer, keyring, Engine(ctx, chain, signer, keyring))
+    engine = Engine.for_tick(ctx)
+    deps = Deps(ctx, engine.chain, engine.signer, engine.keyring, engine)
     try:
         _drive_open_batches(deps, TickResult(), grace=grace, lapsed_only=True, limit=ctx.batch)
     finally:
@@ -251,21 +247,16 @@ def tick(ctx: TickContext) -> TickResult:
         from paygate_cli.errors import ConfigError
 
         raise ConfigError("PAYGATE_BILLING_CONTRACT is not set")  # before any claim: nothing to strand
-    from paygate_cli.chain.keys import Signer
-    from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.journal.engine import Engine
-    from paygate_cli.journal.keyring import Keyring
 
-    chain, signer, keyring = (ChainClient(ctx.settings, guard_conn=ctx.conn), Signer.from_settings(ctx.settings),
-                              Keyring.from_settings(ctx.settings))
-    deps = Deps(ctx, chain, signer, keyring, Engine(ctx, chain, signer, keyring))
+    engine = Engine.for_tick(ctx)
+    deps = Deps(ctx, engine.chain, engine.signer, engine.keyring, engine)
     result = TickResult()
     try:
-        lineages.sync_lanes(ctx.conn, list(deps.signer.lanes))
         if drivable:
             _drive_open_batches(deps, result)
         if ctx.conn.execute(ORPHANS_SQL, {"limit": 1}).fetchone() is not None:
-            deps.count("orphans_driven", deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(signer.lanes))))
+            deps.count("orphans_driven", deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(deps.signer.lanes))))
         started = 0
         # A batch whose lane failed for a lane reason is handed back and claimed again at once on
         # another lane (the failing lane is fenced); bounded by the number of lanes.
