@@ -93,8 +93,29 @@ def test_dev_db_up_with_the_default_data_dir_in_a_private_home(private_tmp: Path
     assert down.code == 0 and json.loads(down.out)["stopped"] is True, down.err
 
 
+@pytest.fixture(scope="module")
+def readable_by_nobody() -> Iterator[tuple[Path, Path]]:
+    """This checkout's source and installed packages where the `nobody` user can read them. A clone
+    in a private directory (`mktemp -d`, /root: what CI does) is unreadable to other users, so then
+    they are copied once into a world-readable temporary directory."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    site = Path(next(p for p in sys.path if p.endswith("site-packages")))
+    if _nobody_can("-r", str(src / "paygate_cli" / "__init__.py")) and _nobody_can("-r", str(site)):
+        yield src, site
+        return
+    copy = Path(tempfile.mkdtemp(prefix="paygate-for-nobody-", dir="/tmp"))
+    copy.chmod(0o755)
+    try:
+        ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
+        shutil.copytree(src, copy / "src", symlinks=True, ignore=ignore)
+        shutil.copytree(site, copy / "site-packages", symlinks=True, ignore=ignore)
+        yield copy / "src", copy / "site-packages"
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="running as an ordinary user needs root to switch to one")
-def test_dev_db_up_as_an_ordinary_user(tmp_path: Path) -> None:
+def test_dev_db_up_as_an_ordinary_user(tmp_path: Path, readable_by_nobody: tuple[Path, Path]) -> None:
     home = Path(tempfile.mkdtemp(prefix="pgu-", dir="/tmp"))
     shutil.chown(home, "nobody")
     try:
@@ -108,8 +129,8 @@ def test_dev_db_up_as_an_ordinary_user(tmp_path: Path) -> None:
                                   path="/usr/local/bin:/usr/bin") or ""
             if not python:
                 pytest.skip("no interpreter an ordinary user can run")
-            site = next(p for p in sys.path if p.endswith("site-packages"))
-            environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), site])
+            src, site = readable_by_nobody
+            environ["PYTHONPATH"] = os.pathsep.join([str(src), str(site)])
         as_user = ["runuser", "-u", "nobody", "--", python, "-m", "paygate_cli"]
         up = subprocess.run([*as_user, "dev", "db", "up", "--data-dir", data, "--json"], env=environ,
                             capture_output=True, text=True, timeout=120)
@@ -160,7 +181,7 @@ def _nobody_can(*check: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="running as an ordinary user needs root to switch to one")
-def test_make_demo_from_a_private_clone_as_an_ordinary_user() -> None:
+def test_make_demo_from_a_private_clone_as_an_ordinary_user(readable_by_nobody: tuple[Path, Path]) -> None:
     """`make demo` in a clone made in a private directory (mode 0700, as `mktemp -d` or a home is),
     run by an ordinary user: the user's own cluster inside the clone, nothing relocated or chmod-ed.
     The venv step of the Makefile needs the network, so the clone gets a ready venv (this run's
@@ -169,9 +190,9 @@ def test_make_demo_from_a_private_clone_as_an_ordinary_user() -> None:
     root = Path(__file__).resolve().parents[1]
     # This interpreter may live under a private home (pyenv in /root): then the system's same version.
     python = sys.executable if _nobody_can("-x", sys.executable) else "/usr/bin/python3.11"
-    site = next(p for p in sys.path if p.endswith("site-packages"))
-    if not (Path(python).exists() and _nobody_can("-r", site)):
-        pytest.skip("no interpreter or packages an ordinary user can use")
+    site = readable_by_nobody[1]
+    if not Path(python).exists():
+        pytest.skip("no interpreter an ordinary user can run")
     clone = Path(tempfile.mkdtemp(prefix="pgclone-"))
     assert clone.stat().st_mode & 0o777 == 0o700
     try:
