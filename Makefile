@@ -19,7 +19,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/pytest -q -p no:cacheprovider
+	# Three workers on two cores: most tests wait on processes, ledgers and leases, not the CPU.
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n 3
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/idle_tick.py
