@@ -85,6 +85,7 @@ KEYS_LEFT_SQL = "SELECT count(*) FROM paygate.idempotency_keys WHERE scope = 'de
 ALLOW_MARKET_SQL = "INSERT INTO paygate.relay_allowlist (contract, function, note) VALUES (%s, 'buy', 'demo market')"
 ADMIT_RELAY_SQL = "SELECT relay_id FROM paygate.admit_relay(%s, %s, 'buy', %s, %s, %s, %s)"
 OPEN_RELAYS_SQL = "SELECT count(*) FROM paygate.relays WHERE status = 'queued'"
+LIVE_LINEAGES_SQL = "SELECT count(*) FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')"
 RELAYS_REPORT_SQL = """
 SELECT r.id, left(r.account, 8) || '…', r.function, r.status, r.max_fee, f.status, coalesce(f.fee_charged, 0),
        coalesce(r.reason, '')
@@ -210,6 +211,9 @@ def _relays(env: Env, conn: Any, chain: Any, genesis: dict[str, Any],
 
     admit(0, "book", 100)
     ticks = _tick_until_done(env, conn, OPEN_RELAYS_SQL, ("relay",))
+    # Every lane free before the race (earlier phases' last lineages resolved by their own workers):
+    # both racers must be simulated in one tick, before either can land.
+    ticks += _tick_until_done(env, conn, LIVE_LINEAGES_SQL, ("funding", "settlement", "relay"))
     admit(1, "limited", 100)
     admit(2, "limited", 100)
     admit(3, "book", 1)
