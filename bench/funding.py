@@ -15,9 +15,7 @@ at-most-once machinery. Prints figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,17 +25,15 @@ import psycopg
 from stellar_sdk import Keypair, SorobanServer, TransactionBuilder, scval
 from stellar_sdk.client.requests_client import RequestsClient
 
-from bench.meter import Meter
+from bench.meter import Meter, chain_world
 from paygate_cli.chain.rpc import ChainClient
-from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.connect import connect
-from paygate_cli.db.migrate import migrate
 from paygate_cli.env import Env
 from paygate_cli.logs import get_logger
 from paygate_cli.ticks.context import TickContext
 from paygate_cli.workers.funding import tick as funding_tick
-from tests.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
-from tests.devnet_support import DevnetHandle, start_devnet
+from tests.chain_env import ChainEnv, admit_deposit, sign_deposit
+from tests.devnet_support import DevnetHandle
 
 AMOUNT = 1_000_000
 
@@ -127,23 +123,9 @@ def main() -> None:
     parser.add_argument("--deposits", type=int, default=64)
     parser.add_argument("--lanes", type=int, default=8)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="pgf-", dir="/tmp"))
-    tmp.chmod(0o755)
-    cluster = Cluster.at(tmp / "pg")
-    cluster.init(fast=True)
-    cluster.start()
-    devnet = start_devnet(tmp / "devnet", lanes=args.lanes, users=8)
-    try:
-        dsn = cluster.dsn()
-        with psycopg.connect(dsn, autocommit=True) as db:
-            migrate(db)
-            chain = ChainEnv(devnet, dsn, chain_environ(devnet, dsn, tmp / "keys"))
-            ours = run_paygate(chain, db, args.deposits)
+    with chain_world("pgf-", args.lanes) as (devnet, (chain, db)):
+        ours = run_paygate(chain, db, args.deposits)
         bare = run_bare_sdk(devnet, args.deposits, args.lanes)
-    finally:
-        devnet.stop()
-        cluster.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     print(f"funding: {args.deposits} deposits, {args.lanes} lanes, devnet in manual mode")
     print(f"  paygate   : {ours['settled']} settled in {ours['seconds']:.2f} s over {ours['ledgers']} ledgers "
           f"= {args.deposits / ours['seconds']:.1f} deposits/s")

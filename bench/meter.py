@@ -1,9 +1,14 @@
-"""Shared by the benchmarks: wall time spent inside wrapped callables (RPC calls, SQL round trips)."""
+"""Shared by the benchmarks: wall time spent inside wrapped callables (RPC calls, SQL round trips),
+and the private Postgres + devnet a chain benchmark runs against."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 
@@ -31,3 +36,31 @@ class Meter:
                 meter.calls += 1
 
         setattr(owner, name, timed)
+
+
+@contextmanager
+def chain_world(prefix: str, lanes: int) -> Iterator[tuple[Any, Any]]:
+    """A private Postgres (migrated) and a devnet in manual mode: yields (devnet, (ChainEnv, autocommit
+    connection)), and removes both afterwards."""
+    import psycopg
+
+    from paygate_cli.db.cluster import Cluster
+    from paygate_cli.db.migrate import migrate
+    from tests.chain_env import ChainEnv, chain_environ
+    from tests.devnet_support import start_devnet
+
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    tmp.chmod(0o755)
+    cluster = Cluster.at(tmp / "pg")
+    cluster.init(fast=True)
+    cluster.start()
+    devnet = start_devnet(tmp / "devnet", lanes=lanes, users=8)
+    try:
+        dsn = cluster.dsn()
+        with psycopg.connect(dsn, autocommit=True) as db:
+            migrate(db)
+            yield devnet, (ChainEnv(devnet, dsn, chain_environ(devnet, dsn, tmp / "keys")), db)
+    finally:
+        devnet.stop()
+        cluster.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

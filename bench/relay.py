@@ -16,9 +16,7 @@ paygate / bare should be >= 0.8. Prints figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,18 +26,16 @@ import psycopg
 from stellar_sdk import Keypair, SorobanServer, TransactionBuilder, xdr
 from stellar_sdk.client.requests_client import RequestsClient
 
-from bench.meter import Meter
+from bench.meter import Meter, chain_world
 from paygate_cli.chain.rpc import ChainClient
-from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.connect import connect
-from paygate_cli.db.migrate import migrate
 from paygate_cli.env import Env
 from paygate_cli.logs import get_logger
 from paygate_cli.ticks.context import TickContext
 from paygate_cli.ticks.registry import WORKERS
 from paygate_cli.workers.relay import tick as relay_tick
-from tests.chain_env import ChainEnv, chain_environ
-from tests.devnet_support import DevnetHandle, start_devnet
+from tests.chain_env import ChainEnv
+from tests.devnet_support import DevnetHandle
 from tests.relay_support import MAX_FEE, admit_relay, allow_market, sign_buy
 
 OPEN_SQL = "SELECT count(*) FROM paygate.relays WHERE status = 'queued'"
@@ -130,23 +126,9 @@ def main() -> None:
     parser.add_argument("--relays", type=int, default=500)
     parser.add_argument("--lanes", type=int, default=8)
     args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="pgr-", dir="/tmp"))
-    tmp.chmod(0o755)
-    cluster = Cluster.at(tmp / "pg")
-    cluster.init(fast=True)
-    cluster.start()
-    devnet = start_devnet(tmp / "devnet", lanes=args.lanes, users=8)
-    try:
-        dsn = cluster.dsn()
-        with psycopg.connect(dsn, autocommit=True) as db:
-            migrate(db)
-            chain = ChainEnv(devnet, dsn, chain_environ(devnet, dsn, tmp / "keys"))
-            ours = run_paygate(chain, db, args.relays)
+    with chain_world("pgr-", args.lanes) as (devnet, (chain, db)):
+        ours = run_paygate(chain, db, args.relays)
         bare = run_bare_sdk(devnet, args.relays, args.lanes)
-    finally:
-        devnet.stop()
-        cluster.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     print(f"relay: {args.relays} market.buy relays, {args.lanes} lanes, devnet in manual mode")
     print(f"  paygate   : {ours['applied']} applied in {ours['seconds']:.2f} s over {ours['ledgers']} ledgers "
           f"= {args.relays / ours['seconds']:.1f} relays/s")
