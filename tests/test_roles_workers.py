@@ -21,7 +21,7 @@ from paygate_cli.db.privileges import READONLY_ROLE, RUNTIME_ROLE
 from paygate_cli.errors import ExitCode
 from tests.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
 from tests.charges_support import admit_charge, fund, run_until_quiet
-from tests.cli import Result, run_cli
+from tests.cli import Result, run_cli, spawn
 from tests.devnet_support import DevnetHandle, start_devnet
 from tests.drill_support import crash_tick
 from tests.relay_support import admit_close, admit_relay, allow_market
@@ -176,3 +176,16 @@ def test_on_call_commands_work_read_only_and_writes_exit_77(chain: ChainEnv, db:
         assert result.code == ExitCode.NOPERM, (args, result.code, result.err)
         assert "permission denied" in result.err
     assert db.execute(WRITES_SQL).fetchone() == before
+
+    # a worker holding its lock as the runtime role: the read-only status still names the holder
+    holder = spawn("run-tick", "webhooks", "--every", "0.5s", "--for", "20s", environ=chain.environ)
+    try:
+        for _ in range(100):
+            locks = json.loads(run_cli("status", "--json", environ=readonly).out)["status"]["locks"]
+            if locks:
+                break
+            time.sleep(0.1)
+        assert [lock["lock"] for lock in locks] == ["webhooks"] and locks[0]["pid"]
+    finally:
+        holder.terminate()
+        holder.communicate(timeout=60)
