@@ -172,3 +172,22 @@ def test_role_names_are_flags_and_must_differ(dsn: str) -> None:
     assert reserved.code == ExitCode.CONFIG and "reserved" in reserved.err
     same = run_cli("migrate", "--roles", "--role-name", "x_same", "--readonly-role-name", "x_same", dsn=dsn)
     assert same.code == ExitCode.CONFIG
+
+
+def test_operator_write_commands_work_as_the_runtime_role(dsn: str, db: psycopg.Connection) -> None:
+    """drain/undrain, halt/resume and replay are the operator's writes: the runtime role covers them
+    (each audited), while the read-only role is refused (tests/test_roles_workers.py)."""
+    from tests.test_replay import dead_webhook
+
+    assert run_cli("migrate", "--roles", dsn=dsn).code == 0
+    outbox_id = dead_webhook(db, "http://127.0.0.1:9/h")
+    runtime = as_role(dsn, RUNTIME_ROLE)
+    for args in [("halt", "--reason", "probe", "--yes"), ("resume", "--yes"),
+                 ("drain", "--instance", "host-a", "--reason", "probe", "--yes"),
+                 ("undrain", "--instance", "host-a", "--yes"),
+                 ("replay", "webhooks", str(outbox_id), "--yes")]:
+        result = run_cli(*args, dsn=runtime)
+        assert result.code == 0, (args, result.err)
+    status = db.execute("SELECT status FROM paygate.webhook_outbox WHERE id = %s", (outbox_id,)).fetchone()[0]
+    assert status == "pending"
+    assert db.execute("SELECT count(*) FROM paygate.audit_log").fetchone()[0] >= 5
