@@ -150,25 +150,23 @@ def queue_depths(conn: psycopg.Connection) -> list[dict[str, Any]]:
 
 
 def rpc_health(settings: Any) -> dict[str, Any]:
-    """Each RPC endpoint's getHealth and latest ledger; lag is measured against the furthest one."""
+    """Each RPC endpoint's getHealth and latest ledger; lag is measured against the furthest one.
+    The write endpoint and the distinct read endpoints, as the chain client counts them."""
     if not settings.rpc_url:
         return {"configured": False, "endpoints": [], "problems": []}
-    from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.chain.health import get_health
+    from paygate_cli.settings import distinct_read_urls
 
-    chain = ChainClient(settings)
+    read_urls = distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)
     endpoints = []
-    try:
-        for role, url, server in [("write", chain.write_url, chain.write),
-                                  *[("read", u, s) for u, s in zip(chain.read_urls, chain.readers, strict=True)]]:
-            try:
-                health = server.get_health()
-                endpoints.append({"role": role, "url": url, "status": health.status,
-                                  "latest_ledger": health.latest_ledger, "oldest_ledger": health.oldest_ledger})
-            except Exception as exc:  # any failure of one endpoint is a finding, not a crash of status
-                endpoints.append({"role": role, "url": url, "status": "unreachable",
-                                  "error": f"{type(exc).__name__}: {exc}"[:200]})
-    finally:
-        chain.close()
+    for role, url in [("write", settings.rpc_url), *[("read", u) for u in read_urls]]:
+        try:
+            health = get_health(url, settings.rpc_timeout)
+            endpoints.append({"role": role, "url": url, "status": health.status,
+                              "latest_ledger": health.latest_ledger, "oldest_ledger": health.oldest_ledger})
+        except Exception as exc:  # any failure of one endpoint is a finding, not a crash of status
+            endpoints.append({"role": role, "url": url, "status": "unreachable",
+                              "error": f"{type(exc).__name__}: {exc}"[:200]})
     furthest = max((e["latest_ledger"] for e in endpoints if e.get("latest_ledger")), default=None)
     problems = []
     for endpoint in endpoints:
