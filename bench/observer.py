@@ -282,8 +282,8 @@ def main() -> None:
     cpu_rate = events / (med(runs, "cpu") + med(runs, "pg_cpu"))
     print(f"    CPU per event                    : observer process {med(runs, 'cpu') * us:6.1f} us, Postgres "
           f"{med(runs, 'pg_cpu') * us:6.1f} us, devnet (serving getEvents) {med(runs, 'devnet_cpu') * us:6.1f} us")
-    print(f"    events/s on CPU alone            : {cpu_rate:8.0f} (observer + Postgres CPU, i.e. with a core each "
-          "and no waiting; robust to load)")
+    print(f"    events/s on CPU alone            : {cpu_rate:8.0f} (1 / (observer + Postgres CPU per event): what one "
+          "otherwise idle core sustains, the RPC elsewhere; robust to load)")
     rest = med(runs, "seconds") - med(runs, "fetch_s") - med(runs, "apply_s")
     print(f"    wall split: fetch (getEvents, {pages} page(s)) {med(runs, 'fetch_s') * us:6.1f} us/event, decode "
           f"{med(runs, 'decode_s') * us:6.1f} us/event (inside apply), apply {med(runs, 'apply_s') * us:6.1f} "
