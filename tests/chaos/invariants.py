@@ -276,6 +276,13 @@ def check_findings(conn: psycopg.Connection, out: Findings) -> None:
         out.counts["reconciler findings"] = conn.execute("SELECT count(*) FROM paygate.findings").fetchone()[0]
 
 
+def count_tick_outcomes(conn: psycopg.Connection, out: Findings) -> None:
+    """Reported: every tick's heartbeat outcome (an 'error' is a run that ended 69 on a lost dependency)."""
+    out.counts["tick outcomes"] = dict(conn.execute(
+        "SELECT coalesce(outcome, 'unfinished (killed)'), count(*) FROM paygate.worker_runs GROUP BY 1 ORDER BY 1"
+    ).fetchall())
+
+
 def check_all(chain: ChainEnv, dsn: str, receiver: Receiver) -> Findings:
     out = Findings()
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -288,4 +295,5 @@ def check_all(chain: ChainEnv, dsn: str, receiver: Receiver) -> Findings:
         check_events(chain, conn, out)
         check_webhooks(conn, receiver, out)
         check_findings(conn, out)
+        count_tick_outcomes(conn, out)
     return out

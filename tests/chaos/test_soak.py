@@ -11,6 +11,7 @@ choices (kills, faults, admissions; the OS still interleaves the processes)."""
 from __future__ import annotations
 
 import random
+import resource
 import time
 from pathlib import Path
 
@@ -112,8 +113,10 @@ def test_every_unit_of_money_ends_exactly_once_under_chaos(tmp_path: Path) -> No
         load.stop()
         supervisor.kill_all()
         world.close()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     stats.update({
-        "chaos / quiesce seconds": f"{chaos_ended - started:.0f} / {quiesce_seconds:.0f} (under load)",
+        "chaos / quiesce seconds": f"{chaos_ended - started:.0f} / {quiesce_seconds:.0f} (wall, under load)",
+        "CPU of the workers and the devnet": f"{children.ru_utime + children.ru_stime:.0f} s",
         "processes started": supervisor.spawned,
         "SIGKILLs sent / seen": f"{supervisor.kills} / {supervisor.kills_confirmed}",
         "faults set": dict(sorted(faults.set_counts.items())),
