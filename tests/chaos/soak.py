@@ -379,7 +379,8 @@ class LoadGenerator:
         try:
             # Every user deposits first: charges, subscriptions and relays need money to flow. The
             # occasional buyers buy once, then again each time the bot has closed their order.
-            self.plan = [("deposit", user) for user in self.users] + [("relay", u) for u in self.occasional]
+            # Their first buys go first: the bot's cycle (buy, wait out the order's window, close) is long.
+            self.plan = [("relay", u) for u in self.occasional] + [("deposit", user) for user in self.users]
             while not self.stop_event.wait(self.rng.uniform(0.25, 0.8)):
                 if self.plan:
                     kind, user = self.plan.pop(0)

@@ -86,7 +86,7 @@ def test_every_unit_of_money_ends_exactly_once_under_chaos(tmp_path: Path) -> No
                 next_kill = now + rng.uniform(1.5, 4.0)
             if now >= next_fault:
                 faults.toggle(world.devnet)
-                next_fault = now + rng.uniform(1.5, 4.0)
+                next_fault = now + (rng.uniform(1.5, 4.0) if faults.active else rng.uniform(0.5, 2.0))  # on, then off
             if not world.pg_restarts and now >= pg_restart_at:
                 world.restart_postgres(rng.uniform(1.0, 3.0))
             if not world.devnet_restarts and now >= devnet_restart_at:
