@@ -125,34 +125,41 @@ def build_world(tmp: Path) -> World:
     if os.geteuid() == 0:
         os.chmod(pg_dir, 0o755)  # the postgres user must traverse it
     cluster = Cluster.at(Path(pg_dir) / "d")
-    cluster.init(fast=True)
-    cluster.start(fast=True)
-    with psycopg.connect(cluster.dsn("postgres"), autocommit=True) as conn:
-        conn.execute("CREATE DATABASE soak")
-    dsn = cluster.dsn("soak")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        migrate(conn)
-    state_file = tmp / "devnet-state.json"
-    devnet = start_devnet(tmp / "devnet", seed="soak", lanes=LANES, users=USERS, ledger_interval="1s",
-                          state=state_file)
-    port = int(devnet.url.rsplit(":", 1)[1])
-    chain = charge_chain(devnet, dsn, tmp / "keys")
-    chain.environ.update(
-        PAYGATE_WEBHOOK_ALLOW_HOSTS="127.0.0.1/32",
-        PAYGATE_WEBHOOK_LEASE="5s",
-        PAYGATE_WEBHOOK_BACKOFF_BASE="1s",
-        PAYGATE_WEBHOOK_BACKOFF_MAX="4s",
-        PAYGATE_WEBHOOK_MAX_ATTEMPTS="50",  # the receiver always answers 200: only chaos makes attempts fail
-        PAYGATE_RECOVERY_GRACE="15s",  # the default 180 s is longer than the soak
-        PAYGATE_INSTANCE_ID="soak",
-    )
-    receiver = Receiver().start()
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        allow_market(conn, devnet.genesis["contracts"]["market"])
-        conn.execute("INSERT INTO paygate.webhook_endpoints (url, secret) VALUES (%s, %s)",
-                     (f"{receiver.base}/ok", WEBHOOK_SECRET))
-    return World(tmp=tmp, cluster=cluster, pg_dir=pg_dir, dsn=dsn, devnet=devnet, state_file=state_file, port=port,
-                 chain=chain, receiver=receiver)
+    devnet: DevnetHandle | None = None
+    try:
+        cluster.init(fast=True)
+        cluster.start(fast=True)
+        with psycopg.connect(cluster.dsn("postgres"), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE soak")
+        dsn = cluster.dsn("soak")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            migrate(conn)
+        state_file = tmp / "devnet-state.json"
+        devnet = start_devnet(tmp / "devnet", seed="soak", lanes=LANES, users=USERS, ledger_interval="1s",
+                              state=state_file)
+        chain = charge_chain(devnet, dsn, tmp / "keys")
+        chain.environ.update(
+            PAYGATE_WEBHOOK_ALLOW_HOSTS="127.0.0.1/32",
+            PAYGATE_WEBHOOK_LEASE="5s",
+            PAYGATE_WEBHOOK_BACKOFF_BASE="1s",
+            PAYGATE_WEBHOOK_BACKOFF_MAX="4s",
+            PAYGATE_WEBHOOK_MAX_ATTEMPTS="50",  # the receiver always answers 200: only chaos fails attempts
+            PAYGATE_RECOVERY_GRACE="15s",  # the default 180 s is longer than the soak
+            PAYGATE_INSTANCE_ID="soak",
+        )
+        receiver = Receiver().start()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            allow_market(conn, devnet.genesis["contracts"]["market"])
+            conn.execute("INSERT INTO paygate.webhook_endpoints (url, secret) VALUES (%s, %s)",
+                         (f"{receiver.base}/ok", WEBHOOK_SECRET))
+    except BaseException:
+        if devnet is not None:
+            devnet.stop()
+        cluster.stop()
+        shutil.rmtree(pg_dir, ignore_errors=True)
+        raise
+    return World(tmp=tmp, cluster=cluster, pg_dir=pg_dir, dsn=dsn, devnet=devnet, state_file=state_file,
+                 port=int(devnet.url.rsplit(":", 1)[1]), chain=chain, receiver=receiver)
 
 
 # ----- worker processes under a supervisor ---------------------------------------------------------
@@ -350,6 +357,7 @@ class LoadGenerator:
     _n: int = 0
 
     plan: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    cycles: dict[str, dict[str, str | None]] = field(default_factory=dict)  # bot buyer -> its relay/close keys
 
     @property
     def users(self) -> list[dict[str, str]]:
@@ -358,7 +366,8 @@ class LoadGenerator:
     @property
     def occasional(self) -> list[dict[str, str]]:
         """Users whose orders the bot closes: a user who buys again keeps the order open (the chain
-        closes an order only ORDER_TTL_LEDGERS after the user's latest buy), so these buy rarely."""
+        closes an order only ORDER_TTL_LEDGERS after the user's latest buy), so these only buy in
+        their cycle (`_bot_job`), never at random."""
         return self.users[-2:]
 
     @property
@@ -377,10 +386,9 @@ class LoadGenerator:
     def _run(self) -> None:
         conn: psycopg.Connection | None = None
         try:
-            # Every user deposits first: charges, subscriptions and relays need money to flow. The
-            # occasional buyers buy once, then again each time the bot has closed their order.
-            # Their first buys go first: the bot's cycle (buy, wait out the order's window, close) is long.
-            self.plan = [("relay", u) for u in self.occasional] + [("deposit", user) for user in self.users]
+            # The bot's buyers start their cycle (buy, wait out the order's window, close) first: it is
+            # long. Then every user deposits: charges, subscriptions and relays need money to flow.
+            self.plan = [("bot_job", user) for user in self.occasional] + [("deposit", user) for user in self.users]
             while not self.stop_event.wait(self.rng.uniform(0.25, 0.8)):
                 if self.plan:
                     kind, user = self.plan.pop(0)
@@ -465,40 +473,54 @@ class LoadGenerator:
         # Most buy a unique item (so the chain's order events name the relay); some fail on chain on
         # purpose (the fee is still burned and settled); some carry an authorisation about to expire.
         item, valid = ("fail", 600) if roll < 0.1 else (key.replace("-", "_"), 2 if roll < 0.2 else 600)
+        self._admit_relay(conn, user, key, item, valid)
+
+    def _admit_relay(self, conn: psycopg.Connection, user: dict[str, str], key: str, item: str, valid: int) -> bool:
         try:
             admit_relay(conn, self.devnet, user, key, item, 7, expiration=self.devnet.latest_ledger() + valid)
             self.admitted["relay"] += 1
+            return True
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 raise
             self._refused("relay", exc)
+            return False
 
-    def _bot_job(self, conn: psycopg.Connection, user: dict[str, str]) -> None:
-        # The bot closes an order whose window has passed on chain: a user whose last relay applied
-        # more than ORDER_TTL_LEDGERS ledgers (1 s each) ago with none queued since. Racing a new buy,
-        # the chain says no (a failed bot job: a terminal state too).
-        due = [r[0] for r in conn.execute(BOT_DUE_SQL)]
-        if not due:
-            self.refused["bot_job:no order due"] += 1
-            return
-        account = self.rng.choice(due)
-        try:
-            admit_close(conn, self.devnet, account, self._key("close"))
-            self.admitted["bot_job"] += 1
-            self.plan += [("relay", u) for u in self.occasional if u["public"] == account]
-        except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError):
-                raise
-            self._refused("bot_job", exc)
+    def _bot_job(self, conn: psycopg.Connection, _user: dict[str, str]) -> None:
+        """One step of each bot buyer's cycle: buy; once the buy applied and the order's window has
+        passed on chain (ORDER_TTL_LEDGERS ledgers of 1 s), queue the bot job closing it; when that
+        job is terminal (closed, or refused by the chain), buy again. A buy that did not apply or an
+        admission that did not happen starts the step again: the cycle heals itself under chaos."""
+        for user in self.occasional:
+            cycle = self.cycles.setdefault(user["public"], {"relay": None, "close": None})
+            relay_status, age, close_status = conn.execute(CYCLE_SQL, cycle).fetchone()
+            if cycle["close"] is not None:
+                if close_status == "queued":
+                    continue
+                cycle.update(relay=None, close=None)
+                relay_status = None
+            if relay_status in (None, "expired", "rejected", "failed"):
+                key = self._key("relay")
+                cycle["relay"] = key if self._admit_relay(conn, user, key, key.replace("-", "_"), 600) else None
+            elif relay_status == "applied" and age > ORDER_TTL_LEDGERS + 3:
+                key = self._key("close")
+                try:
+                    admit_close(conn, self.devnet, user["public"], key)
+                except psycopg.Error as exc:
+                    if isinstance(exc, psycopg.OperationalError):
+                        raise
+                    self._refused("bot_job", exc)
+                    continue
+                cycle["close"] = key
+                self.admitted["bot_job"] += 1
 
 
-FUNDED_SQL = "SELECT address FROM paygate.accounts WHERE cached_balance >= %s ORDER BY address"
-BOT_DUE_SQL = f"""
-SELECT account FROM paygate.relays GROUP BY account
-HAVING bool_and(status <> 'queued')
-   AND max(finished_at) FILTER (WHERE status = 'applied') < now() - interval '{ORDER_TTL_LEDGERS + 5} seconds'
-ORDER BY account
+CYCLE_SQL = """
+SELECT (SELECT status FROM paygate.relays WHERE idempotency_key = %(relay)s),
+       (SELECT extract(epoch FROM now() - finished_at)::float8 FROM paygate.relays WHERE idempotency_key = %(relay)s),
+       (SELECT status FROM paygate.bot_jobs WHERE job_key = %(close)s)
 """
+FUNDED_SQL = "SELECT address FROM paygate.accounts WHERE cached_balance >= %s ORDER BY address"
 
 
 def open_work(dsn: str) -> dict[str, int]:
