@@ -219,6 +219,10 @@ class Supervisor:
         # process was already on its way out, its work done): what systemd calls a clean stop too.
         expected = {0, 1, 69, 75, 143} | ({-signal.SIGKILL} if slot.killed else set()) | (
             {-signal.SIGTERM} if slot.terminated else set())
+        # The reconciler may raise a balance finding while money moves under chaos (exit 3); it is
+        # reported, and the test requires every finding to have cleared by the end.
+        if slot.worker == "reconciler" and code == 3:
+            expected.add(3)
         if code not in expected:
             with slot.log.open("rb") as log:
                 log.seek(slot.log_offset)

@@ -130,19 +130,26 @@ def test_every_unit_of_money_ends_exactly_once_under_chaos(tmp_path: Path) -> No
     print(report, flush=True)
     (tmp_path / "soak-report.txt").write_text(report + "\n")
 
-    def check(ok: bool, invariant: str, detail: str = "") -> None:
-        assert ok, f"soak seed={seed}: first violated invariant: {invariant}\n{detail}\n\n{report}"
+    # Every problem, in order of importance; the first is reported with its evidence, the rest named.
+    problems: list[tuple[str, str]] = []
+    if load.error is not None:
+        problems.append(("the load generator ran without error", repr(load.error)))
+    if supervisor.crashes:  # no process ever crashed (70), nor exited in any other unexpected way
+        problems.append(("no process ever exited 70 (or any unexpected code)",
+                         "\n\n".join(f"{w} exited {c}:\n{tail}" for w, c, tail in supervisor.crashes[:3])))
+    if any(open_now.values()):
+        problems.append((f"quiescence within {quiesce_limit:.0f}s", f"still open: {open_now}"))
+    if observer_code != 0:
+        problems.append(("the final observer pass succeeds", f"exit {observer_code}"))
+    problems += [(v.invariant, v.detail) for v in findings.violations]
+    if problems:
+        others = "; ".join(name for name, _ in problems[1:8])
+        raise AssertionError(f"soak seed={seed}: first violated invariant: {problems[0][0]}\n{problems[0][1]}\n"
+                             + (f"(also violated: {others})\n" if others else "") + f"\n{report}")
 
-    assert load.error is None, f"soak seed={seed}: the load generator crashed: {load.error!r}"
-    # No process ever crashed (70), nor exited in any other unexpected way.
-    check(not supervisor.crashes, "no process ever exited 70 (or any unexpected code)",
-          "\n\n".join(f"{w} exited {c}:\n{tail}" for w, c, tail in supervisor.crashes[:3]))
-    check(not any(open_now.values()), f"quiescence within {quiesce_limit:.0f}s", f"still open: {open_now}")
-    check(observer_code == 0, "the final observer pass succeeds", f"exit {observer_code}")
-    if findings.violations:
-        first = findings.violations[0]
-        check(False, first.invariant, first.detail + (f"\n({len(findings.violations) - 1} more violations: "
-              + "; ".join(v.invariant for v in findings.violations[1:6]) + ")" if len(findings.violations) > 1 else ""))
+    def check(ok: bool, invariant: str) -> None:
+        assert ok, f"soak seed={seed}: the chaos did not happen as it must: {invariant}\n\n{report}"
+
     # The soak was a soak: chaos really happened and money really flowed to every end it should reach.
     check(supervisor.kills > 0 and supervisor.kills_confirmed > 0, "workers were really SIGKILLed")
     check(set(faults.set_counts) == set(FAULT_KINDS) and faults.clears > 0,
