@@ -474,8 +474,9 @@ class LoadGenerator:
     def _relay(self, conn: psycopg.Connection, user: dict[str, str]) -> None:
         key = self._key("relay")
         roll = self.rng.random()
-        # Most buy a unique item (so the chain's order events name the relay); some fail on chain on
-        # purpose (the fee is still burned and settled); some carry an authorisation about to expire.
+        # Most buy a unique item (so the chain's order events name the relay); some buy "fail", which
+        # the contract refuses (rejected at simulation, the reservation released); some carry an
+        # authorisation about to expire (expired, released).
         item, valid = ("fail", 600) if roll < 0.1 else (key.replace("-", "_"), 2 if roll < 0.2 else 600)
         self._admit_relay(conn, user, key, item, valid)
 
