@@ -277,7 +277,7 @@ def check_findings(conn: psycopg.Connection, out: Findings) -> None:
                        "resolved_by FROM paygate.findings ORDER BY id")
     out.counts["reconciler findings (raised, open)"] = (len(rows), sum(1 for r in rows if r["resolved_at"] is None))
     for row in rows:
-        out.counts[f"finding {row['id']}"] = (f"{row['kind']} {row['subject'][:8]}…: {row['summary']} "
+        out.counts[f"finding {row['id']}"] = (f"{row['kind']} {row['subject'][:8]}…: {row['summary']} {row['details']} "
                                               f"(seen {row['seen_count']}x, {row['first_seen']:%H:%M:%S} → "
                                               f"{row['resolved_at'] and format(row['resolved_at'], '%H:%M:%S')})")
         if row["kind"] == "balance_drift":  # the evidence: that account's deposits settled around then
