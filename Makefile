@@ -1,11 +1,12 @@
 # make demo  - run the system on a private Postgres (and, later, the devnet)
 # make test  - the whole suite (real Postgres, real processes, real HTTP)
 # make bench - benchmarks; they print figures, they assert nothing
+# make soak  - the chaos soak alone, longer: make soak DURATION=30m [SEED=N]
 PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench lint clean soak
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +22,12 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	# Three workers on two cores: most tests wait on processes, ledgers and leases, not the CPU.
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n 3
+
+# The chaos soak (tests/chaos) also runs in `make test`, for PAYGATE_SOAK_SECONDS (default 150 s).
+DURATION ?= 30m
+soak: $(STAMP)
+	PAYGATE_SOAK_SECONDS=$(DURATION) $(if $(SEED),PAYGATE_SOAK_SEED=$(SEED)) \
+	  $(VENV)/bin/pytest -q -p no:cacheprovider -s -m soak tests/chaos
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/idle_tick.py

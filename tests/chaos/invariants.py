@@ -1,0 +1,318 @@
+"""The soak's invariants after quiescence, each read from the database AND the chain (through
+SorobanServer, never through paygate). A check never asserts: it returns what it counted and the
+violations it found, each with the rows and lineages involved, so a failing soak can print the
+first violated invariant with its evidence and the whole table beside it."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from stellar_sdk import Address, scval
+from stellar_sdk.soroban_rpc import EventFilter, EventFilterType
+
+from tests.chain_env import ChainEnv, billing_balance
+from tests.relay_support import assert_relay_invariants
+from tests.webhook_receiver import Receiver
+
+TERMINAL = {
+    "pending_credits": {"settled", "expired", "failed"},
+    "charges": {"settled", "failed"},
+    "relays": {"applied", "failed", "expired", "rejected"},
+    "bot_jobs": {"applied", "failed", "dead"},
+    "webhook_outbox": {"delivered"},
+}
+
+
+@dataclass
+class Violation:
+    invariant: str
+    detail: str
+
+
+@dataclass
+class Findings:
+    counts: dict[str, Any] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+
+    def fail(self, invariant: str, detail: str) -> None:
+        self.violations.append(Violation(invariant, detail))
+
+
+def _native(value: Any) -> Any:
+    if isinstance(value, Address):
+        return value.address
+    if isinstance(value, list):
+        return [_native(v) for v in value]
+    return value
+
+
+def chain_events(chain: ChainEnv, contract: str) -> list[dict[str, Any]]:
+    """Every event of `contract` from ledger 1 on: topics and value decoded, and the tx hash."""
+    found = []
+    with chain.server() as server:
+        cursor = None
+        while True:
+            kwargs: dict[str, Any] = {"cursor": cursor} if cursor else {"start_ledger": 1}
+            page = server.get_events(filters=[EventFilter(event_type=EventFilterType.CONTRACT,
+                                                          contract_ids=[contract])], limit=1000, **kwargs)
+            for event in page.events:
+                found.append({"id": event.id, "topics": [_native(scval.to_native(t)) for t in event.topic],
+                              "value": _native(scval.to_native(event.value)), "tx": event.transaction_hash.lower(),
+                              "ledger": event.ledger})
+            if not page.events:
+                break
+            cursor = page.cursor
+    return found
+
+
+def _rows(conn: psycopg.Connection, sql: str, params: tuple | None = None) -> list[dict[str, Any]]:
+    cursor = conn.execute(sql, params)
+    names = [c.name for c in cursor.description]
+    return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+
+
+def _lineages_of(conn: psycopg.Connection, entitlements: list[str]) -> str:
+    rows = _rows(conn, "SELECT id, entitlement, lane, source_seq, state, resolution, ledger, "
+                       "encode(inner_hash, 'hex') AS inner_hash, send_count, last_send_status "
+                       "FROM paygate.lineages WHERE entitlement = ANY(%s) ORDER BY id", (entitlements,))
+    return "\n".join(f"    lineage {r}" for r in rows) or "    (no lineages)"
+
+
+def _hash_map(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
+    """Every transaction hash of ours (inner and fee-bump outer) -> its lineage."""
+    found = {}
+    for row in _rows(conn, "SELECT id, entitlement, state, encode(inner_hash, 'hex') AS inner, "
+                           "encode(outer_hash, 'hex') AS outer FROM paygate.lineages WHERE inner_hash IS NOT NULL"):
+        found[row["inner"]] = row
+        found[row["outer"]] = row
+    return found
+
+
+def check_terminal(conn: psycopg.Connection, out: Findings) -> None:
+    """Nothing stuck: every deposit, charge, relay, bot job and webhook event in a terminal state,
+    no live lineage, no open charge batch or fee reservation."""
+    for table, terminal in TERMINAL.items():
+        by_status = dict(conn.execute(f"SELECT status, count(*) FROM paygate.{table} GROUP BY status").fetchall())
+        out.counts[table] = by_status
+        stuck = {s: n for s, n in by_status.items() if s not in terminal}
+        if stuck:
+            rows = _rows(conn, f"SELECT * FROM paygate.{table} WHERE status <> ALL(%s) ORDER BY id LIMIT 5",
+                         (sorted(terminal),))
+            out.fail(f"every {table} row terminal", f"{stuck} not terminal; first rows:\n" +
+                     "\n".join(f"    {r}" for r in rows))
+    live = _rows(conn, "SELECT id, entitlement, lane, state, source_seq, send_count, last_send_status "
+                       "FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent') ORDER BY id")
+    out.counts["lineages"] = dict(conn.execute("SELECT state, count(*) FROM paygate.lineages GROUP BY state"
+                                               ).fetchall())
+    if live:
+        out.fail("no live lineage left", "\n".join(f"    {r}" for r in live))
+    batches = conn.execute("SELECT count(*) FROM paygate.charge_batches WHERE closed_at IS NULL").fetchone()[0]
+    if batches:
+        out.fail("no open charge batch", f"{batches} charge batches still open")
+
+
+def check_deposits(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> None:
+    """On chain, each deposit transferred at most once and credited at most once; settled ⇔ credited."""
+    g = chain.genesis
+    billing, users = g["contracts"]["billing"], {u["public"] for u in g["users"]}
+    hashes = _hash_map(conn)
+    transfers: dict[str, list[str]] = defaultdict(list)
+    for ev in chain_events(chain, g["contracts"]["usdc"]):
+        if ev["topics"][0] == "transfer" and ev["topics"][2] == billing and ev["topics"][1] in users:
+            lineage = hashes.get(ev["tx"])
+            if lineage is None:
+                out.fail("every deposit transfer is ours", f"transfer in tx {ev['tx']} matches no lineage: {ev}")
+                continue
+            transfers[lineage["entitlement"]].append(ev["tx"])
+    credits: dict[bytes, list[dict]] = defaultdict(list)
+    for ev in chain_events(chain, billing):
+        if ev["topics"][0] == "credit":
+            credits[bytes(ev["value"][1])].append(ev)
+    deposits = _rows(conn, "SELECT id, account, amount, status, deposit_tx, deposit_lineage_id, credit_lineage_id, "
+                           "reason FROM paygate.pending_credits ORDER BY id")
+    out.counts["deposit transfers on chain"] = sum(len(v) for v in transfers.values())
+    out.counts["credits on chain"] = sum(len(v) for v in credits.values())
+    for dep in deposits:
+        ent = f"pending_credit:{dep['id']}:deposit"
+        moved = transfers.get(ent, [])
+        credited = credits.get(bytes(dep["deposit_tx"]), []) if dep["deposit_tx"] else []
+        evidence = f"deposit {dep}\n  transfers {moved}\n  credits {credited}\n" + _lineages_of(
+            conn, [ent, f"pending_credit:{dep['id']}:credit"])
+        if len(moved) > 1:
+            out.fail("each deposit transferred at most once", evidence)
+        if len(credited) > 1:
+            out.fail("each deposit credited at most once", evidence)
+        if (dep["status"] == "settled") != (len(credited) == 1):
+            out.fail("a deposit is settled exactly when credited on chain", evidence)
+        if dep["status"] != "settled" and moved:
+            out.fail("a deposit that moved USDC ends settled", evidence)
+    for deposit_tx, evs in credits.items():
+        if not any(d["deposit_tx"] and bytes(d["deposit_tx"]) == deposit_tx for d in deposits):
+            out.fail("every credit on chain is for a deposit of ours", f"{evs}")
+
+
+def check_charges(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> None:
+    """Each charge id debited at most once; the row agrees with the chain."""
+    events = [e for e in chain_events(chain, chain.genesis["contracts"]["billing"])
+              if e["topics"][0] in ("charge", "charge_failed")]
+    seen = Counter(bytes(e["value"][1]) for e in events)
+    kinds = {bytes(e["value"][1]): e["topics"][0] for e in events}
+    rows = {bytes(r["charge_id"]): r for r in _rows(
+        conn, "SELECT id, charge_id, account, amount, status, failed_by, reason, subscription_id, period_start, "
+              "lineage_id FROM paygate.charges")}
+    out.counts["charge events on chain"] = dict(Counter(e["topics"][0] for e in events))
+    for charge_id, n in seen.items():
+        row = rows.get(charge_id)
+        if n > 1:
+            out.fail("each charge id debited at most once", f"{charge_id.hex()} x{n}: {row}")
+        if row is None:
+            out.fail("every charge on chain is ours", f"{charge_id.hex()} is not in paygate.charges")
+        elif kinds[charge_id] == "charge" and row["status"] != "settled":
+            out.fail("debited on chain ⇒ settled", f"{row}")
+        elif kinds[charge_id] == "charge_failed" and (row["status"], row["failed_by"]) != ("failed", "observer"):
+            out.fail("charge_failed on chain ⇒ failed by the observer", f"{row}")
+    for charge_id, row in rows.items():
+        if row["status"] == "settled" and kinds.get(charge_id) != "charge":
+            out.fail("settled ⇒ debited on chain", f"{row}")
+        if row["status"] == "failed" and row["failed_by"] == "settlement" and charge_id in seen:
+            out.fail("failed by settlement ⇒ never on chain", f"{row}")
+
+
+def check_subscriptions(conn: psycopg.Connection, out: Findings) -> None:
+    """At most one charge per subscription period, and every period start derived from the anchor."""
+    dupes = _rows(conn, "SELECT subscription_id, period_start, count(*) FROM paygate.charges "
+                        "WHERE subscription_id IS NOT NULL GROUP BY 1, 2 HAVING count(*) > 1")
+    if dupes:
+        out.fail("at most one charge per subscription period", f"{dupes}")
+    off_grid = _rows(conn, """
+        SELECT c.id, c.subscription_id, c.period_start, s.anchor, s.period FROM paygate.charges c
+        JOIN paygate.subscriptions s ON s.id = c.subscription_id
+        WHERE extract(epoch FROM c.period_start - s.anchor)::numeric % extract(epoch FROM s.period)::numeric <> 0""")
+    if off_grid:
+        out.fail("every period start is anchor + k x period", f"{off_grid}")
+    out.counts["subscription charges"] = dict(conn.execute(
+        "SELECT status, count(*) FROM paygate.charges WHERE subscription_id IS NOT NULL GROUP BY status").fetchall())
+    out.counts["subscriptions"] = dict(conn.execute(
+        "SELECT status, count(*) FROM paygate.subscriptions GROUP BY status").fetchall())
+
+
+def check_relays(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> None:
+    """Each relay applied at most once on chain (its unique item's order event), the row agrees with
+    the chain, and fees settled exactly once (the relay path's own invariant helper)."""
+    hashes = _hash_map(conn)
+    orders: dict[str, list[dict]] = defaultdict(list)
+    for ev in chain_events(chain, chain.genesis["contracts"]["market"]):
+        if ev["topics"][0] == "order":
+            orders[str(ev["value"][0])].append(ev)
+    relays = _rows(conn, "SELECT id, idempotency_key, status, reason, fee_charged, encode(tx_hash, 'hex') AS tx "
+                         "FROM paygate.relays ORDER BY id")
+    for relay in relays:
+        item = relay["idempotency_key"].replace("-", "_")
+        landed = orders.get(item, [])
+        evidence = f"relay {relay}\n  orders {landed}\n" + _lineages_of(conn, [f"relay:{relay['id']}"])
+        if len(landed) > 1:
+            out.fail("each relay applied at most once on chain", evidence)
+        if landed and (relay["status"] != "applied" or hashes.get(landed[0]["tx"], {}).get("entitlement")
+                       != f"relay:{relay['id']}"):
+            out.fail("an order on chain ⇒ its relay applied, by its own lineage", evidence)
+        if relay["status"] == "applied" and item.startswith("relay_") and not landed:
+            out.fail("an applied relay ⇒ its order on chain", evidence)
+    out.counts["orders on chain"] = sum(len(v) for v in orders.values())
+    try:
+        assert_relay_invariants(chain, conn)
+    except AssertionError as exc:
+        reservations = _rows(conn, "SELECT * FROM paygate.fee_reservations WHERE status = 'reserved' LIMIT 5")
+        out.fail("relay fees settled exactly once (settled = feeCharged on chain; none left reserved)",
+                 f"{exc!r}\n  open reservations {reservations}")
+    out.counts["fee reservations"] = dict(conn.execute(
+        "SELECT status, count(*) FROM paygate.fee_reservations GROUP BY status").fetchall())
+
+
+def check_balances(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> None:
+    mismatched = []
+    for user in chain.genesis["users"]:
+        row = conn.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s",
+                           (user["public"],)).fetchone()
+        cached = int(row[0]) if row else 0
+        on_chain = billing_balance(chain, user["public"])
+        if cached != on_chain:
+            mismatched.append((user["public"], cached, on_chain))
+    out.counts["accounts checked against chain"] = len(chain.genesis["users"])
+    if mismatched:
+        out.fail("cached balances equal chain balances", f"(account, cached, chain): {mismatched}")
+
+
+def check_events(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> None:
+    billing = [e for e in chain_events(chain, chain.genesis["contracts"]["billing"])
+               if e["topics"][0] in ("credit", "charge", "charge_failed")]
+    stored = conn.execute("SELECT count(*), count(*) FILTER (WHERE quarantined) FROM paygate.chain_events"
+                          ).fetchone()
+    if stored[0] != len(billing):
+        out.fail("every billing event applied exactly once", f"{stored[0]} stored, {len(billing)} on chain")
+    if stored[1]:
+        out.fail("no quarantined events", f"{stored[1]} quarantined")
+
+
+def check_webhooks(conn: psycopg.Connection, receiver: Receiver, out: Findings) -> None:
+    """Every outbox event delivered; the receiver saw each at least once (duplicates counted)."""
+    ids = {str(r[0]) for r in conn.execute("SELECT event_id FROM paygate.webhook_outbox")}
+    with receiver.lock:
+        got = Counter(r["headers"].get("Paygate-Event-Id") for r in receiver.requests)
+    missing = ids - set(got)
+    if missing:
+        out.fail("every webhook event delivered", f"{len(missing)} never reached the receiver, e.g. "
+                                                  f"{sorted(missing)[:5]}")
+    out.counts["webhook deliveries"] = {"events": len(ids), "requests": sum(got.values()),
+                                        "duplicates": sum(n - 1 for n in got.values() if n > 1)}
+
+
+def check_findings(conn: psycopg.Connection, out: Findings) -> None:
+    """The reconciler compares balances while money moves, so a finding may appear under chaos (its
+    tick exits 3) and must clear on a later check: none may be left open after quiescence. Every
+    finding raised during the run is listed in the table with its evidence."""
+    rows = _rows(conn, "SELECT id, kind, subject, summary, details, first_seen, last_seen, seen_count, resolved_at, "
+                       "resolved_by FROM paygate.findings ORDER BY id")
+    out.counts["reconciler findings (raised, open)"] = (len(rows), sum(1 for r in rows if r["resolved_at"] is None))
+    for row in rows:
+        out.counts[f"finding {row['id']}"] = (f"{row['kind']} {row['subject'][:8]}…: {row['summary']} {row['details']} "
+                                              f"(seen {row['seen_count']}x, {row['first_seen']:%H:%M:%S} → "
+                                              f"{row['resolved_at'] and format(row['resolved_at'], '%H:%M:%S')})")
+        if row["kind"] == "balance_drift":  # the evidence: that account's deposits settled around then
+            near = _rows(conn, """
+                SELECT p.id, p.amount, p.settled_by, to_char(p.settled_at, 'HH24:MI:SS.MS') AS settled_at,
+                       l.ledger AS credit_ledger, to_char(l.resolved_at, 'HH24:MI:SS.MS') AS credit_resolved_at,
+                       (SELECT to_char(e.observed_at, 'HH24:MI:SS.MS') || ' ledger ' || e.ledger || ' ' || e.effect
+                        FROM paygate.chain_events e WHERE e.applied_to = 'pending_credit:' || p.id LIMIT 1) AS observed
+                FROM paygate.pending_credits p LEFT JOIN paygate.lineages l ON l.id = p.credit_lineage_id
+                WHERE p.account = %s AND p.settled_at BETWEEN %s - interval '60 seconds' AND %s + interval '60 seconds'
+                ORDER BY p.id""", (row["subject"], row["first_seen"], row["last_seen"]))
+            out.counts[f"finding {row['id']} deposits"] = near
+    still_open = [r for r in rows if r["resolved_at"] is None]
+    if still_open:
+        out.fail("no reconciler finding left open after quiescence", "\n".join(f"    {r}" for r in still_open))
+
+
+def count_tick_outcomes(conn: psycopg.Connection, out: Findings) -> None:
+    """Reported: every tick's heartbeat outcome (an 'error' is a run that ended 69 on a lost dependency)."""
+    out.counts["tick outcomes"] = dict(conn.execute(
+        "SELECT coalesce(outcome, 'unfinished (killed)'), count(*) FROM paygate.worker_runs GROUP BY 1 ORDER BY 1"
+    ).fetchall())
+
+
+def check_all(chain: ChainEnv, dsn: str, receiver: Receiver) -> Findings:
+    out = Findings()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        check_terminal(conn, out)
+        check_deposits(chain, conn, out)
+        check_charges(chain, conn, out)
+        check_subscriptions(conn, out)
+        check_relays(chain, conn, out)
+        check_balances(chain, conn, out)
+        check_events(chain, conn, out)
+        check_webhooks(conn, receiver, out)
+        check_findings(conn, out)
+        count_tick_outcomes(conn, out)
+    return out
