@@ -70,6 +70,10 @@ SELECT (SELECT coalesce(sum(cached_balance), 0) FROM paygate.accounts),
         WHERE p.status = 'pending' AND p.deposit_tx IS NULL AND l.state IN ('signed', 'sent'))
 """
 SETTLED_CHARGES_SQL = "SELECT coalesce(sum(amount), 0) FROM paygate.charges WHERE status = 'settled'"
+# Each snapshot is one consistent view: under READ COMMITTED every statement sees a newer one, so a
+# deposit settled between reading the cached balance and reading which deposits are settled looked
+# like unexplained drift (a false exit 3 the chaos soak caught).
+SNAPSHOT_SQL = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 # Plain sums over large tables: JIT compilation costs seconds here and saves nothing.
 NO_JIT_SQL = "SET LOCAL jit = off"
 LANES_SQL = """
@@ -235,6 +239,7 @@ def tick(ctx: TickContext) -> TickResult:
 
     # Snapshot 1: the database side, in one short transaction.
     with conn.transaction():
+        conn.execute(SNAPSHOT_SQL)
         conn.execute(NO_JIT_SQL)
         before = {a: (int(c), int(f)) for a, c, f in conn.execute(ACCOUNTS_SQL, (picked,))}
         cursor_row = conn.execute(CURSOR_SQL).fetchone()
@@ -269,6 +274,7 @@ def tick(ctx: TickContext) -> TickResult:
 
     # Snapshot 2: what changed while we read the chain is "moving", not drift.
     with conn.transaction():
+        conn.execute(SNAPSHOT_SQL)
         conn.execute(NO_JIT_SQL)
         after = {a: (int(c), int(f)) for a, c, f in conn.execute(ACCOUNTS_SQL, (list(before),))}
         total_after = conn.execute(TOTAL_MOVING_SQL).fetchone()
