@@ -60,13 +60,13 @@ def gas_events(db: psycopg.Connection) -> list[str]:
 
 
 def admit_charge(db: psycopg.Connection, key: str) -> None:
-    db.execute("SELECT * FROM paygate.admit_charge(%s, 1, %s)", ("G" + "A" * 55, key))
+    db.execute("SELECT * FROM paygate.admit_charge(%s, 1, %s)", ("GCQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DJX7", key))
 
 
 def test_drained_fee_account_halts_admission_and_resumes_only_above_the_resume_floor(
         chain: ChainEnv, allowed: psycopg.Connection) -> None:
     db = allowed
-    db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 100)", ("G" + "A" * 55,))
+    db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 100)", ("GCQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DJX7",))
     first = gas_tick(chain)
     assert first["level"] == "ok" and first["halted"] is False and first["reserved_fees"] == 0
     h0 = first["headroom"]
