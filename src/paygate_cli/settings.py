@@ -7,6 +7,7 @@ environment variables leak through `systemctl show`, /proc and child processes."
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import re
 import socket
@@ -22,16 +23,27 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, None: 1.0}
 
 
+# Longest duration any setting or flag may take. Beyond it a value is a typo (or 400 nines, which
+# float() turns into infinity), and infinity breaks every consumer: sleep(), Postgres timeouts.
+MAX_DURATION_S = 366 * 86400.0
+# Largest integer setting: every one ends in a Postgres integer or an XDR uint32 field.
+MAX_INT = 2**31 - 1
+
+
 def parse_duration(text: str | float | int, *, name: str = "duration") -> float:
-    """'2s', '500ms', '10min', '1h' or a bare number of seconds -> seconds."""
+    """'2s', '500ms', '10min', '1h' or a bare number of seconds -> seconds (0 .. 366 days)."""
     if isinstance(text, int | float) and not isinstance(text, bool):
-        if text < 0:
+        seconds = float(text)
+        if seconds < 0:
             raise ConfigError(f"{name}: must not be negative")
-        return float(text)
-    match = _DURATION.match(str(text))
-    if not match:
-        raise ConfigError(f"{name}: {text!r} is not a duration (examples: 500ms, 2s, 10min, 1h)")
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    else:
+        match = _DURATION.match(str(text))
+        if not match:
+            raise ConfigError(f"{name}: {str(text)[:80]!r} is not a duration (examples: 500ms, 2s, 10min, 1h)")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if not math.isfinite(seconds) or seconds > MAX_DURATION_S:  # NaN fails every comparison: named first
+        raise ConfigError(f"{name}: {str(text)[:80]!r} is longer than 366 days")
+    return seconds
 
 
 def _parse_bool(text: str | bool, name: str) -> bool:
@@ -46,12 +58,17 @@ def _parse_bool(text: str | bool, name: str) -> bool:
 
 
 def _parse_int(text: str | int, name: str) -> int:
+    # bool is an int and float truncates silently (1.5 -> 1, inf -> OverflowError): only whole numbers.
+    if isinstance(text, bool) or (isinstance(text, float) and not (math.isfinite(text) and text.is_integer())):
+        raise ConfigError(f"{name}: {str(text)[:80]!r} is not an integer")
     try:
         value = int(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: {text!r} is not an integer") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{name}: {str(text)[:80]!r} is not an integer") from None
     if value < 0:
         raise ConfigError(f"{name}: must not be negative")
+    if value > MAX_INT:
+        raise ConfigError(f"{name}: must be at most {MAX_INT}")
     return value
 
 
@@ -304,6 +321,8 @@ def _load_toml(path: Path, explicit: bool) -> dict[str, Any]:
         return {}
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8; tomllib lets the codec's error through
+        raise ConfigError(f"config file {path}: invalid TOML: not UTF-8 (byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"config file {path}: cannot read: {exc.strerror}") from None
 
