@@ -25,7 +25,7 @@ from paygate_cli.errors import ExitCode
 from paygate_cli.settings import FIELDS, SECRETS
 from tests.cli import Result, base_environ
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 LEGITIMATE = {ExitCode.OK, ExitCode.FAILED, ExitCode.USAGE, ExitCode.NEEDS_HUMAN, ExitCode.UNAVAILABLE,
