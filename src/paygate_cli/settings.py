@@ -23,9 +23,9 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, None: 1.0}
 
 
-# Longest duration any setting or flag may take. Beyond it a value is a typo (or 400 nines, which
-# float() turns into infinity), and infinity breaks every consumer: sleep(), Postgres timeouts.
-MAX_DURATION_S = 366 * 86400.0
+# Longest duration any setting or flag may take (a million hours). Beyond it a value is a typo (or
+# 400 nines, which float() turns into infinity), and infinity breaks every consumer: waits, timeouts.
+MAX_DURATION_S = 3600.0 * 10**6
 # Largest integer setting: every one ends in a Postgres integer or an XDR uint32 field.
 MAX_INT = 2**31 - 1
 
@@ -42,7 +42,7 @@ def parse_duration(text: str | float | int, *, name: str = "duration") -> float:
             raise ConfigError(f"{name}: {str(text)[:80]!r} is not a duration (examples: 500ms, 2s, 10min, 1h)")
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
     if not math.isfinite(seconds) or seconds > MAX_DURATION_S:  # NaN fails every comparison: named first
-        raise ConfigError(f"{name}: {str(text)[:80]!r} is longer than 366 days")
+        raise ConfigError(f"{name}: {str(text)[:80]!r} is longer than a million hours")
     return seconds
 
 
@@ -193,15 +193,24 @@ def _dur(text: Any, name: str) -> float:
     return parse_duration(text, name=name)
 
 
+def _pg_timeout(text: Any, name: str) -> float:
+    """A Postgres timeout: sent in milliseconds, which Postgres holds in an int (about 24.8 days);
+    beyond it the server refuses the connection, which would look like an outage (69), not a typo."""
+    seconds = parse_duration(text, name=name)
+    if seconds * 1000 > MAX_INT:
+        raise ConfigError(f"{name}: {str(text)[:80]!r} is longer than Postgres allows ({MAX_INT} ms, about 24 days)")
+    return seconds
+
+
 FIELDS: tuple[Field, ...] = (
     Field("database_url", None, _opt_str, "libpq DSN (may also come from PAYGATE_DATABASE_URL_FILE)"),
     Field("instance_id", None, _opt_str, "this host's instance id (default: hostname)"),
     Field("operator", None, _opt_str, "actor recorded in audit_log (default: OS user)"),
     Field("application_name", "paygate", _str, "libpq application_name prefix"),
     Field("connect_timeout", 5.0, _dur, "Postgres connect timeout"),
-    Field("statement_timeout", 30.0, _dur, "Postgres statement_timeout"),
-    Field("lock_timeout", 5.0, _dur, "Postgres lock_timeout for work connections"),
-    Field("idle_in_transaction_timeout", 60.0, _dur, "Postgres idle_in_transaction_session_timeout"),
+    Field("statement_timeout", 30.0, _pg_timeout, "Postgres statement_timeout"),
+    Field("lock_timeout", 5.0, _pg_timeout, "Postgres lock_timeout for work connections"),
+    Field("idle_in_transaction_timeout", 60.0, _pg_timeout, "Postgres idle_in_transaction_session_timeout"),
     Field("log_format", "auto", _parse_choice(("auto", "text", "json")), "stderr log format"),
     Field("log_level", "info", _parse_choice(("debug", "info", "warning", "error")), "log level"),
     Field("metrics_dir", None, _opt_str, "Prometheus textfile collector directory"),
