@@ -64,6 +64,14 @@ def _report(env: Env, code: int, msgid: str, message: str, args: Sequence[str] =
     env.stderr.flush()
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _log_format(env: Env, args: Sequence[str]) -> str:
     """The format of the final line. A failure may come before the flags were validated, so an
     invalid value (itself the error being reported) falls back to auto rather than shaping the line."""
@@ -125,6 +133,15 @@ def main(argv: Sequence[str] | None = None, env: Env | None = None) -> int:
 def _main(argv: Sequence[str] | None, env: Env) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     env.json_errors = "--json" in args
+    for position, arg in enumerate(args, start=1):
+        # Non-UTF-8 bytes in argv arrive as lone surrogates: refuse them here, as a usage error, not
+        # later when Postgres or a log line fails to encode them (a bug report, 70).
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            _report(env, ExitCode.USAGE, "usage.not_utf8", f"command-line argument {position} is not valid UTF-8",
+                    [a for a in args if _is_utf8(a)])
+            return ExitCode.USAGE
     from typer._click.exceptions import ClickException
     from typer._click.utils import PacifyFlushWrapper
 

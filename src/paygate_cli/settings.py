@@ -341,6 +341,21 @@ def _dsn_password(dsn: str) -> str | None:
     return match.group(1) if match else None
 
 
+def _check_text(raw: Any, where: str) -> None:
+    """Text a setting carries on to Postgres, HTTP headers and logs: no NUL (Postgres text cannot hold
+    it) and valid UTF-8 (a non-UTF-8 environment value arrives as lone surrogates, which no encoder
+    accepts later, far from where it came in)."""
+    for item in raw if isinstance(raw, list) else [raw]:
+        if not isinstance(item, str):
+            continue
+        if "\x00" in item:
+            raise ConfigError(f"{where}: contains a NUL character")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{where}: is not valid UTF-8") from None
+
+
 def load_settings(
     environ: Mapping[str, str],
     *,
@@ -369,6 +384,8 @@ def load_settings(
             raw, source = file_values[field.name], f"file {path}"
         else:
             raw, source = field.default, "default"
+        if source != "default":
+            _check_text(raw, variable if source != f"file {path}" else f"config file {path}: {field.name}")
         values[field.name] = field.parse(raw, variable) if source != "default" else raw
         sources[field.name] = source
 

@@ -232,3 +232,24 @@ def test_fuzzed_environment_and_config_files_never_crash(dsn: str, tmp_path: Pat
         check(run(args, environ), args)
 
     fuzz()
+
+
+# -- real processes: bytes that are not UTF-8 in argv and in the environment --------------------------
+
+@pytest.mark.parametrize(("argv", "environ", "code"), [
+    ([b"drain", b"--lane", b"\xff\xfe", b"--yes"], {}, ExitCode.USAGE),
+    ([b"--log-format", b"\xc3\x28", b"status"], {}, ExitCode.USAGE),
+    ([b"halt", b"--reason", b"x", b"--dry-run"], {b"PAYGATE_OPERATOR": b"\xff"}, ExitCode.CONFIG),
+    ([b"status", b"--json"], {b"PAYGATE_RPC_URL": b"http://\xff/"}, ExitCode.CONFIG),
+], ids=["argv-lane", "argv-root-option", "env-operator", "env-rpc-url"])
+def test_non_utf8_bytes_from_the_os_are_refused_in_one_line(dsn: str, argv: list[bytes], environ: dict[bytes, bytes],
+                                                            code: int) -> None:
+    import subprocess
+    import sys
+
+    env = {k.encode(): v.encode() for k, v in base_environ(dsn).items()} | environ
+    proc = subprocess.run([sys.executable.encode(), b"-m", b"paygate_cli", *argv], env=env, capture_output=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    err = proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
