@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+
 class MalformedAnswer(ValueError):
     """An RPC answer that does not hold together (an RPC node is outside paygate): the endpoint's
     view is unknown, exactly as if no answer had come."""
@@ -34,8 +35,8 @@ TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     SdkConnectionError, BadResponseError, requests.RequestException, ValueError,
 )
 # What the SDK lets escape when an answer's JSON has an unexpected shape (it asserts `result is not
-# None`, indexes dicts, ...). Only ever caught around a call into the SDK, and turned into
-# MalformedAnswer there, so a bug of ours is not hidden by it.
+# None`, indexes dicts, ...). Caught only around the one SDK call in _retrying and reported as a
+# malformed answer naming the exception type (a bug in what we hand the SDK would show there too).
 _SDK_SHAPE_ERRORS = (AssertionError, KeyError, TypeError, AttributeError, IndexError)
 
 
