@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from stellar_sdk import Keypair, xdr
+from stellar_sdk import Keypair, StrKey, xdr
 
 from paygate_cli.chain.rpc import ChainClient
 from paygate_cli.errors import ExitCode, Unavailable
@@ -43,6 +43,7 @@ STRANGER = Keypair.from_raw_ed25519_seed(bytes([12]) * 32)
 SEQ, SIGNED_AT_LEDGER, MAX_TIME = 1000, 100, 5000
 INNER_HASH = bytes(range(32)).hex()
 OTHER_HASH = bytes(range(1, 33)).hex()
+MARKET_CONTRACT = StrKey.encode_contract(bytes([9]) * 32)
 
 
 def account_entry(owner: Keypair, seq: int) -> str:
@@ -274,3 +275,43 @@ def test_nonce_inspect_on_hostile_answers_never_exits_70(rpc: HostileRpc, dsn: s
     assert result.code in (ExitCode.OK, ExitCode.NEEDS_HUMAN, ExitCode.UNAVAILABLE), result.err
     if result.code == ExitCode.OK:
         assert '"applied"' not in result.out and '"superseded"' not in result.out, result.out
+
+
+# -- the observer's getEvents pages ---------------------------------------------------------------------
+
+CURSOR = f"{(120 << 32):019d}-0000000000"
+GOOD_PAGE = {"events": [], "cursor": CURSOR, "latestLedger": 130, "oldestLedger": 10,
+             "latestLedgerCloseTime": "4000", "oldestLedgerCloseTime": "100"}
+BAD_PAGES: list[Any] = [
+    {**GOOD_PAGE, "cursor": "not-a-cursor"},  # the observer could not even store it
+    {**GOOD_PAGE, "cursor": f"{(1 << 32):019d}-0000000000"},  # before the observer's own position
+    {k: v for k, v in GOOD_PAGE.items() if k != "latestLedger"}, {**GOOD_PAGE, "oldestLedger": 131},
+    {**GOOD_PAGE, "events": "many"}, {**GOOD_PAGE, "events": [{"ledger": 120}]},
+    {**GOOD_PAGE, "events": [{"id": "x", "ledger": 9999}]},  # an event from after the page's latest ledger
+    Raw(b'{"jsonrpc": "2.0", "id": 1, "result": {"events": [', truncate=True),
+    Document({"jsonrpc": "2.0", "id": 1, "error": "boom"}),
+]
+
+
+def test_observer_treats_a_malformed_events_page_as_no_answer(rpc: HostileRpc, dsn: str, db: psycopg.Connection
+                                                              ) -> None:
+    """The cursor never moves on a page that does not hold together, and the tick is 'unavailable'
+    (69: the next tick asks again), never a bug (70)."""
+    start = f"{(100 << 32):019d}-0000000000"  # inside the provider's window (10..130)
+    db.execute("INSERT INTO paygate.observer_cursor (cursor, ledger) VALUES (%s, 100)", (start,))
+    rpc.answers.update(getHealth={"status": "healthy", "latestLedger": 130, "oldestLedger": 10,
+                                  "ledgerRetentionWindow": 120},
+                       getLatestLedger={"id": "x", "protocolVersion": 22, "sequence": 130})
+    environ = base_environ(dsn, PAYGATE_RPC_URL=rpc.url, PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT="1",
+                           PAYGATE_RPC_TIMEOUT="2s", PAYGATE_BILLING_CONTRACT=MARKET_CONTRACT)
+    for bad in BAD_PAGES:
+        rpc.answers["getEvents"] = bad
+        result = run_cli("run-tick", "observer", "--once", "--json", environ=environ)
+        assert result.code == ExitCode.UNAVAILABLE, (bad, result.code, result.err[-800:])
+        assert "Traceback" not in result.err + result.out
+        assert db.execute("SELECT cursor FROM paygate.observer_cursor").fetchone()[0] == start, bad
+        assert db.execute("SELECT count(*) FROM paygate.chain_events").fetchone()[0] == 0, bad
+    # The same tick with a well-formed page moves the cursor: the failures above were the pages' doing.
+    rpc.answers["getEvents"] = GOOD_PAGE
+    assert run_cli("run-tick", "observer", "--once", "--json", environ=environ).code == ExitCode.OK
+    assert db.execute("SELECT cursor FROM paygate.observer_cursor").fetchone()[0] == CURSOR
