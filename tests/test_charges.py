@@ -8,8 +8,8 @@ import threading
 import psycopg
 import pytest
 
-ACCOUNT = "G" + "A" * 55
-OTHER = "G" + "B" * 55
+ACCOUNT = "GCQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DJX7"  # valid StrKeys (0013 checks)
+OTHER = "GCZLFMVSWKZLFMVSWKZLFMVSWKZLFMVSWKZLFMVSWKZLFMVSWKZLFF6T"
 
 
 @pytest.fixture
@@ -75,7 +75,7 @@ def test_insufficient_balance_is_refused_and_records_nothing(funded: psycopg.Con
     assert funded.execute("SELECT count(*) FROM paygate.webhook_outbox").fetchone()[0] == 0
     # Unknown account: the same refusal (no balance at all), not a crash.
     with pytest.raises(psycopg.Error, match="has 0"):
-        admit(funded, "G" + "C" * 55, 1, "k-unknown")
+        admit(funded, "GDB4HQ6DYPB4HQ6DYPB4HQ6DYPB4HQ6DYPB4HQ6DYPB4HQ6DYPB4H6AC", 1, "k-unknown")
     # After a top-up the same key goes through (the refusal recorded nothing).
     funded.execute("UPDATE paygate.accounts SET cached_balance = 100 WHERE address = %s", (OTHER,))
     assert admit(funded, OTHER, 51, "k-poor")[3] is False and balance(funded, OTHER) == 49

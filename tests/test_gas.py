@@ -59,14 +59,17 @@ def gas_events(db: psycopg.Connection) -> list[str]:
                                      "ORDER BY id")]
 
 
+CHARGED = "GCQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DJX7"  # a valid StrKey (admission checks the checksum)
+
+
 def admit_charge(db: psycopg.Connection, key: str) -> None:
-    db.execute("SELECT * FROM paygate.admit_charge(%s, 1, %s)", ("G" + "A" * 55, key))
+    db.execute("SELECT * FROM paygate.admit_charge(%s, 1, %s)", (CHARGED, key))
 
 
 def test_drained_fee_account_halts_admission_and_resumes_only_above_the_resume_floor(
         chain: ChainEnv, allowed: psycopg.Connection) -> None:
     db = allowed
-    db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 100)", ("G" + "A" * 55,))
+    db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 100)", (CHARGED,))
     first = gas_tick(chain)
     assert first["level"] == "ok" and first["halted"] is False and first["reserved_fees"] == 0
     h0 = first["headroom"]

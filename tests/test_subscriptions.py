@@ -11,8 +11,8 @@ import pytest
 from paygate_cli.workers.subscriptions import MAX_PERIODS_PER_TICK
 from tests.cli import run_cli, spawn
 
-ACCOUNT = "G" + "A" * 55
-OTHER = "G" + "B" * 55
+ACCOUNT = "GCQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DINBUGQ2DJX7"  # valid StrKeys (0013 checks)
+OTHER = "GCZLFMVSWKZLFMVSWKZLFMVSWKZLFMVSWKZLFMVSWKZLFMVSWKZLFF6T"
 
 
 def fund(db: psycopg.Connection, account: str, amount: int) -> None:

@@ -50,7 +50,7 @@ def _report(env: Env, code: int, msgid: str, message: str, args: Sequence[str] =
     threshold_no = logging.getLevelName(threshold.upper())
     if isinstance(threshold_no, int) and level < threshold_no:  # an invalid level is reported, not applied
         return
-    fmt = env.log_format or _root_option(args, "--log-format") or env.environ.get("PAYGATE_LOG_FORMAT") or "auto"
+    fmt = _log_format(env, args)
     journald = bool(env.environ.get("JOURNAL_STREAM"))
     if env.json_errors:
         line = json.dumps({"message_type": "exit_error", "code": code, "msgid": msgid, "message": message})
@@ -62,6 +62,22 @@ def _report(env: Env, code: int, msgid: str, message: str, args: Sequence[str] =
         line = final_line(env, fmt=fmt, level=level, msgid=msgid, message=message, code=code)
     env.stderr.write(line + "\n")
     env.stderr.flush()
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _log_format(env: Env, args: Sequence[str]) -> str:
+    """The format of the final line. A failure may come before the flags were validated, so an
+    invalid value (itself the error being reported) falls back to auto rather than shaping the line."""
+    fmt = env.log_format or _root_option(args, "--log-format") or env.environ.get("PAYGATE_LOG_FORMAT") or "auto"
+    fmt = fmt.strip().lower()
+    return fmt if fmt in ("auto", "text", "json") else "auto"
 
 
 def _root_option(args: Sequence[str], name: str) -> str | None:
@@ -117,6 +133,15 @@ def main(argv: Sequence[str] | None = None, env: Env | None = None) -> int:
 def _main(argv: Sequence[str] | None, env: Env) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     env.json_errors = "--json" in args
+    for position, arg in enumerate(args, start=1):
+        # Non-UTF-8 bytes in argv arrive as lone surrogates: refuse them here, as a usage error, not
+        # later when Postgres or a log line fails to encode them (a bug report, 70).
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            _report(env, ExitCode.USAGE, "usage.not_utf8", f"command-line argument {position} is not valid UTF-8",
+                    [a for a in args if _is_utf8(a)])
+            return ExitCode.USAGE
     from typer._click.exceptions import ClickException
     from typer._click.utils import PacifyFlushWrapper
 
@@ -136,8 +161,9 @@ def _main(argv: Sequence[str] | None, env: Env) -> int:
     except ClickException as exc:  # bad flags: click already knows the text
         from paygate_cli.logs import wants_json
 
-        fmt = env.log_format or _root_option(args, "--log-format") or env.environ.get("PAYGATE_LOG_FORMAT") or "auto"
-        if env.json_errors or wants_json(env, fmt):  # a log collector gets one parseable line, not click's usage
+        fmt = _log_format(env, args)
+        if env.json_errors or wants_json(env, fmt) or not env.stderr_isatty:
+            # A log collector or a script gets one line, not click's usage block (a human at a terminal does).
             _report(env, ExitCode.USAGE, "usage", exc.format_message(), args)
         else:
             exc.show(file=env.stderr)

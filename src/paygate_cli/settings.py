@@ -7,6 +7,7 @@ environment variables leak through `systemctl show`, /proc and child processes."
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import re
 import socket
@@ -22,16 +23,27 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, None: 1.0}
 
 
+# Longest duration any setting or flag may take (a million hours). Beyond it a value is a typo (or
+# 400 nines, which float() turns into infinity), and infinity breaks every consumer: waits, timeouts.
+MAX_DURATION_S = 3600.0 * 10**6
+# Largest integer setting: every one ends in a Postgres integer or an XDR uint32 field.
+MAX_INT = 2**31 - 1
+
+
 def parse_duration(text: str | float | int, *, name: str = "duration") -> float:
-    """'2s', '500ms', '10min', '1h' or a bare number of seconds -> seconds."""
+    """'2s', '500ms', '10min', '1h' or a bare number of seconds -> seconds (0 .. 366 days)."""
     if isinstance(text, int | float) and not isinstance(text, bool):
-        if text < 0:
+        seconds = float(text)
+        if seconds < 0:
             raise ConfigError(f"{name}: must not be negative")
-        return float(text)
-    match = _DURATION.match(str(text))
-    if not match:
-        raise ConfigError(f"{name}: {text!r} is not a duration (examples: 500ms, 2s, 10min, 1h)")
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    else:
+        match = _DURATION.match(str(text))
+        if not match:
+            raise ConfigError(f"{name}: {str(text)[:80]!r} is not a duration (examples: 500ms, 2s, 10min, 1h)")
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if not math.isfinite(seconds) or seconds > MAX_DURATION_S:  # NaN fails every comparison: named first
+        raise ConfigError(f"{name}: {str(text)[:80]!r} is longer than a million hours")
+    return seconds
 
 
 def _parse_bool(text: str | bool, name: str) -> bool:
@@ -46,12 +58,17 @@ def _parse_bool(text: str | bool, name: str) -> bool:
 
 
 def _parse_int(text: str | int, name: str) -> int:
+    # bool is an int and float truncates silently (1.5 -> 1, inf -> OverflowError): only whole numbers.
+    if isinstance(text, bool) or (isinstance(text, float) and not (math.isfinite(text) and text.is_integer())):
+        raise ConfigError(f"{name}: {str(text)[:80]!r} is not an integer")
     try:
         value = int(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}: {text!r} is not an integer") from None
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{name}: {str(text)[:80]!r} is not an integer") from None
     if value < 0:
         raise ConfigError(f"{name}: must not be negative")
+    if value > MAX_INT:
+        raise ConfigError(f"{name}: must be at most {MAX_INT}")
     return value
 
 
@@ -176,15 +193,24 @@ def _dur(text: Any, name: str) -> float:
     return parse_duration(text, name=name)
 
 
+def _pg_timeout(text: Any, name: str) -> float:
+    """A Postgres timeout: sent in milliseconds, which Postgres holds in an int (about 24.8 days);
+    beyond it the server refuses the connection, which would look like an outage (69), not a typo."""
+    seconds = parse_duration(text, name=name)
+    if seconds * 1000 > MAX_INT:
+        raise ConfigError(f"{name}: {str(text)[:80]!r} is longer than Postgres allows ({MAX_INT} ms, about 24 days)")
+    return seconds
+
+
 FIELDS: tuple[Field, ...] = (
     Field("database_url", None, _opt_str, "libpq DSN (may also come from PAYGATE_DATABASE_URL_FILE)"),
     Field("instance_id", None, _opt_str, "this host's instance id (default: hostname)"),
     Field("operator", None, _opt_str, "actor recorded in audit_log (default: OS user)"),
     Field("application_name", "paygate", _str, "libpq application_name prefix"),
     Field("connect_timeout", 5.0, _dur, "Postgres connect timeout"),
-    Field("statement_timeout", 30.0, _dur, "Postgres statement_timeout"),
-    Field("lock_timeout", 5.0, _dur, "Postgres lock_timeout for work connections"),
-    Field("idle_in_transaction_timeout", 60.0, _dur, "Postgres idle_in_transaction_session_timeout"),
+    Field("statement_timeout", 30.0, _pg_timeout, "Postgres statement_timeout"),
+    Field("lock_timeout", 5.0, _pg_timeout, "Postgres lock_timeout for work connections"),
+    Field("idle_in_transaction_timeout", 60.0, _pg_timeout, "Postgres idle_in_transaction_session_timeout"),
     Field("log_format", "auto", _parse_choice(("auto", "text", "json")), "stderr log format"),
     Field("log_level", "info", _parse_choice(("debug", "info", "warning", "error")), "log level"),
     Field("metrics_dir", None, _opt_str, "Prometheus textfile collector directory"),
@@ -304,6 +330,8 @@ def _load_toml(path: Path, explicit: bool) -> dict[str, Any]:
         return {}
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8; tomllib lets the codec's error through
+        raise ConfigError(f"config file {path}: invalid TOML: not UTF-8 (byte {exc.start})") from None
     except OSError as exc:
         raise ConfigError(f"config file {path}: cannot read: {exc.strerror}") from None
 
@@ -311,6 +339,21 @@ def _load_toml(path: Path, explicit: bool) -> dict[str, Any]:
 def _dsn_password(dsn: str) -> str | None:
     match = re.search(r"://[^:/@]*:([^@]*)@", dsn) or re.search(r"\bpassword\s*=\s*'?([^'\s]+)", dsn)
     return match.group(1) if match else None
+
+
+def _check_text(raw: Any, where: str) -> None:
+    """Text a setting carries on to Postgres, HTTP headers and logs: no NUL (Postgres text cannot hold
+    it) and valid UTF-8 (a non-UTF-8 environment value arrives as lone surrogates, which no encoder
+    accepts later, far from where it came in)."""
+    for item in raw if isinstance(raw, list) else [raw]:
+        if not isinstance(item, str):
+            continue
+        if "\x00" in item:
+            raise ConfigError(f"{where}: contains a NUL character")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"{where}: is not valid UTF-8") from None
 
 
 def load_settings(
@@ -341,6 +384,8 @@ def load_settings(
             raw, source = file_values[field.name], f"file {path}"
         else:
             raw, source = field.default, "default"
+        if source != "default":
+            _check_text(raw, variable if source != f"file {path}" else f"config file {path}: {field.name}")
         values[field.name] = field.parse(raw, variable) if source != "default" else raw
         sources[field.name] = source
 

@@ -4,6 +4,7 @@ the observer uses. (A separate module from contracts.py so the funding side stay
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ import requests
 from stellar_sdk import Address, scval, xdr
 
 from paygate_cli.chain.contracts import Invocation, SignedTransaction
-from paygate_cli.chain.rpc import ChainClient
+from paygate_cli.chain.rpc import MAX_LEDGER, ChainClient, MalformedAnswer
 from paygate_cli.errors import PaygateError, Unavailable
 
 # Soroban per-transaction limits (reference/stellar.md §2.5; the devnet enforces the same values).
@@ -139,7 +140,7 @@ def get_events(chain: ChainClient, contract: str, *, cursor: str | None = None, 
     behind: list[str] = []
     gap: str | None = None
     unavailable: Unavailable | None = None
-    result: dict[str, Any] | None = None
+    result: EventsPage | None = None
     for url, srv in zip(chain.read_urls, chain.readers, strict=True):
         try:
             try:
@@ -154,10 +155,15 @@ def get_events(chain: ChainClient, contract: str, *, cursor: str | None = None, 
         except Unavailable as exc:
             unavailable = exc
             continue
-        if int(answer["latestLedger"]) < position:  # answered, but from behind the position: not usable
-            behind.append(f"{_host(url)} at ledger {answer['latestLedger']}")
+        try:
+            page = _page_from(answer, cursor)
+        except MalformedAnswer as exc:  # an answer that does not hold together: as if none had come
+            unavailable = Unavailable(f"getEvents from {_host(url)}: {exc}"[:500], msgid="rpc.malformed")
             continue
-        result = answer
+        if page.latest_ledger < position:  # answered, but from behind the position: not usable
+            behind.append(f"{_host(url)} at ledger {page.latest_ledger}")
+            continue
+        result = page
         break
     if result is None:
         if gap is not None:
@@ -167,9 +173,49 @@ def get_events(chain: ChainClient, contract: str, *, cursor: str | None = None, 
                                 f"{position} ({', '.join(behind)}): waiting for them to catch up")
         assert unavailable is not None
         raise unavailable
-    events = [RawEvent(e["id"], int(e["ledger"]), e.get("txHash"), e.get("contractId"), list(e.get("topic") or []),
-                       e.get("value") or "") for e in result.get("events") or []]
-    return EventsPage(events, str(result["cursor"]), int(result["latestLedger"]), int(result["oldestLedger"]))
+    return result
+
+
+_CURSOR = re.compile(r"^[0-9]{19}-[0-9]{10}$")  # what observer_cursor's CHECK accepts
+
+
+def _page_from(answer: Any, cursor: str | None) -> EventsPage:
+    """A getEvents result, validated (an RPC node is outside paygate): the page's shape, a cursor the
+    observer can store that does not move backwards, ledgers that agree with each other. A single odd
+    event is not refused here (the observer quarantines it); a page that does not hold together is."""
+    if not isinstance(answer, dict):
+        raise MalformedAnswer("getEvents result is not an object")
+    latest, oldest = answer.get("latestLedger"), answer.get("oldestLedger")
+    for name, value in (("latestLedger", latest), ("oldestLedger", oldest)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LEDGER:
+            raise MalformedAnswer(f"getEvents {name} {str(value)[:40]!r} is not a ledger number")
+    if oldest > latest:
+        raise MalformedAnswer(f"getEvents oldestLedger {oldest} is past its latestLedger {latest}")
+    next_cursor = answer.get("cursor")
+    if not isinstance(next_cursor, str) or not _CURSOR.match(next_cursor):
+        raise MalformedAnswer(f"getEvents cursor {str(next_cursor)[:40]!r} is not a cursor")
+    if cursor is not None and next_cursor < cursor:
+        raise MalformedAnswer(f"getEvents cursor {next_cursor} is before the position {cursor}")
+    listed = answer.get("events") or []
+    if not isinstance(listed, list):
+        raise MalformedAnswer("getEvents events is not a list")
+    events = []
+    for item in listed:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+            raise MalformedAnswer("getEvents returned an event without an id")
+        ledger = item.get("ledger")
+        if isinstance(ledger, bool) or not isinstance(ledger, int) or not 0 < ledger <= latest:
+            raise MalformedAnswer(f"getEvents event {item['id'][:40]!r} has ledger {str(ledger)[:40]!r}")
+        topic = item.get("topic") or []
+        events.append(RawEvent(item["id"][:200], ledger, _opt_text(item.get("txHash")),
+                               _opt_text(item.get("contractId")),
+                               [str(t) for t in topic] if isinstance(topic, list) else [str(topic)],
+                               item.get("value") if isinstance(item.get("value"), str) else ""))
+    return EventsPage(events, next_cursor, latest, oldest)
+
+
+def _opt_text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _host(url: str) -> str:

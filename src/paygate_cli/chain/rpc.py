@@ -12,7 +12,6 @@ from stellar_sdk import SorobanServer, xdr
 from stellar_sdk.client.requests_client import RequestsClient
 from stellar_sdk.exceptions import BadResponseError, SorobanRpcErrorResponse
 from stellar_sdk.exceptions import ConnectionError as SdkConnectionError
-from stellar_sdk.soroban_rpc import GetTransactionStatus
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from paygate_cli.db.connect import assert_not_in_transaction
@@ -25,10 +24,20 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+
+class MalformedAnswer(ValueError):
+    """An RPC answer that does not hold together (an RPC node is outside paygate): the endpoint's
+    view is unknown, exactly as if no answer had come."""
+
+
 # The answer never came or came garbled: the request may or may not have taken effect.
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     SdkConnectionError, BadResponseError, requests.RequestException, ValueError,
 )
+# What the SDK lets escape when an answer's JSON has an unexpected shape (it asserts `result is not
+# None`, indexes dicts, ...). Caught only around the one SDK call in _retrying and reported as a
+# malformed answer naming the exception type (a bug in what we hand the SDK would show there too).
+_SDK_SHAPE_ERRORS = (AssertionError, KeyError, TypeError, AttributeError, IndexError)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -128,7 +137,10 @@ class ChainClient:
         @retry(stop=stop_after_attempt(attempts), wait=wait_random_exponential(multiplier=0.1, max=1.0),
                retry=retry_if_exception(_transient), reraise=True)
         def call() -> T:
-            return fn()
+            try:
+                return fn()
+            except _SDK_SHAPE_ERRORS as exc:
+                raise MalformedAnswer(f"{what}: malformed answer ({type(exc).__name__})") from None
 
         try:
             return call()
@@ -166,7 +178,11 @@ class ChainClient:
         answer = self.ledger_entries([key])
         if not answer.entries:
             return self._account_not_found(address, key)
-        return _account_seq(answer.entries[0].xdr)
+        try:
+            return _account_seq(answer.entries[0].xdr, address)
+        except MalformedAnswer as exc:  # the node's answer is unusable: like no answer at all
+            raise Unavailable(f"Stellar RPC answered getLedgerEntries for {address} with {exc}"[:500],
+                              msgid="rpc.malformed") from None
 
     def _account_not_found(self, address: str, key: xdr.LedgerKey) -> int:
         """One node said "no such account". A lagging node says that about a brand-new lane (issue 11),
@@ -193,7 +209,11 @@ class ChainClient:
                 views.append(f"{rpc_host(url)} did not answer")
                 continue
             if answer.entries:
-                return _account_seq(answer.entries[0].xdr)  # it exists: this node has caught up
+                try:
+                    return _account_seq(answer.entries[0].xdr, address)  # it exists: this node has caught up
+                except MalformedAnswer as exc:
+                    views.append(f"{rpc_host(url)}: {exc}"[:200])
+                    continue
             if int(answer.latest_ledger) >= reference:
                 absent += 1
                 views.append(f"{rpc_host(url)} at ledger {answer.latest_ledger}: not found")
@@ -227,7 +247,13 @@ class ChainClient:
         status = answer.status.value if hasattr(answer.status, "value") else str(answer.status)
         if status != "ERROR":
             return SendOutcome(status)
-        return SendOutcome("ERROR", code=result_code_of(answer.error_result_xdr))
+        try:
+            code = result_code_of(answer.error_result_xdr)
+        except MalformedAnswer as exc:  # an ERROR we cannot read proves nothing: resend or resolve by hash
+            return SendOutcome("UNKNOWN", detail=f"sendTransaction ERROR with {exc}")
+        if code is None:
+            return SendOutcome("UNKNOWN", detail="sendTransaction ERROR without errorResultXdr")
+        return SendOutcome("ERROR", code=code)
 
     # -- reads that decide money ----------------------------------------------------------------
 
@@ -242,34 +268,108 @@ class ChainClient:
         for url, srv in zip(self.read_urls, self.readers, strict=True):
             try:
                 entries = self._retrying("getLedgerEntries", lambda srv=srv: srv.get_ledger_entries([key]), 2)
-                seq = None
-                if entries.entries:
-                    data = xdr.LedgerEntryData.from_xdr(entries.entries[0].xdr)
-                    seq = int(data.account.seq_num.sequence_number.int64)
                 tx = self._retrying("getTransaction", lambda srv=srv: srv.get_transaction(inner_hash_hex), 2)
             except (Unavailable, SorobanRpcErrorResponse) as exc:
                 probes.append(Probe(url, error=str(exc)[:300]))
                 continue
-            found = tx.status in (GetTransactionStatus.SUCCESS, GetTransactionStatus.FAILED)
-            probes.append(Probe(
-                url, account_seq=seq, seq_ledger=int(entries.latest_ledger),
-                tx_status=tx.status.value, tx_ledger=int(tx.ledger) if found and tx.ledger else None,
-                fee_charged=fee_charged_of(tx.result_xdr) if found else None,
-                result_code=result_code_of(tx.result_xdr) if found else None,
-                latest_ledger=int(tx.latest_ledger), latest_close_time=int(tx.latest_ledger_close_time),
-                oldest_ledger=int(tx.oldest_ledger)))
+            try:
+                probes.append(probe_from_answers(url, lane, inner_hash_hex, entries, tx))
+            except MalformedAnswer as exc:  # never proof of anything: this endpoint's view is "unknown"
+                probes.append(Probe(url, error=f"malformed answer: {exc}"[:300]))
         return probes
 
 
-def _account_seq(entry_xdr: str) -> int:
-    data = xdr.LedgerEntryData.from_xdr(entry_xdr)
-    return int(data.account.seq_num.sequence_number.int64)
+# -- reading answers: an RPC node is outside paygate, so its answers are validated, not trusted ------
+# The SDK's models check JSON types (a wrong type or a missing field is a ValueError, i.e. "no
+# answer"); what they cannot see is checked here: XDR that does not decode, an answer about another
+# transaction or another account, ledgers that contradict each other, a status its own result
+# contradicts. Any of these makes the endpoint's view "unknown" (MalformedAnswer), never a verdict.
+
+MAX_LEDGER = 2**31 - 1  # ledger numbers are stored as integer columns; beyond that is not a real chain
+SUCCESS_CODES = ("txSUCCESS", "txFEE_BUMP_INNER_SUCCESS")
+
+
+def _ledger_number(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LEDGER:
+        raise MalformedAnswer(f"{what} {str(value)[:40]!r} is not a ledger number")
+    return value
+
+
+def _timestamp(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise MalformedAnswer(f"{what} {str(value)[:40]!r} is not a unix time")
+    return value
+
+
+def probe_from_answers(url: str, lane: str, inner_hash_hex: str, entries: Any, tx: Any) -> Probe:
+    """One endpoint's Probe from its getLedgerEntries (the lane's account) and getTransaction answers,
+    or MalformedAnswer when they do not hold together."""
+    seq_ledger = _ledger_number(entries.latest_ledger, "getLedgerEntries latestLedger")
+    listed = entries.entries or []
+    if not isinstance(listed, list) or len(listed) > 1:
+        raise MalformedAnswer("getLedgerEntries returned more entries than the one key asked for")
+    seq = _account_seq(listed[0].xdr, lane) if listed else None
+    if str(tx.transaction_hash).lower() != inner_hash_hex.lower():
+        raise MalformedAnswer(f"getTransaction answered for another hash ({str(tx.transaction_hash)[:70]!r})")
+    latest = _ledger_number(tx.latest_ledger, "getTransaction latestLedger")
+    oldest = _ledger_number(tx.oldest_ledger, "getTransaction oldestLedger")
+    if oldest > latest:
+        raise MalformedAnswer(f"getTransaction oldestLedger {oldest} is past its latestLedger {latest}")
+    close_time = _timestamp(tx.latest_ledger_close_time, "getTransaction latestLedgerCloseTime")
+    status = tx.status.value if hasattr(tx.status, "value") else str(tx.status)
+    if status not in ("SUCCESS", "FAILED", "NOT_FOUND"):
+        raise MalformedAnswer(f"getTransaction status {status[:40]!r}")
+    ledger = fee = code = None
+    if status != "NOT_FOUND":
+        ledger = _ledger_number(tx.ledger, "getTransaction ledger")
+        if not oldest <= ledger <= latest or ledger == 0:
+            raise MalformedAnswer(f"transaction ledger {ledger} is outside the answer's window {oldest}..{latest}")
+        if not tx.result_xdr:
+            raise MalformedAnswer(f"getTransaction {status} without resultXdr")
+        code, fee = result_code_of(tx.result_xdr), fee_charged_of(tx.result_xdr)
+        if (code in SUCCESS_CODES) != (status == "SUCCESS"):
+            raise MalformedAnswer(f"getTransaction status {status} contradicts its result {code}")
+        if fee is None or fee < 0:
+            raise MalformedAnswer(f"getTransaction fee charged {fee} is not a fee")
+    return Probe(url, account_seq=seq, seq_ledger=seq_ledger, tx_status=status, tx_ledger=ledger,
+                 fee_charged=fee, result_code=code, latest_ledger=latest, latest_close_time=close_time,
+                 oldest_ledger=oldest)
+
+
+def _account_seq(entry_xdr: Any, address: str | None = None) -> int:
+    """The sequence number in an ACCOUNT ledger entry (of `address`, when given)."""
+    from stellar_sdk import Keypair
+
+    try:
+        data = xdr.LedgerEntryData.from_xdr(entry_xdr)
+        account = data.account
+        if data.type != xdr.LedgerEntryType.ACCOUNT or account is None:
+            raise MalformedAnswer(f"ledger entry is a {data.type.name}, not an account")
+        owner = Keypair.from_raw_ed25519_public_key(account.account_id.account_id.ed25519.uint256).public_key
+        seq = int(account.seq_num.sequence_number.int64)
+    except MalformedAnswer:
+        raise
+    except Exception as exc:  # any decode failure of foreign bytes: not an account entry
+        raise MalformedAnswer(f"ledger entry does not decode ({type(exc).__name__})") from None
+    if address is not None and owner != address:
+        raise MalformedAnswer(f"ledger entry is the account {owner}, not {address}")
+    if seq < 0:
+        raise MalformedAnswer(f"account sequence {seq} is negative")
+    return seq
 
 
 def result_code_of(result_xdr: str | None) -> str | None:
-    """The transaction result code; for a fee bump, the inner transaction's code (what matters)."""
+    """The transaction result code; for a fee bump, the inner transaction's code (what matters).
+    MalformedAnswer when the bytes are not a TransactionResult."""
     if not result_xdr:
         return None
+    try:
+        return _result_code(result_xdr)
+    except Exception as exc:  # any decode failure of foreign bytes
+        raise MalformedAnswer(f"result XDR does not decode ({type(exc).__name__})") from None
+
+
+def _result_code(result_xdr: str) -> str:
     result = xdr.TransactionResult.from_xdr(result_xdr).result
     code = result.code
     if code in (xdr.TransactionResultCode.txFEE_BUMP_INNER_SUCCESS, xdr.TransactionResultCode.txFEE_BUMP_INNER_FAILED):
@@ -286,4 +386,7 @@ def result_code_of(result_xdr: str | None) -> str | None:
 def fee_charged_of(result_xdr: str | None) -> int | None:
     if not result_xdr:
         return None
-    return int(xdr.TransactionResult.from_xdr(result_xdr).fee_charged.int64)
+    try:
+        return int(xdr.TransactionResult.from_xdr(result_xdr).fee_charged.int64)
+    except Exception as exc:  # any decode failure of foreign bytes
+        raise MalformedAnswer(f"result XDR does not decode ({type(exc).__name__})") from None

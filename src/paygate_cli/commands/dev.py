@@ -9,6 +9,7 @@ import typer
 
 from paygate_cli.commands._common import JsonFlag, get_env, output_mode
 from paygate_cli.db.cluster import Cluster, default_datadir
+from paygate_cli.errors import UsageError
 from paygate_cli.output import emit
 
 app = typer.Typer(help="Developer conveniences.\n\nExample: `paygate dev db up`", no_args_is_help=True)
@@ -22,7 +23,10 @@ DataDir = Annotated[str | None, typer.Option("--data-dir", help="Default: $XDG_D
 
 def _cluster(ctx: typer.Context, data_dir: str | None) -> Cluster:
     env = get_env(ctx)
-    return Cluster.at(Path(data_dir) if data_dir else default_datadir(dict(env.environ)))
+    try:
+        return Cluster.at(Path(data_dir) if data_dir else default_datadir(dict(env.environ)))
+    except OSError as exc:  # a name too long, a pointer file we may not read: the flag's to fix, not a bug
+        raise UsageError(f"--data-dir {str(data_dir)[:200]}: {exc.strerror or type(exc).__name__}") from None
 
 
 @db_app.command("up")

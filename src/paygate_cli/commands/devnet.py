@@ -53,7 +53,13 @@ def _show(ctx: typer.Context, result: dict[str, Any], json_flag: bool, plain_fla
 
 def _call(url: str, method: str, params: dict[str, Any]) -> Any:
     from paygate_cli.devnet.runner import call
+    from paygate_cli.errors import ConfigError
+    from paygate_cli.settings import normalise_rpc_url
 
+    try:  # a malformed --url is the caller's mistake (2), not an unreachable devnet and not a bug
+        normalise_rpc_url(url, "--url")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
     return call(url, method, params)
 
 

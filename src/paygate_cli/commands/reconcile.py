@@ -87,6 +87,14 @@ def _text_tables(document: dict[str, Any], headline: str) -> str:
 
 
 def _write_atomically(path: str, text: str) -> None:
+    try:
+        _replace_file(path, text)
+    except OSError as exc:  # an unwritable --out (a directory, /proc, a missing parent) is the caller's to fix
+        raise UsageError(f"--out {path[:200]}: cannot write the report: {exc.strerror or type(exc).__name__}",
+                         msgid="usage.out_unwritable") from None
+
+
+def _replace_file(path: str, text: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".reconcile-report.")
     try:

@@ -46,7 +46,8 @@ def wait_lock(conn: psycopg.Connection, key: int, wait_seconds: float) -> bool:
 
     if wait_seconds <= 0:
         return try_lock(conn, key)
-    conn.execute(f"SET lock_timeout = {max(1, int(wait_seconds * 1000))}")
+    # Postgres holds lock_timeout in an int of milliseconds: a longer --lock-wait waits "as long as it can".
+    conn.execute(f"SET lock_timeout = {min(2**31 - 1, max(1, int(wait_seconds * 1000)))}")
     try:
         conn.execute(LOCK_SQL, (LOCK_NAMESPACE, key))
         return True

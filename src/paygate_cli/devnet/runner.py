@@ -95,7 +95,9 @@ def call(url: str, method: str, params: dict[str, Any] | None = None, timeout: f
             data = json.loads(resp.read())
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise Unavailable(f"devnet at {url} is unreachable: {exc}") from exc
+    if not isinstance(data, dict) or not ("error" in data or "result" in data):
+        raise Unavailable(f"devnet at {url} answered {method} with something that is not JSON-RPC")
     if "error" in data:
-        err = data["error"]
+        err = data["error"] if isinstance(data["error"], dict) else {"message": data["error"]}
         raise UsageError(f"{method}: {err.get('message')} (code {err.get('code')})")
     return data["result"]
