@@ -3,6 +3,8 @@ build + simulate + sign + fee-bump an invocation, decode events."""
 
 from __future__ import annotations
 
+import base64
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -27,15 +29,41 @@ class SimulationFailed(PaygateError):
 
 @dataclass(frozen=True)
 class DepositAuth:
-    entry: xdr.SorobanAuthorizationEntry
+    entry_xdr: str
     nonce: int
     expiration_ledger: int
+
+    @property
+    def entry(self) -> xdr.SorobanAuthorizationEntry:
+        """Decoded on use, afresh each time: only a deposit that gets a lane needs it."""
+        return xdr.SorobanAuthorizationEntry.from_xdr(self.entry_xdr)
 
 
 def check_deposit_auth(entry_b64: str, *, account: str, amount: int, usdc: str, billing: str,
                        passphrase: str) -> DepositAuth:
     """The authorisation must be the user's own signature over exactly
-    USDC.transfer(account, billing, amount) on this network, and nothing else."""
+    USDC.transfer(account, billing, amount) on this network, and nothing else.
+
+    A pure function of its arguments: a deposit waiting for a lane is checked again every tick, so
+    the verdict of an accepted entry is remembered for the process (the entry itself is decoded
+    afresh when used: a transaction built from it never shares a mutable object across ticks)."""
+    key = (entry_b64, account, amount, usdc, billing, passphrase)
+    known = _ACCEPTED.get(key)
+    if known is not None:
+        return DepositAuth(entry_b64, *known)
+    checked = _check_deposit_auth(entry_b64, account=account, amount=amount, usdc=usdc, billing=billing,
+                                  passphrase=passphrase)
+    if len(_ACCEPTED) >= 4096:
+        _ACCEPTED.clear()  # bounded: a long-lived process never grows without limit
+    _ACCEPTED[key] = (checked.nonce, checked.expiration_ledger)
+    return checked
+
+
+_ACCEPTED: dict[tuple[str, str, int, str, str, str], tuple[int, int]] = {}
+
+
+def _check_deposit_auth(entry_b64: str, *, account: str, amount: int, usdc: str, billing: str,
+                        passphrase: str) -> DepositAuth:
     try:
         entry = xdr.SorobanAuthorizationEntry.from_xdr(entry_b64)
     except Exception as exc:  # any decode failure: the bytes are not an authorisation entry
@@ -79,7 +107,7 @@ def check_deposit_auth(entry_b64: str, *, account: str, amount: int, usdc: str, 
         raise BadAuthorization("auth entry's signature is not Vec<Map{public_key, signature}>") from None
     if not valid:
         raise BadAuthorization("auth entry's signature does not verify for this network and account")
-    return DepositAuth(entry, int(creds.nonce.int64), expiration)
+    return DepositAuth(entry_b64, int(creds.nonce.int64), expiration)
 
 
 def _verifies(public_key: bytes, payload: bytes, signature: bytes) -> bool:
@@ -130,6 +158,7 @@ class SignedTransaction:
     outer_hash: bytes
     max_time: int
     max_ledger: int | None = None  # the last ledger it may apply in, when bounded
+    fee: int | None = None  # the fee bump's fee: the most the fee account can be charged (known when built)
 
 
 def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq: int, call: Invocation,
@@ -153,13 +182,20 @@ def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq
     if simulation.error:
         raise SimulationFailed(f"simulation of {call.function} failed: {simulation.error}"[:500])
     assemble(tx, simulation)
-    tx.sign(lane)
-    envelope_xdr, outer_hash = fee_bump(tx, fee_account, fee_bump_base_fee, passphrase)
-    return SignedTransaction(envelope_xdr, tx.hash(), outer_hash, max_time, max_ledger)
+    inner_hash = tx.hash()  # TransactionEnvelope.sign would pack and hash the transaction again
+    tx.signatures.append(lane.sign_decorated(inner_hash))
+    envelope_xdr, outer_hash, fee = fee_bump_with_fee(tx, fee_account, fee_bump_base_fee, passphrase)
+    return SignedTransaction(envelope_xdr, inner_hash, outer_hash, max_time, max_ledger, fee)
 
 
 def fee_bump(inner: Any, fee_account: Keypair, base_fee: int, passphrase: str) -> tuple[str, bytes]:
-    """The fee-bump envelope of a signed inner transaction -> (base64 XDR, outer hash).
+    """The fee-bump envelope of a signed inner transaction -> (base64 XDR, outer hash)."""
+    envelope_xdr, outer_hash, _fee = fee_bump_with_fee(inner, fee_account, base_fee, passphrase)
+    return envelope_xdr, outer_hash
+
+
+def fee_bump_with_fee(inner: Any, fee_account: Keypair, base_fee: int, passphrase: str) -> tuple[str, bytes, int]:
+    """The fee-bump envelope of a signed inner transaction -> (base64 XDR, outer hash, its fee).
 
     Byte-for-byte what TransactionBuilder.build_fee_bump_transaction + sign produce (a test holds
     them equal), built from the XDR directly: the SDK deep-copies the inner transaction first,
@@ -172,19 +208,33 @@ def fee_bump(inner: Any, fee_account: Keypair, base_fee: int, passphrase: str) -
     if base_fee < -(-(transaction.fee - resource_fee) // operations):
         raise ValueError("the fee bump's rate must be at least the inner transaction's")
     inner_envelope = inner.to_xdr_object()
+    fee = base_fee * (operations + 1) + resource_fee
     bump = xdr.FeeBumpTransaction(
-        fee_source=MuxedAccount.from_account(fee_account.public_key).to_xdr_object(),
-        fee=xdr.Int64(base_fee * (operations + 1) + resource_fee),
+        fee_source=_muxed(fee_account.public_key),
+        fee=xdr.Int64(fee),
         inner_tx=xdr.FeeBumpTransactionInnerTx(type=xdr.EnvelopeType.ENVELOPE_TYPE_TX, v1=inner_envelope.v1),
         ext=xdr.FeeBumpTransactionExt(0))
-    network_id = Network(passphrase).network_id()
-    signature_base = network_id + xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP.to_xdr_bytes() + bump.to_xdr_bytes()
-    outer_hash = hashlib.sha256(signature_base).digest()
-    envelope = xdr.TransactionEnvelope(
-        type=xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP,
-        fee_bump=xdr.FeeBumpTransactionEnvelope(tx=bump, signatures=[
-            fee_account.sign_decorated(outer_hash).to_xdr_object()]))
-    return envelope.to_xdr(), outer_hash
+    # Pack the fee bump once: the signature base and the envelope both start from these bytes.
+    bump_bytes = bump.to_xdr_bytes()
+    outer_hash = hashlib.sha256(_network_id(passphrase) + _FEE_BUMP_TYPE + bump_bytes).digest()
+    signature = fee_account.sign_decorated(outer_hash).to_xdr_object()
+    # TransactionEnvelope(type=FEE_BUMP, fee_bump={tx, signatures}) = type, the packed tx, the
+    # signature array (a count, then each one): byte-for-byte what envelope.to_xdr() gives.
+    envelope = _FEE_BUMP_TYPE + bump_bytes + b"\x00\x00\x00\x01" + signature.to_xdr_bytes()
+    return base64.b64encode(envelope).decode(), outer_hash, fee
+
+
+_FEE_BUMP_TYPE = xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP.to_xdr_bytes()
+
+
+@functools.lru_cache(maxsize=8)
+def _network_id(passphrase: str) -> bytes:
+    return Network(passphrase).network_id()  # a SHA-256: the same for the whole process
+
+
+@functools.lru_cache(maxsize=64)
+def _muxed(public_key: str) -> xdr.MuxedAccount:
+    return MuxedAccount.from_account(public_key).to_xdr_object()
 
 
 def assemble(tx: Any, simulation: Any) -> None:

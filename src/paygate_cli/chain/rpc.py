@@ -37,6 +37,21 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSPORT_ERRORS)
 
 
+def _pin_sdk_models() -> list[Any]:
+    """The SDK builds `Request[GetLedgerEntriesRequest]`, `Response[Any]` … on every call, and pydantic
+    caches parametrised models only weakly: once the garbage collector drops one, the next call
+    builds the model class again (~1-3 ms each, several per tick). Holding them for the life of the
+    process makes every later call a cache hit (issue 14: no work repeated that can be done once)."""
+    from stellar_sdk import soroban_rpc as m
+
+    requests_ = [m.GetLedgerEntriesRequest, m.GetTransactionRequest, m.SimulateTransactionRequest,
+                 m.SendTransactionRequest, m.GetEventsRequest]
+    return [m.Response[Any], *(m.Request[r] for r in requests_)]
+
+
+_SDK_MODELS = _pin_sdk_models()
+
+
 class LaneMissing(ConfigError):
     """A lane's account is proven absent (a quorum of caught-up read hosts): the lane, not the run,
     is broken. The engine fences it and moves the work to another lane."""
