@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,60 +171,104 @@ def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq
     `max_ledger`: the last ledger the transaction may apply in (a user authorisation's expiration
     ledger). The network's bound is exclusive, so the envelope carries max_ledger + 1: a transaction
     that cannot land before the authorisation dies is then provably dead by ledger (resolve), never
-    included to fail with its fee paid."""
-    passphrase = chain.passphrase
-    builder = TransactionBuilder(Account(lane.public_key, seq - 1), passphrase, base_fee=base_fee)
-    builder.append_invoke_contract_function_op(call.contract, call.function, call.args, auth=call.auth or None)
-    builder.add_time_bounds(0, max_time)
-    if max_ledger is not None:
-        builder.set_ledger_bounds(0, max_ledger + 1)
-    tx = builder.build()
-    simulation = chain.simulate(tx)
+    included to fail with its fee paid.
+
+    Built as XDR directly (issue 14), the same bytes TransactionBuilder + prepare_transaction + sign
+    + the fee bump give (tests/test_engine_speed.py holds them equal): the SDK's objects are converted
+    to XDR and packed again for the simulation, the hash, the signature and the fee bump; here the
+    transaction is packed once after assembly, and hash, signature and fee bump reuse those bytes."""
+    network_id = _network_id(chain.passphrase)
+    tx = invoke_transaction(lane.public_key, seq, call, max_time=max_time, base_fee=base_fee, max_ledger=max_ledger)
+    unsigned = xdr.TransactionEnvelope(type=xdr.EnvelopeType.ENVELOPE_TYPE_TX,
+                                       v1=xdr.TransactionV1Envelope(tx=tx, signatures=[]))
+    simulation = chain.simulate(unsigned.to_xdr())
     if simulation.error:
         raise SimulationFailed(f"simulation of {call.function} failed: {simulation.error}"[:500])
-    assemble(tx, simulation)
-    inner_hash = tx.hash()  # TransactionEnvelope.sign would pack and hash the transaction again
-    tx.signatures.append(lane.sign_decorated(inner_hash))
-    envelope_xdr, outer_hash, fee = fee_bump_with_fee(tx, fee_account, fee_bump_base_fee, passphrase)
+    resource_fee = assemble_xdr(tx, simulation)
+    tx_bytes = tx.to_xdr_bytes()  # packed once: the hash, the signature and the fee bump reuse these bytes
+    inner_hash = hashlib.sha256(network_id + _TX_TYPE + tx_bytes).digest()
+    signature = lane.sign_decorated(inner_hash).to_xdr_object().to_xdr_bytes()
+    envelope_xdr, outer_hash, fee = _fee_bump_bytes(
+        tx_bytes, [signature], inner_fee=tx.fee.uint32, resource_fee=resource_fee, operations=len(tx.operations),
+        fee_account=fee_account, base_fee=fee_bump_base_fee, network_id=network_id)
     return SignedTransaction(envelope_xdr, inner_hash, outer_hash, max_time, max_ledger, fee)
 
 
+def invoke_transaction(source: str, seq: int, call: Invocation, *, max_time: int, base_fee: int,
+                       max_ledger: int | None = None) -> xdr.Transaction:
+    """The unsigned transaction TransactionBuilder(Account(source, seq - 1)) builds for this one
+    contract call with time bounds (0, max_time) and, when bounded, ledger bounds (0, max_ledger + 1)."""
+    from stellar_sdk.ledger_bounds import LedgerBounds
+    from stellar_sdk.preconditions import Preconditions
+    from stellar_sdk.time_bounds import TimeBounds
+
+    preconditions = Preconditions(time_bounds=TimeBounds(0, max_time),
+                                  ledger_bounds=None if max_ledger is None else LedgerBounds(0, max_ledger + 1))
+    operation = xdr.Operation(source_account=None, body=xdr.OperationBody(
+        type=xdr.OperationType.INVOKE_HOST_FUNCTION,
+        invoke_host_function_op=xdr.InvokeHostFunctionOp(
+            host_function=xdr.HostFunction(
+                type=xdr.HostFunctionType.HOST_FUNCTION_TYPE_INVOKE_CONTRACT,
+                invoke_contract=xdr.InvokeContractArgs(contract_address=_sc_address(call.contract),
+                                                       function_name=xdr.SCSymbol(call.function.encode()),
+                                                       args=list(call.args))),
+            auth=list(call.auth))))
+    return xdr.Transaction(source_account=_muxed(source), fee=xdr.Uint32(base_fee),
+                           seq_num=xdr.SequenceNumber(xdr.Int64(seq)), cond=preconditions.to_xdr_object(),
+                           memo=_NO_MEMO, operations=[operation], ext=xdr.TransactionExt(0))
+
+
+def assemble_xdr(tx: xdr.Transaction, simulation: Any) -> int:
+    """assemble() on the XDR transaction: footprint/resources, the resource fee, the simulation's auth
+    entries when the call carries none. Returns the resource fee."""
+    data = xdr.SorobanTransactionData.from_xdr(simulation.transaction_data)
+    tx.ext = xdr.TransactionExt(1, soroban_data=data)
+    tx.fee = xdr.Uint32(tx.fee.uint32 + int(simulation.min_resource_fee))
+    operation = tx.operations[0].body.invoke_host_function_op
+    if not operation.auth and simulation.results and simulation.results[0].auth:
+        operation.auth = [xdr.SorobanAuthorizationEntry.from_xdr(entry) for entry in simulation.results[0].auth]
+    return int(data.resource_fee.int64)
+
+
 def fee_bump(inner: Any, fee_account: Keypair, base_fee: int, passphrase: str) -> tuple[str, bytes]:
-    """The fee-bump envelope of a signed inner transaction -> (base64 XDR, outer hash)."""
-    envelope_xdr, outer_hash, _fee = fee_bump_with_fee(inner, fee_account, base_fee, passphrase)
-    return envelope_xdr, outer_hash
-
-
-def fee_bump_with_fee(inner: Any, fee_account: Keypair, base_fee: int, passphrase: str) -> tuple[str, bytes, int]:
-    """The fee-bump envelope of a signed inner transaction -> (base64 XDR, outer hash, its fee).
+    """The fee-bump envelope of a signed inner transaction (an SDK TransactionEnvelope) -> (base64
+    XDR, outer hash).
 
     Byte-for-byte what TransactionBuilder.build_fee_bump_transaction + sign produce (a test holds
     them equal), built from the XDR directly: the SDK deep-copies the inner transaction first,
     which costs several ms of pure Python per transaction."""
-    if base_fee < 100:
-        raise ValueError("fee bump base fee must be at least 100 stroops")
     transaction = inner.transaction
     resource_fee = transaction.soroban_data.resource_fee.int64 if transaction.soroban_data else 0
-    operations = len(transaction.operations)
-    if base_fee < -(-(transaction.fee - resource_fee) // operations):
+    envelope_xdr, outer_hash, _fee = _fee_bump_bytes(
+        transaction.to_xdr_object().to_xdr_bytes(), [s.to_xdr_object().to_xdr_bytes() for s in inner.signatures],
+        inner_fee=transaction.fee, resource_fee=resource_fee, operations=len(transaction.operations),
+        fee_account=fee_account, base_fee=base_fee, network_id=_network_id(passphrase))
+    return envelope_xdr, outer_hash
+
+
+def _fee_bump_bytes(tx_bytes: bytes, signatures: list[bytes], *, inner_fee: int, resource_fee: int, operations: int,
+                    fee_account: Keypair, base_fee: int, network_id: bytes) -> tuple[str, bytes, int]:
+    """The fee bump of a packed, signed inner transaction -> (base64 envelope, outer hash, its fee).
+    FeeBumpTransaction = fee source | fee | inner (ENVELOPE_TYPE_TX, tx, signatures) | ext 0; the
+    envelope = ENVELOPE_TYPE_TX_FEE_BUMP | that | its signatures: concatenated XDR, no re-packing."""
+    if base_fee < 100:
+        raise ValueError("fee bump base fee must be at least 100 stroops")
+    if base_fee < -(-(inner_fee - resource_fee) // operations):
         raise ValueError("the fee bump's rate must be at least the inner transaction's")
-    inner_envelope = inner.to_xdr_object()
     fee = base_fee * (operations + 1) + resource_fee
-    bump = xdr.FeeBumpTransaction(
-        fee_source=_muxed(fee_account.public_key),
-        fee=xdr.Int64(fee),
-        inner_tx=xdr.FeeBumpTransactionInnerTx(type=xdr.EnvelopeType.ENVELOPE_TYPE_TX, v1=inner_envelope.v1),
-        ext=xdr.FeeBumpTransactionExt(0))
-    # Pack the fee bump once: the signature base and the envelope both start from these bytes.
-    bump_bytes = bump.to_xdr_bytes()
-    outer_hash = hashlib.sha256(_network_id(passphrase) + _FEE_BUMP_TYPE + bump_bytes).digest()
-    signature = fee_account.sign_decorated(outer_hash).to_xdr_object()
-    # TransactionEnvelope(type=FEE_BUMP, fee_bump={tx, signatures}) = type, the packed tx, the
-    # signature array (a count, then each one): byte-for-byte what envelope.to_xdr() gives.
-    envelope = _FEE_BUMP_TYPE + bump_bytes + b"\x00\x00\x00\x01" + signature.to_xdr_bytes()
+    bump_bytes = b"".join([_muxed_bytes(fee_account.public_key), _I64.pack(fee), _TX_TYPE, tx_bytes,
+                           _U32.pack(len(signatures)), *signatures, _EXT_V0])
+    outer_hash = hashlib.sha256(network_id + _FEE_BUMP_TYPE + bump_bytes).digest()
+    signature = fee_account.sign_decorated(outer_hash).to_xdr_object().to_xdr_bytes()
+    envelope = _FEE_BUMP_TYPE + bump_bytes + _U32.pack(1) + signature
     return base64.b64encode(envelope).decode(), outer_hash, fee
 
 
+_I64 = struct.Struct(">q")
+_U32 = struct.Struct(">I")
+_EXT_V0 = _U32.pack(0)
+_TX_TYPE = xdr.EnvelopeType.ENVELOPE_TYPE_TX.to_xdr_bytes()
+_NO_MEMO = xdr.Memo(xdr.MemoType.MEMO_NONE)
 _FEE_BUMP_TYPE = xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP.to_xdr_bytes()
 
 
@@ -235,6 +280,16 @@ def _network_id(passphrase: str) -> bytes:
 @functools.lru_cache(maxsize=64)
 def _muxed(public_key: str) -> xdr.MuxedAccount:
     return MuxedAccount.from_account(public_key).to_xdr_object()
+
+
+@functools.lru_cache(maxsize=64)
+def _muxed_bytes(public_key: str) -> bytes:
+    return _muxed(public_key).to_xdr_bytes()
+
+
+@functools.lru_cache(maxsize=64)
+def _sc_address(contract: str) -> xdr.SCAddress:
+    return Address(contract).to_xdr_sc_address()
 
 
 def assemble(tx: Any, simulation: Any) -> None:

@@ -133,9 +133,9 @@ class FastJob(Job, Protocol):
 
     # SELECT … FOR UPDATE returning a row iff the lease is still ours: locks the row like hold() does.
     hold_sql: str
-    # UPDATE … FROM lineage WHERE <the row, under the lease>: records the new lineage (`lineage.id`).
+    # UPDATE … FROM lineage WHERE <the row, under the lease> RETURNING 1: records the new lineage (`lineage.id`).
     attach_sql: str
-    # UPDATE … FROM anchored WHERE …: what commits with the envelope (lineage.NO_INSTALL: nothing).
+    # UPDATE … FROM anchored WHERE … RETURNING 1: what commits with the envelope (lineage.NO_INSTALL: nothing).
     install_sql: str
 
     def params(self) -> dict[str, Any]: ...

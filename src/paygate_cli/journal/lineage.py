@@ -106,7 +106,7 @@ lane AS (
     INSERT INTO paygate.lineages (purpose, entitlement, lane)
     SELECT %(x_purpose)s, %(x_entitlement)s, lane.address FROM lane
     RETURNING id, lane
-), attached AS ({attach} RETURNING 1)
+), attached AS ({attach})
 SELECT (SELECT count(*) FROM held), n.id, n.lane,
        (SELECT max(c.source_seq) FROM paygate.lineages c WHERE c.lane = n.lane AND c.state IN ('applied', 'failed')),
        paygate.require((SELECT count(*) FROM attached) = (SELECT count(*) FROM lineage),
@@ -126,12 +126,13 @@ anchored AS (
         signed_at_ledger = %(x_signed_at_ledger)s, max_ledger = %(x_max_ledger)s, signed_at = now()
     WHERE id = %(x_id)s AND state = 'allocated' AND EXISTS (SELECT 1 FROM held)
     RETURNING id
-), installed AS ({install} RETURNING 1)
+), installed AS ({install})
 SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM anchored),
        paygate.require((SELECT count(*) FROM installed) = (SELECT count(*) FROM anchored),
                        'the row did not take its envelope')
 """
-# A path with nothing of its own to write at anchor.
+# A path with nothing of its own to write at anchor. (`{attach}` and `{install}` return a row per
+# row they wrote: UPDATE … RETURNING 1.)
 NO_INSTALL = "SELECT 1 FROM anchored"
 
 # What the broadcast answered: re-derivable (a 'signed' lineage is resolved the same way), so relaxed.

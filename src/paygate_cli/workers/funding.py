@@ -72,17 +72,20 @@ UPDATE paygate.pending_credits p
 SET deposit_lineage_id = lineage.id, updated_at = now(),
     lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
 FROM lineage WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
+RETURNING 1
 """
 ATTACH_CREDIT_SQL = """
 UPDATE paygate.pending_credits p
 SET credit_lineage_id = lineage.id, deposit_tx = %(row_deposit_tx)s, pending_failure = NULL, updated_at = now(),
     lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
 FROM lineage WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
+RETURNING 1
 """
 RENEW_AT_ANCHOR_SQL = """
 UPDATE paygate.pending_credits p
 SET lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
 FROM anchored WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
+RETURNING 1
 """
 SET_PENDING_FAILURE_SQL = """
 UPDATE paygate.pending_credits SET pending_failure = %(reason)s, updated_at = now()

@@ -83,11 +83,13 @@ SELECT 1 FROM paygate.relays WHERE id = %(row_id)s AND status = 'queued' AND lea
 ATTACH_SQL = """
 UPDATE paygate.relays r SET lineage_id = lineage.id, updated_at = now()
 FROM lineage WHERE r.id = %(row_id)s AND r.status = 'queued' AND r.lease_token = %(row_token)s
+RETURNING 1
 """
 INSTALL_ANCHORED_SQL = """
 UPDATE paygate.relays r SET tx_hash = %(x_inner_hash)s, updated_at = now()
 FROM anchored
 WHERE r.id = %(row_id)s AND r.status = 'queued' AND r.lease_token = %(row_token)s AND r.lineage_id = anchored.id
+RETURNING 1
 """
 # A dead lineage is remembered and the pointer cleared: only then may a new one be prepared.
 DROP_LINEAGE_SQL = """
