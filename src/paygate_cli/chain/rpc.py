@@ -246,8 +246,13 @@ class ChainClient:
 
     # -- reads that decide money ----------------------------------------------------------------
 
-    def probe(self, lane: str, inner_hash_hex: str) -> list[Probe]:
-        """Per read endpoint: the lane's sequence, then getTransaction(inner hash)."""
+    def probe(self, lane: str, inner_hash_hex: str, *, receipt_first: bool = False) -> list[Probe]:
+        """Per read endpoint: the lane's sequence, then getTransaction(inner hash).
+
+        `receipt_first`: ask getTransaction first, and stop there when it has the receipt (a receipt
+        proves inclusion whatever the order of reads; the order only matters for a NOT_FOUND, and
+        that one is then read again after the sequence). One call instead of two per endpoint for a
+        transaction that has landed, the common case for a worker resolving last tick's sends."""
         from stellar_sdk import Keypair
 
         self._guard("lineage probe")
@@ -255,6 +260,19 @@ class ChainClient:
             account_id=Keypair.from_public_key(lane).xdr_account_id()))
         probes = []
         for url, srv in zip(self.read_urls, self.readers, strict=True):
+            if receipt_first:
+                try:
+                    tx = self._retrying("getTransaction", lambda srv=srv: srv.get_transaction(inner_hash_hex), 2)
+                except (Unavailable, SorobanRpcErrorResponse) as exc:
+                    probes.append(Probe(url, error=str(exc)[:300]))
+                    continue
+                if tx.status in (GetTransactionStatus.SUCCESS, GetTransactionStatus.FAILED):
+                    probes.append(Probe(
+                        url, tx_status=tx.status.value, tx_ledger=int(tx.ledger) if tx.ledger else None,
+                        fee_charged=fee_charged_of(tx.result_xdr), result_code=result_code_of(tx.result_xdr),
+                        latest_ledger=int(tx.latest_ledger), latest_close_time=int(tx.latest_ledger_close_time),
+                        oldest_ledger=int(tx.oldest_ledger)))
+                    continue
             try:
                 entries = self._retrying("getLedgerEntries", lambda srv=srv: srv.get_ledger_entries([key]), 2)
                 seq = None

@@ -496,6 +496,9 @@ class Engine:
         crashpoint(f"{prefix}.before_resolve")
         resolution = resolve(conn, self.chain, self.keyring, lineage)
         self._note(lineage.lane, resolution.probes)
+        if resolution.state in ("applied", "failed") and lineage.source_seq is not None:
+            # A receipt proves the lane's sequence reached this one (the journal now says so too).
+            self._seen_seq[lineage.lane] = max(self._seen_seq.get(lineage.lane, 0), lineage.source_seq)
         if resolution.written is not None:
             self.finished[lineage.id] = resolution.written
         crashpoint(f"{prefix}.after_resolve")

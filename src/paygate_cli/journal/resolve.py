@@ -79,7 +79,9 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
     if not lineage.live or lineage.state == "allocated":
         return Resolution(lineage.state)
     assert lineage.inner_hash is not None
-    probes = chain.probe(lineage.lane, lineage.inner_hash.hex())
+    # Receipt first: a landed transaction (the common case) costs one read per endpoint; anything
+    # else is read in the order the proof needs (sequence, then the transaction).
+    probes = chain.probe(lineage.lane, lineage.inner_hash.hex(), receipt_first=True)
     if all(p.error for p in probes):
         # No read endpoint answered at all: the RPC is unavailable, not "undecided". Say so (the
         # caller hands its work back) instead of reporting a quiet wait.
