@@ -81,7 +81,7 @@ def run_paygate(chain: ChainEnv, db: psycopg.Connection, deposits: int, *, tag: 
     own = tick_seconds - rpc.seconds
     return {"seconds": elapsed, "settled": settled, "ledgers": ledgers, "own_ms": own * 1000 / deposits,
             "cpu_ms": tick_cpu * 1000 / deposits,
-            "sql_ms": sql.seconds * 1000 / deposits, "rpc_ms": rpc.seconds * 1000 / deposits,
+            "sql_ms": (sql.seconds + control.seconds) * 1000 / deposits, "rpc_ms": rpc.seconds * 1000 / deposits,
             "sql_calls": sql.calls / deposits, "sql_control": control.calls / deposits,
             "rpc_calls": rpc.calls / deposits}
 

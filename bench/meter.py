@@ -45,27 +45,16 @@ class Meter:
 
         setattr(owner, name, timed)
 
-    def count(self, owner: Any, name: str) -> None:
-        """Count the calls of `owner.name` only (a generator function, e.g. psycopg's transaction
-        control commands BEGIN/COMMIT/SAVEPOINT: round trips that Connection.execute never sees)."""
-        original: Callable[..., Any] = getattr(owner, name)
-        meter = self
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            if meter.enabled:
-                meter.calls += 1
-            return original(*args, **kwargs)
-
-        setattr(owner, name, counted)
-
 
 def sql_meters() -> tuple[Meter, Meter]:
-    """(statements: Connection.execute, transaction control: BEGIN/COMMIT/SAVEPOINT round trips)."""
+    """(statements: Connection.execute, transaction control: the BEGIN/SAVEPOINT and COMMIT/RELEASE
+    round trips of `with conn.transaction()`, timed too: a synchronous COMMIT's WAL flush is there)."""
     import psycopg
 
     statements, control = Meter(enabled=True), Meter(enabled=True)
     statements.wrap(psycopg.Connection, "execute")
-    control.count(psycopg.Connection, "_exec_command")
+    control.wrap(psycopg.Transaction, "__enter__")
+    control.wrap(psycopg.Transaction, "__exit__")
     return statements, control
 
 

@@ -97,7 +97,7 @@ def run_paygate(chain: ChainEnv, db: psycopg.Connection, relays: int, *, tag: st
     own = tick_seconds - rpc.seconds
     return {"seconds": elapsed, "applied": applied, "ledgers": ledgers, "own_ms": own * 1000 / relays,
             "cpu_ms": tick_cpu * 1000 / relays,
-            "sql_ms": sql.seconds * 1000 / relays, "rpc_ms": rpc.seconds * 1000 / relays,
+            "sql_ms": (sql.seconds + control.seconds) * 1000 / relays, "rpc_ms": rpc.seconds * 1000 / relays,
             "sql_calls": sql.calls / relays, "sql_control": control.calls / relays, "rpc_calls": rpc.calls / relays}
 
 
