@@ -300,10 +300,18 @@ def tick(ctx: TickContext) -> TickResult:
 def _read_nonces(deps: Deps, rows: list[Deposit]) -> None:
     """The authorisation nonces of the deposits that may start a transaction this tick (no lineage
     yet, as many as there are lanes), in one getLedgerEntries instead of one read per deposit."""
+    from paygate_cli.chain.contracts import nonce_key
     from paygate_cli.chain.relay import nonces_consumed_many
 
+    def readable(row: Deposit) -> bool:
+        try:  # a malformed row is quarantined by its own check, never breaks the others' read
+            nonce_key(row.account, row.auth_nonce)
+            return True
+        except (ValueError, TypeError, OverflowError):
+            return False
+
     fresh = [r for r in rows if r.deposit_lineage_id is None and r.deposit_tx is None and not r.pending_failure]
-    fresh = fresh[:max(deps.free_lanes, 0) + len(deps.signer.lanes)]
+    fresh = [r for r in fresh[:max(deps.free_lanes, 0) + len(deps.signer.lanes)] if readable(r)]
     if not fresh:
         return
     consumed, latest = nonces_consumed_many(deps.chain, [(r.account, [r.auth_nonce]) for r in fresh])
