@@ -24,9 +24,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/idle_tick.py
+	$(VENV)/bin/python bench/cold_commands.py
 	$(VENV)/bin/python bench/devnet_throughput.py --batch 10
 	$(VENV)/bin/python bench/funding.py
 	$(VENV)/bin/python bench/settlement.py
+	$(VENV)/bin/python bench/observer.py
 	$(VENV)/bin/python bench/relay.py
 	$(VENV)/bin/python bench/ops_scale.py
 

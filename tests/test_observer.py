@@ -232,3 +232,66 @@ def test_a_stale_cursor_never_overwrites_a_newer_one(db: psycopg.Connection) -> 
     with pytest.raises(NeedsHuman, match="second observer is writing"), db.transaction():
         apply_page(db, first, None, log)
     assert cursor(db) == second.cursor
+
+
+def _charge_event(n: int, account: str, amount: int, charge_id: bytes, kind: str = "charge",
+                  reason: str | None = None) -> RawEvent:
+    value = [scval.to_int128(amount), scval.to_bytes(charge_id)] + ([scval.to_symbol(reason)] if reason else [])
+    return RawEvent(f"{(5 << 32) + n:019d}-0000000000", 5, "cd" * 32, "C" + "B" * 55,
+                    [scval.to_symbol(kind).to_xdr(), scval.to_address(account).to_xdr()], scval.to_vec(value).to_xdr())
+
+
+def _counting(db: psycopg.Connection) -> list[str]:
+    """Every statement `db` runs from now on (a real connection; the list is what was sent)."""
+    sent: list[str] = []
+    original = db.execute
+
+    def execute(query: object, *args: object, **kwargs: object) -> object:
+        sent.append(str(query))
+        return original(query, *args, **kwargs)
+
+    db.execute = execute  # type: ignore[method-assign]
+    return sent
+
+
+def test_a_page_is_applied_set_based_with_what_each_event_did(db: psycopg.Connection) -> None:
+    from tests.charges_support import add_endpoint
+
+    add_endpoint(db)
+    accounts = [Keypair.random().public_key for _ in range(3)]
+    for account in accounts:
+        db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 10000)", (account,))
+    charges = [admit_charge(db, accounts[i % 3], 100 + i, f"p{i}") for i in range(30)]
+    mismatched_id, mismatched_charge = charges[5]
+    events = [_charge_event(i, accounts[i % 3], 100 + i, charge_id) for i, (_, charge_id) in enumerate(charges)
+              if i not in (5, 7)]
+    events.append(_charge_event(5, accounts[5 % 3], 999, mismatched_charge))  # amount differs from the row
+    events.append(_charge_event(7, accounts[7 % 3], 107, charges[7][1], "charge_failed", "insufficient_balance"))
+    events.append(_charge_event(40, accounts[0], 1, os.urandom(32)))  # no such charge
+    log = logging.getLogger("test")
+    page = EventsPage(events, f"{(6 << 32) - 1:019d}-4294967295", 6, 1)
+    sent = _counting(db)
+    with db.transaction():
+        stats = apply_page(db, page, None, log)
+    assert (stats.settled, stats.failed, len(stats.quarantined)) == (28, 1, 2)
+    # Set-based: the cursor, the seen-check, one statement per kind, one insert; plus one diagnosis per
+    # event that matched nothing. Never one statement per event.
+    assert len(sent) == 5 + 2, sent
+    stored = {r[0]: r[1:] for r in db.execute(
+        "SELECT event_id, kind, payload, applied_to, effect, quarantined, quarantine_reason FROM paygate.chain_events")}
+    first = stored[events[0].id]
+    assert first == ("charge", {"account": accounts[0], "amount": "100", "ref": charges[0][1].hex()},
+                     f"charge:{charges[0][0]}", "settled", False, None)
+    failed = stored[events[-2].id]
+    assert failed[1] == {"account": accounts[1], "amount": "107", "ref": charges[7][1].hex(),
+                         "reason": "insufficient_balance"} and failed[3] == "failed"
+    assert "amount/account mismatch" in stored[events[-3].id][5]
+    assert "unknown charge id" in stored[events[-1].id][5]
+    assert db.execute("SELECT status FROM paygate.charges WHERE id = %s", (mismatched_id,)).fetchone()[0] == \
+        "authorized"
+    outbox = dict(db.execute("SELECT event_type, count(*) FROM paygate.webhook_outbox "
+                             "WHERE event_type IN ('charge.settled', 'charge.failed') GROUP BY 1").fetchall())
+    assert outbox == {"charge.settled": 28, "charge.failed": 1}
+    payload = db.execute("SELECT payload FROM paygate.webhook_outbox WHERE event_type = 'charge.failed'").fetchone()[0]
+    assert payload["balance"] == str(10000 - sum(100 + i for i in range(30) if i % 3 == 1) + 107)
+    assert payload["reason"] == "insufficient_balance" and payload["charge_row_id"] == charges[7][0]

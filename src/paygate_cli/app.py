@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated
+import importlib
+from typing import Annotated, Any
 
 import typer
 
 from paygate_cli import __version__
-from paygate_cli.commands import (
-    completion,
-    config,
-    demo,
-    dev,
-    devnet,
-    drain,
-    halts,
-    key_retire,
-    migrate,
-    nonce,
-    reconcile,
-    replay,
-    run_tick,
-    status,
-    workers,
-)
 from paygate_cli.commands._common import get_env
 from paygate_cli.logs import configure_logging
 
@@ -61,25 +44,28 @@ def root(
     configure_logging(env, fmt=fmt, level=level)
 
 
-# Top-level commands and groups, in the order `paygate --help` lists them.
-COMMANDS: dict[str, Callable[[typer.Typer], None]] = {
-    "run-tick": run_tick.register,
-    "migrate": migrate.register,
-    "status": status.register,
-    "workers": workers.register,
-    "halt": halts.register,
-    "resume": halts.register,
-    "nonce-inspect": nonce.register,
-    "drain": drain.register,
-    "undrain": drain.register,
-    "key-retire-check": key_retire.register,
-    "reconcile-report": reconcile.register,
-    "replay": replay.register,
-    "config": lambda app: app.add_typer(config.app, name="config"),
-    "dev": lambda app: app.add_typer(dev.app, name="dev"),
-    "devnet": lambda app: app.add_typer(devnet.app, name="devnet"),
-    "completion": completion.register,
-    "demo": demo.register,
+# Top-level commands and groups, in the order `paygate --help` lists them: the module under
+# paygate_cli.commands that registers each, and whether it is a typer group (its `app`) or a
+# `register(app)` function. Modules are imported only when their command is registered, so a cold
+# `paygate status` does not import run-tick's runner, the dev cluster helpers or the devnet.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run-tick": ("run_tick", "register"),
+    "migrate": ("migrate", "register"),
+    "status": ("status", "register"),
+    "workers": ("workers", "register"),
+    "halt": ("halts", "register"),
+    "resume": ("halts", "register"),
+    "nonce-inspect": ("nonce", "register"),
+    "drain": ("drain", "register"),
+    "undrain": ("drain", "register"),
+    "key-retire-check": ("key_retire", "register"),
+    "reconcile-report": ("reconcile", "register"),
+    "replay": ("replay", "register"),
+    "config": ("config", "group"),
+    "dev": ("dev", "group"),
+    "devnet": ("devnet", "group"),
+    "completion": ("completion", "register"),
+    "demo": ("demo", "register"),
 }
 
 
@@ -98,12 +84,23 @@ def make_app(only: str | None = None) -> typer.Typer:
         context_settings={"help_option_names": ["-h", "--help"]},  # inherited by every subcommand
     )
     app.callback()(root)
-    registered: set[Callable[[typer.Typer], None]] = set()
-    for name, register in COMMANDS.items():
-        if (only is None or name == only) and register not in registered:
-            register(app)
-            registered.add(register)
+    registered: set[str] = set()
+    for name, (module_name, kind) in COMMANDS.items():
+        if (only is None or name == only) and module_name not in registered:
+            module = importlib.import_module(f"paygate_cli.commands.{module_name}")
+            if kind == "group":
+                app.add_typer(module.app, name=name)
+            else:
+                module.register(app)
+            registered.add(module_name)
     return app
 
 
-app = make_app()
+def __getattr__(name: str) -> Any:
+    """`paygate_cli.app.app`: the full app, built on first use (tests and docs tooling walk it);
+    the entry point builds only the command it runs."""
+    if name == "app":
+        full = make_app()
+        globals()["app"] = full
+        return full
+    raise AttributeError(name)

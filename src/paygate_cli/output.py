@@ -6,7 +6,9 @@ never go to stdout."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import re
+from collections.abc import Mapping, Sequence
 from datetime import date, datetime
 from decimal import Decimal
 from enum import Enum, StrEnum
@@ -103,6 +105,9 @@ def emit(
         env.stdout.flush()
         return
 
+    if not env.stdout_isatty and _render_box_table(env, rows, columns, title, lines):
+        return
+
     from rich.console import Console
     from rich.table import Table
 
@@ -124,3 +129,60 @@ def emit(
     elif not lines:
         for key, value in document.items():
             console.print(f"{key}: {_cell(value)}", markup=False)
+
+
+# -- rich's table, without rich, off a terminal ------------------------------------------------------
+#
+# Off a terminal rich has no width to fit and no colour to add: a table is its HEAVY_HEAD box at the
+# cells' natural widths. Importing rich and laying the table out costs ~35 ms of CPU, most of a cold
+# `paygate status | grep` beyond the Python + psycopg floor, so plain printable-ASCII text is drawn
+# here, byte for byte as rich draws it (tests/test_output_tables.py compares the two). Anything rich
+# would interpret or measure differently (markup brackets, backslashes, :emoji: codes, tabs,
+# non-ASCII widths, a title, forced colour) still goes through rich.
+_PLAIN_ASCII = re.compile(r"[\x20-\x7e]*")
+_EMOJI_CODE = re.compile(r":(\S*?)(?:-(?:emoji|text))?:")
+_RICH_OVERRIDES = ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+
+
+def _rich_would_render_as_is(text: str) -> bool:
+    if not _PLAIN_ASCII.fullmatch(text) or "[" in text or "\\" in text:
+        return False
+    if ":" in text and _EMOJI_CODE.search(text):
+        from rich._emoji_codes import EMOJI  # only when something looks like a code (e.g. a time 22:00:01)
+
+        return not any(m.group(1).lower() in EMOJI for m in _EMOJI_CODE.finditer(text))
+    return True
+
+
+def _forced_terminal(environ: Mapping[str, str]) -> bool:
+    return any(environ.get(name) for name in _RICH_OVERRIDES)
+
+
+def _render_box_table(env: Env, rows: Sequence[dict[str, Any]] | None, columns: Sequence[str] | None,
+                      title: str | None, lines: Sequence[str]) -> bool:
+    """Write `lines` and the table as rich would off a terminal; False (nothing written) when only
+    rich can draw it exactly."""
+    if rows is None or title is not None or not columns or _forced_terminal(env.environ) \
+            or _forced_terminal(os.environ):
+        return False
+    header = [str(c) for c in columns]
+    body = [[_cell(row.get(c)) for c in columns] for row in rows]
+    if not all(_rich_would_render_as_is(text) for text in (*lines, *header, *(t for r in body for t in r))):
+        return False
+    widths = [max([len(header[i]), *(len(r[i]) for r in body)]) + 2 for i in range(len(header))]
+    if sum(widths) + len(widths) + 1 > _UNBOUNDED_WIDTH:  # rich would wrap at its width
+        return False
+
+    def bar(left: str, fill: str, cross: str, right: str) -> str:
+        return left + cross.join(fill * w for w in widths) + right + "\n"
+
+    def line(edge: str, cells: list[str]) -> str:
+        return edge + edge.join(f" {text.ljust(w - 2)} " for text, w in zip(cells, widths, strict=True)) + edge + "\n"
+
+    out = [text + "\n" for text in lines]
+    out += [bar("┏", "━", "┳", "┓"), line("┃", header), bar("┡", "━", "╇", "┩")]
+    out += [line("│", r) for r in body]
+    out.append(bar("└", "─", "┴", "┘"))
+    env.stdout.write("".join(out))
+    env.stdout.flush()
+    return True

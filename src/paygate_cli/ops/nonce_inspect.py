@@ -4,6 +4,7 @@ nothing. Never returns envelopes or ciphertext."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from paygate_cli.errors import UsageError
@@ -59,13 +60,16 @@ def preview(chain: ChainClient, lineage: lineages.Lineage) -> dict[str, Any]:
                           for p, v in zip(probes, verdicts, strict=True)]}
 
 
-def inspect_lanes(conn: psycopg.Connection, chain: ChainClient, lane: str | None) -> list[dict[str, Any]]:
+def inspect_lanes(conn: psycopg.Connection, chain_of: Callable[[], ChainClient], lane: str | None
+                  ) -> list[dict[str, Any]]:
     rows = conn.execute(LANES_SQL, {"lane": lane}).fetchall()
     if lane and not rows:
         raise UsageError(f"lane {lane} is not in the journal")
     report = []
+    chain = chain_of() if rows else None
     for address, status, drained_at in rows:
         max_seq, consumed, live_id = conn.execute(LANE_JOURNAL_SQL, {"lane": address}).fetchone()
+        assert chain is not None
         chain_seq = chain.account_sequence(address)
         live = lineages.load(conn, live_id) if live_id else None
         finding = "ok"
@@ -87,12 +91,13 @@ def inspect_lanes(conn: psycopg.Connection, chain: ChainClient, lane: str | None
     return report
 
 
-def inspect_credit(conn: psycopg.Connection, chain: ChainClient, credit_id: int) -> dict[str, Any]:
-    from paygate_cli.chain.contracts import nonce_consumed
-
+def inspect_credit(conn: psycopg.Connection, chain_of: Callable[[], ChainClient], credit_id: int) -> dict[str, Any]:
     row = conn.execute(CREDIT_SQL, (credit_id,)).fetchone()
     if row is None:
         raise UsageError(f"pending credit {credit_id} does not exist")
+    from paygate_cli.chain.contracts import nonce_consumed
+
+    chain = chain_of()
     (cid, account, amount, nonce, expiration, status, reason, deposit_lineage, credit_lineage, deposit_tx,
      attempts, lease) = row
     consumed, latest = nonce_consumed(chain, account, nonce)
@@ -109,14 +114,15 @@ def inspect_credit(conn: psycopg.Connection, chain: ChainClient, credit_id: int)
     }
 
 
-def inspect_relay(conn: psycopg.Connection, chain: ChainClient, relay_id: int) -> dict[str, Any]:
+def inspect_relay(conn: psycopg.Connection, chain_of: Callable[[], ChainClient], relay_id: int) -> dict[str, Any]:
     """A relay's authorisation nonces on chain, its expiry by ledger, its lineages and what resolve
     would do with a live one, and its fee reservation. Never the auth entries or envelopes."""
-    from paygate_cli.chain.relay import nonces_consumed
-
     row = conn.execute(RELAY_SQL, (relay_id,)).fetchone()
     if row is None:
         raise UsageError(f"relay {relay_id} does not exist")
+    from paygate_cli.chain.relay import nonces_consumed
+
+    chain = chain_of()
     (rid, account, contract, function, nonces, expiration, status, reason, lineage_id, attempts, lease, max_fee,
      fee_charged, reservation, settled_fee) = row
     consumed, latest = nonces_consumed(chain, account, list(nonces))
@@ -137,22 +143,32 @@ def inspect_relay(conn: psycopg.Connection, chain: ChainClient, relay_id: int) -
 
 def nonce_inspect(settings: Any, *, lane: str | None = None, credit_id: int | None = None,
                   relay_id: int | None = None) -> dict[str, Any]:
-    """The whole command: {"lanes": [...]}, {"credit": {...}} or {"relay": {...}}, plus "needs_human"."""
-    from paygate_cli.chain.rpc import ChainClient
+    """The whole command: {"lanes": [...]}, {"credit": {...}} or {"relay": {...}}, plus "needs_human".
+    The chain client (and stellar-sdk with it) is built only once something needs the chain: an
+    unknown lane, deposit or relay is answered from the database alone."""
     from paygate_cli.db.connect import connect
 
     if sum(x is not None and x != "" for x in (lane, credit_id, relay_id)) > 1:
         raise UsageError("--lane, --credit and --relay are mutually exclusive")
     with connect(settings, "nonce-inspect") as conn:
-        chain = ChainClient(settings, guard_conn=conn)
+        clients: list[ChainClient] = []
+
+        def chain_of() -> ChainClient:
+            if not clients:
+                from paygate_cli.chain.rpc import ChainClient
+
+                clients.append(ChainClient(settings, guard_conn=conn))
+            return clients[0]
+
         try:
             if relay_id is not None:
-                relay_report = inspect_relay(conn, chain, relay_id)
+                relay_report = inspect_relay(conn, chain_of, relay_id)
                 return {"relay": relay_report, "needs_human": relay_report["needs_human"]}
             if credit_id is not None:
-                report = inspect_credit(conn, chain, credit_id)
+                report = inspect_credit(conn, chain_of, credit_id)
                 return {"credit": report, "needs_human": report["needs_human"]}
-            lanes = inspect_lanes(conn, chain, lane)
+            lanes = inspect_lanes(conn, chain_of, lane)
             return {"lanes": lanes, "needs_human": any(r["needs_human"] for r in lanes)}
         finally:
-            chain.close()
+            for client in clients:
+                client.close()

@@ -71,6 +71,11 @@ QUEUE_SQL: dict[str, str] = {
         FROM paygate.idempotency_keys WHERE expires_at < now()""",
 }
 
+# All queues in one statement (one round trip instead of one per queue: a cold `status` opens a
+# fresh backend, and each statement there also pays its catalog lookups).
+QUEUE_DEPTHS_SQL = "\nUNION ALL\n".join(
+    f"SELECT '{name}', * FROM ({sql.strip()}) AS q" for name, sql in QUEUE_SQL.items())
+
 LOCK_HOLDERS_SQL = """
 SELECT l.objid::bigint, a.pid, a.application_name, a.client_addr::text,
        extract(epoch FROM now() - a.backend_start)::float8
@@ -136,33 +141,32 @@ def gas(conn: psycopg.Connection) -> dict[str, Any]:
 
 
 def queue_depths(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    found = {name: (count, oldest) for name, count, oldest in conn.execute(QUEUE_DEPTHS_SQL)}
     depths = []
-    for name, sql in QUEUE_SQL.items():
-        count, oldest = conn.execute(sql).fetchone()
+    for name in QUEUE_SQL:  # in the catalogue's order, whatever order the rows came back in
+        count, oldest = found[name]
         depths.append({"queue": name, "depth": int(count), "oldest_age_s": round(oldest, 1) if oldest else None})
     return depths
 
 
 def rpc_health(settings: Any) -> dict[str, Any]:
-    """Each RPC endpoint's getHealth and latest ledger; lag is measured against the furthest one."""
+    """Each RPC endpoint's getHealth and latest ledger; lag is measured against the furthest one.
+    The write endpoint and the distinct read endpoints, as the chain client counts them."""
     if not settings.rpc_url:
         return {"configured": False, "endpoints": [], "problems": []}
-    from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.chain.health import get_health
+    from paygate_cli.settings import distinct_read_urls
 
-    chain = ChainClient(settings)
+    read_urls = distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)
     endpoints = []
-    try:
-        for role, url, server in [("write", chain.write_url, chain.write),
-                                  *[("read", u, s) for u, s in zip(chain.read_urls, chain.readers, strict=True)]]:
-            try:
-                health = server.get_health()
-                endpoints.append({"role": role, "url": url, "status": health.status,
-                                  "latest_ledger": health.latest_ledger, "oldest_ledger": health.oldest_ledger})
-            except Exception as exc:  # any failure of one endpoint is a finding, not a crash of status
-                endpoints.append({"role": role, "url": url, "status": "unreachable",
-                                  "error": f"{type(exc).__name__}: {exc}"[:200]})
-    finally:
-        chain.close()
+    for role, url in [("write", settings.rpc_url), *[("read", u) for u in read_urls]]:
+        try:
+            health = get_health(url, settings.rpc_timeout)
+            endpoints.append({"role": role, "url": url, "status": health.status,
+                              "latest_ledger": health.latest_ledger, "oldest_ledger": health.oldest_ledger})
+        except Exception as exc:  # any failure of one endpoint is a finding, not a crash of status
+            endpoints.append({"role": role, "url": url, "status": "unreachable",
+                              "error": f"{type(exc).__name__}: {exc}"[:200]})
     furthest = max((e["latest_ledger"] for e in endpoints if e.get("latest_ledger")), default=None)
     problems = []
     for endpoint in endpoints:
@@ -180,7 +184,8 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
         problems.append(f"schema behind: {schema['message']}")
     elif schema["pending"]:
         problems.append(f"schema behind: {len(schema['pending'])} migration(s) pending (run `paygate migrate`)")
-    server_version = conn.execute("SHOW server_version").fetchone()[0]
+    # Reported by the server at login: no round trip (the same text as SHOW server_version).
+    server_version = conn.info.parameter_status("server_version") or conn.execute("SHOW server_version").fetchone()[0]
     report: dict[str, Any] = {
         "ready": False,
         "problems": problems,
