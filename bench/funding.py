@@ -25,7 +25,7 @@ import psycopg
 from stellar_sdk import Keypair, SorobanServer, TransactionBuilder, scval
 from stellar_sdk.client.requests_client import RequestsClient
 
-from bench.meter import Meter, chain_world
+from bench.meter import Meter, Profile, chain_world, sql_meters
 from paygate_cli.chain.rpc import ChainClient
 from paygate_cli.db.connect import connect
 from paygate_cli.env import Env
@@ -38,17 +38,19 @@ from tests.devnet_support import DevnetHandle
 AMOUNT = 1_000_000
 
 
-def run_paygate(chain: ChainEnv, db: psycopg.Connection, deposits: int) -> dict[str, float]:
+def run_paygate(chain: ChainEnv, db: psycopg.Connection, deposits: int, *, tag: str = "bench",
+                profile: Profile | None = None) -> dict[str, float]:
     users = chain.genesis["users"]
     for i in range(deposits):
         user = users[i % len(users)]
         entry, nonce, expiration = sign_deposit(chain.devnet, user["secret"], AMOUNT, valid_ledgers=500)
-        admit_deposit(db, user["public"], AMOUNT, entry, nonce, expiration, f"bench-{i}")
-    rpc, sql = Meter(enabled=True), Meter(enabled=True)
+        admit_deposit(db, user["public"], AMOUNT, entry, nonce, expiration, f"{tag}-{i}")
+    rpc = Meter()
     for name in ("send", "probe", "simulate", "ledger_entries", "latest_ledger", "account_sequence"):
         rpc.wrap(ChainClient, name)
-    sql.wrap(psycopg.Connection, "execute")
-    tick_seconds = 0.0
+    sql, control = sql_meters()
+    sql.enabled = control.enabled = False
+    tick_seconds = tick_cpu = 0.0
     # Steady state, as a `run-tick funding --every …` loop runs: one process, one work connection
     # kept across ticks (statement plans and trigger functions stay cached), a tick per ledger.
     env = Env(environ=chain.environ)
@@ -58,9 +60,16 @@ def run_paygate(chain: ChainEnv, db: psycopg.Connection, deposits: int) -> dict[
     started = time.perf_counter()
     ledgers = 0
     while db.execute("SELECT count(*) FROM paygate.pending_credits WHERE status = 'pending'").fetchone()[0]:
-        before = time.perf_counter()
-        funding_tick(ctx)
+        before, cpu = time.perf_counter(), time.process_time()
+        sql.enabled = control.enabled = rpc.enabled = True
+        if profile is not None:
+            with profile.running():
+                funding_tick(ctx)
+        else:
+            funding_tick(ctx)
+        sql.enabled = control.enabled = rpc.enabled = False
         tick_seconds += time.perf_counter() - before
+        tick_cpu += time.process_time() - cpu
         chain.devnet.close_ledger()
         ledgers += 1
         if ledgers > 40 + deposits:
@@ -71,8 +80,10 @@ def run_paygate(chain: ChainEnv, db: psycopg.Connection, deposits: int) -> dict[
     # psycopg's execute also covers the nested round trips of RPC-free SQL only; RPC calls never nest SQL.
     own = tick_seconds - rpc.seconds
     return {"seconds": elapsed, "settled": settled, "ledgers": ledgers, "own_ms": own * 1000 / deposits,
-            "sql_ms": sql.seconds * 1000 / deposits, "rpc_ms": rpc.seconds * 1000 / deposits,
-            "sql_calls": sql.calls / deposits, "rpc_calls": rpc.calls / deposits}
+            "cpu_ms": tick_cpu * 1000 / deposits,
+            "sql_ms": (sql.seconds + control.seconds) * 1000 / deposits, "rpc_ms": rpc.seconds * 1000 / deposits,
+            "sql_calls": sql.calls / deposits, "sql_control": control.calls / deposits,
+            "rpc_calls": rpc.calls / deposits}
 
 
 def run_bare_sdk(devnet: DevnetHandle, deposits: int, lanes: int) -> dict[str, float]:
@@ -96,12 +107,12 @@ def run_bare_sdk(devnet: DevnetHandle, deposits: int, lanes: int) -> dict[str, f
         server.send_transaction(bumped)
         return tx.hash_hex()
 
-    started = time.perf_counter()
     work = []
-    for i in range(deposits):
+    for i in range(deposits):  # the users' side, done before the clock starts (as admission is for paygate)
         user = users[i % len(users)]
         entry, _, _ = sign_deposit(devnet, user["secret"], AMOUNT, valid_ledgers=500)
         work.append((user["public"], xdr.SorobanAuthorizationEntry.from_xdr(entry)))
+    started, cpu = time.perf_counter(), time.process_time()
     credits: list[tuple[str, bytes]] = []
     while work or credits:
         for lane in lane_keys:
@@ -115,25 +126,40 @@ def run_bare_sdk(devnet: DevnetHandle, deposits: int, lanes: int) -> dict[str, f
                                scval.to_address(g["contracts"]["billing"]), scval.to_int128(AMOUNT)], [auth])
                 credits.append((account, bytes.fromhex(inner)))
         devnet.close_ledger()
-    return {"seconds": time.perf_counter() - started}
+    return {"seconds": time.perf_counter() - started, "cpu": time.process_time() - cpu}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--deposits", type=int, default=64)
     parser.add_argument("--lanes", type=int, default=8)
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled second pass")
+    parser.add_argument("--profile-out", help="also write the second pass's pstats to this file")
     args = parser.parse_args()
+    profile = Profile()
     with chain_world("pgf-", args.lanes) as (devnet, (chain, db)):
         ours = run_paygate(chain, db, args.deposits)
         bare = run_bare_sdk(devnet, args.deposits, args.lanes)
+        if not args.no_profile:  # a second pass under cProfile (slower): its figures are not reported
+            run_paygate(chain, db, args.deposits, tag="profiled", profile=profile)
     print(f"funding: {args.deposits} deposits, {args.lanes} lanes, devnet in manual mode")
     print(f"  paygate   : {ours['settled']} settled in {ours['seconds']:.2f} s over {ours['ledgers']} ledgers "
           f"= {args.deposits / ours['seconds']:.1f} deposits/s")
     print(f"  own (non-RPC) time per deposit   : {ours['own_ms']:6.2f} ms  (target <= 5; includes XDR build+sign)")
-    print(f"  Postgres time per deposit        : {ours['sql_ms']:6.2f} ms ({ours['sql_calls']:.1f} statements)")
+    print(f"  CPU (process_time) per deposit   : {ours['cpu_ms']:6.2f} ms  (this process: Python, XDR, client side)")
+    print(f"  Postgres time per deposit        : {ours['sql_ms']:6.2f} ms ({ours['sql_calls']:.1f} statements,"
+          f" target <= 12; + {ours['sql_control']:.1f} BEGIN/COMMIT/SAVEPOINT round trips)")
     print(f"  waiting on RPC per deposit       : {ours['rpc_ms']:6.2f} ms ({ours['rpc_calls']:.1f} calls)")
     print(f"  baseline, bare stellar-sdk (no journal, no DB): {args.deposits / bare['seconds']:.1f} deposits/s")
-    print(f"  ratio paygate / bare             : {bare['seconds'] / ours['seconds']:.2f}")
+    print(f"  ratio paygate / bare             : {bare['seconds'] / ours['seconds']:.2f}  (target >= 0.8)")
+    print(f"  bare stellar-sdk CPU per deposit : {bare['cpu'] * 1000 / args.deposits:6.2f} ms  (cf. paygate's)")
+    if not args.no_profile:
+        print("  profile (second pass under cProfile), paygate's own code by cumulative time:")
+        print(profile.summary(args.deposits))
+        print("  hottest functions by own time (any module):")
+        print(profile.hottest(args.deposits))
+        if args.profile_out:
+            profile.profiler.dump_stats(args.profile_out)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
 """Shared by the benchmarks: wall time spent inside wrapped callables (RPC calls, SQL round trips),
-and the private Postgres + devnet a chain benchmark runs against."""
+a short cProfile summary of paygate's own code, and the private Postgres + devnet a chain benchmark
+runs against."""
 
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 import shutil
 import tempfile
 import time
@@ -14,28 +18,85 @@ from typing import Any
 
 class Meter:
     """Wraps `owner.name` (a class method or function attribute) and, while `enabled`, adds up the
-    calls and the seconds spent inside them."""
+    calls and the seconds spent inside them. Calls nested inside another wrapped call of the same
+    meter (ChainClient.account_sequence -> ledger_entries) count once: the outermost one."""
 
     def __init__(self, enabled: bool = False) -> None:
         self.seconds = 0.0
         self.calls = 0
         self.enabled = enabled
+        self._depth = 0
 
     def wrap(self, owner: Any, name: str) -> None:
         original: Callable[..., Any] = getattr(owner, name)
         meter = self
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            if not meter.enabled:
+            if not meter.enabled or meter._depth:
                 return original(*args, **kwargs)
             started = time.perf_counter()
+            meter._depth += 1
             try:
                 return original(*args, **kwargs)
             finally:
+                meter._depth -= 1
                 meter.seconds += time.perf_counter() - started
                 meter.calls += 1
 
         setattr(owner, name, timed)
+
+
+def sql_meters() -> tuple[Meter, Meter]:
+    """(statements: Connection.execute, transaction control: the BEGIN/SAVEPOINT and COMMIT/RELEASE
+    round trips of `with conn.transaction()`, timed too: a synchronous COMMIT's WAL flush is there)."""
+    import psycopg
+
+    statements, control = Meter(enabled=True), Meter(enabled=True)
+    statements.wrap(psycopg.Connection, "execute")
+    control.wrap(psycopg.Transaction, "__enter__")
+    control.wrap(psycopg.Transaction, "__exit__")
+    return statements, control
+
+
+class Profile:
+    """cProfile around the measured ticks; `summary()` lists the top entries by cumulative time,
+    limited to paygate's own code (plus the SDK's XDR/signing entry points it calls)."""
+
+    def __init__(self) -> None:
+        self.profiler = cProfile.Profile()
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        self.profiler.enable()
+        try:
+            yield
+        finally:
+            self.profiler.disable()
+
+    def summary(self, units: int, top: int = 14, own: tuple[str, ...] = ("paygate_cli",)) -> str:
+        stream = io.StringIO()
+        stats = pstats.Stats(self.profiler, stream=stream)
+        rows = []
+        for (filename, line, name), (_cc, calls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+            if not any(part in filename for part in own):
+                continue
+            where = filename.split("paygate_cli/")[-1] if "paygate_cli/" in filename else Path(filename).name
+            rows.append((cumtime, tottime, calls, f"{where}:{line}({name})"))
+        rows.sort(reverse=True)
+        lines = [f"    {'cum ms/unit':>11} {'own ms/unit':>11} {'calls/unit':>10}  function"]
+        for cumtime, tottime, calls, label in rows[:top]:
+            per = (cumtime * 1000 / units, tottime * 1000 / units, calls / units)
+            lines.append(f"    {per[0]:11.2f} {per[1]:11.2f} {per[2]:10.2f}  {label}")
+        return "\n".join(lines)
+
+    def hottest(self, units: int, top: int = 8) -> str:
+        """Top entries by own (tottime) time, any module: where the CPU actually goes."""
+        stats = pstats.Stats(self.profiler)
+        rows = []
+        for (filename, line, name), (_cc, calls, tottime, _cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+            rows.append((tottime, calls, f"{'/'.join(Path(filename).parts[-2:])}:{line}({name})"))
+        rows.sort(reverse=True)
+        return "\n".join(f"    {t * 1000 / units:11.2f} {c / units:10.2f}  {label}" for t, c, label in rows[:top])
 
 
 @contextmanager

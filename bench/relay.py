@@ -26,7 +26,7 @@ import psycopg
 from stellar_sdk import Keypair, SorobanServer, TransactionBuilder, xdr
 from stellar_sdk.client.requests_client import RequestsClient
 
-from bench.meter import Meter, chain_world
+from bench.meter import Meter, Profile, chain_world, sql_meters
 from paygate_cli.chain.rpc import ChainClient
 from paygate_cli.db.connect import connect
 from paygate_cli.env import Env
@@ -41,54 +41,64 @@ from tests.relay_support import MAX_FEE, admit_relay, allow_market, sign_buy
 OPEN_SQL = "SELECT count(*) FROM paygate.relays WHERE status = 'queued'"
 
 
-def tick_until_done(ctx: TickContext, db: psycopg.Connection, chain: ChainEnv, limit: int) -> tuple[float, int]:
-    seconds, ledgers = 0.0, 0
+def tick_until_done(ctx: TickContext, db: psycopg.Connection, chain: ChainEnv, limit: int,
+                    meters: tuple[Meter, ...] = (), profile: Profile | None = None) -> tuple[float, float, int]:
+    """(tick wall seconds, tick CPU seconds, ledgers). Meters count only inside the ticks."""
+    seconds, cpu, ledgers = 0.0, 0.0, 0
     while db.execute(OPEN_SQL).fetchone()[0]:
-        before = time.perf_counter()
-        relay_tick(ctx)
+        before, cpu_before = time.perf_counter(), time.process_time()
+        for meter in meters:
+            meter.enabled = True
+        if profile is not None:
+            with profile.running():
+                relay_tick(ctx)
+        else:
+            relay_tick(ctx)
+        for meter in meters:
+            meter.enabled = False
         seconds += time.perf_counter() - before
+        cpu += time.process_time() - cpu_before
         chain.devnet.close_ledger()
         ledgers += 1
         if ledgers > limit:
             raise SystemExit("relay did not finish")
-    return seconds, ledgers
+    return seconds, cpu, ledgers
 
 
-def run_paygate(chain: ChainEnv, db: psycopg.Connection, relays: int) -> dict[str, float]:
+def run_paygate(chain: ChainEnv, db: psycopg.Connection, relays: int, *, tag: str = "bench",
+                profile: Profile | None = None) -> dict[str, float]:
     users = chain.genesis["users"]
     allow_market(db, chain.genesis["contracts"]["market"])
     # Room in the fee budget for every relay's reservation at once (the default holds 200 of these).
-    db.execute("UPDATE paygate.relay_config SET fee_budget = %s", (2 * (relays + 16) * MAX_FEE,))
+    db.execute("UPDATE paygate.relay_config SET fee_budget = %s", (4 * (relays + 16) * MAX_FEE,))
     env = Env(environ=chain.environ)
     work = connect(env.settings, "bench:relay")
     ctx = TickContext(conn=work, settings=env.settings, worker="relay", instance_id="bench", slot=0,
                       batch=WORKERS["relay"].batch or 16, log=get_logger("relay"))
     # Warm-up, not measured: each user's first buy creates the market's per-user entries (two first
     # buys by one user in one ledger would read more on apply than they declared at simulation).
-    admit_relay(db, chain.devnet, users[0], "warm-up-0", valid_ledgers=2000)
+    admit_relay(db, chain.devnet, users[0], f"warm-up-{tag}-0", valid_ledgers=2000)
     tick_until_done(ctx, db, chain, 20)
     for n, user in enumerate(users[1:], start=1):
-        admit_relay(db, chain.devnet, user, f"warm-up-{n}", valid_ledgers=2000)
+        admit_relay(db, chain.devnet, user, f"warm-up-{tag}-{n}", valid_ledgers=2000)
     tick_until_done(ctx, db, chain, 20)
     for i in range(relays):
-        admit_relay(db, chain.devnet, users[i % len(users)], f"bench-{i}", "book", 1 + i % 50, valid_ledgers=2000)
-    rpc, sql = Meter(enabled=True), Meter(enabled=True)
+        admit_relay(db, chain.devnet, users[i % len(users)], f"{tag}-{i}", "book", 1 + i % 50, valid_ledgers=2000)
+    rpc = Meter()
     for name in ("send", "probe", "simulate", "ledger_entries", "latest_ledger", "account_sequence"):
         rpc.wrap(ChainClient, name)
-    sql.wrap(psycopg.Connection, "execute")
+    sql, control = sql_meters()
     started = time.perf_counter()
-    tick_seconds, ledgers = tick_until_done(ctx, db, chain, 40 + relays)
+    tick_seconds, tick_cpu, ledgers = tick_until_done(ctx, db, chain, 40 + relays, (rpc, sql, control), profile)
     elapsed = time.perf_counter() - started
-    sql.enabled = rpc.enabled = False
     work.close()
     applied = db.execute("SELECT count(*) FROM paygate.relays WHERE status = 'applied' AND "
-                         "idempotency_key LIKE 'bench-%%'").fetchone()[0]
+                         "idempotency_key LIKE %s", (f"{tag}-%",)).fetchone()[0]
     own = tick_seconds - rpc.seconds
-    # The loop's own `open relays?` check runs on `db` and is metered too: subtract it.
-    loop_checks = ledgers + 1
     return {"seconds": elapsed, "applied": applied, "ledgers": ledgers, "own_ms": own * 1000 / relays,
-            "sql_ms": sql.seconds * 1000 / relays, "rpc_ms": rpc.seconds * 1000 / relays,
-            "sql_calls": (sql.calls - loop_checks) / relays, "rpc_calls": rpc.calls / relays}
+            "cpu_ms": tick_cpu * 1000 / relays,
+            "sql_ms": (sql.seconds + control.seconds) * 1000 / relays, "rpc_ms": rpc.seconds * 1000 / relays,
+            "sql_calls": sql.calls / relays, "sql_control": control.calls / relays, "rpc_calls": rpc.calls / relays}
 
 
 def run_bare_sdk(devnet: DevnetHandle, relays: int, lanes: int) -> dict[str, float]:
@@ -103,7 +113,7 @@ def run_bare_sdk(devnet: DevnetHandle, relays: int, lanes: int) -> dict[str, flo
     for i in range(relays):
         args, entry = sign_buy(devnet, users[i % len(users)]["secret"], "book", 1 + i % 50, valid_ledgers=2000)
         work.append((list(xdr.SCVal.from_xdr(args).vec.sc_vec), xdr.SorobanAuthorizationEntry.from_xdr(entry)))
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     while work:
         for lane in lane_keys:
             if not work:
@@ -118,25 +128,41 @@ def run_bare_sdk(devnet: DevnetHandle, relays: int, lanes: int) -> dict[str, flo
             bumped.sign(fee)
             server.send_transaction(bumped)
         devnet.close_ledger()
-    return {"seconds": time.perf_counter() - started}
+    return {"seconds": time.perf_counter() - started, "cpu": time.process_time() - cpu}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--relays", type=int, default=500)
     parser.add_argument("--lanes", type=int, default=8)
+    parser.add_argument("--no-profile", action="store_true", help="skip the profiled second pass")
+    parser.add_argument("--profile-out", help="also write the second pass's pstats to this file")
     args = parser.parse_args()
+    profile = Profile()
+    profiled = min(args.relays, 100)
     with chain_world("pgr-", args.lanes) as (devnet, (chain, db)):
         ours = run_paygate(chain, db, args.relays)
         bare = run_bare_sdk(devnet, args.relays, args.lanes)
+        if not args.no_profile:  # a second, smaller pass under cProfile (slower): its figures are not reported
+            run_paygate(chain, db, profiled, tag="profiled", profile=profile)
     print(f"relay: {args.relays} market.buy relays, {args.lanes} lanes, devnet in manual mode")
     print(f"  paygate   : {ours['applied']} applied in {ours['seconds']:.2f} s over {ours['ledgers']} ledgers "
           f"= {args.relays / ours['seconds']:.1f} relays/s")
     print(f"  own (non-RPC) time per relay     : {ours['own_ms']:6.2f} ms  (target <= 5; includes XDR build+sign)")
-    print(f"  Postgres per relay               : {ours['sql_ms']:6.2f} ms ({ours['sql_calls']:.1f} statements)")
+    print(f"  CPU (process_time) per relay     : {ours['cpu_ms']:6.2f} ms  (this process: Python, XDR, client side)")
+    print(f"  Postgres per relay               : {ours['sql_ms']:6.2f} ms ({ours['sql_calls']:.1f} statements"
+          f" + {ours['sql_control']:.1f} BEGIN/COMMIT/SAVEPOINT round trips)")
     print(f"  waiting on RPC per relay         : {ours['rpc_ms']:6.2f} ms ({ours['rpc_calls']:.1f} calls)")
     print(f"  baseline, bare stellar-sdk (no journal, no DB): {args.relays / bare['seconds']:.1f} relays/s")
     print(f"  ratio paygate / bare             : {bare['seconds'] / ours['seconds']:.2f}  (target >= 0.8)")
+    print(f"  bare stellar-sdk CPU per relay   : {bare['cpu'] * 1000 / args.relays:6.2f} ms  (cf. paygate's)")
+    if not args.no_profile:
+        print(f"  profile (second pass under cProfile, {profiled} relays), paygate's own code by cumulative time:")
+        print(profile.summary(profiled))
+        print("  hottest functions by own time (any module):")
+        print(profile.hottest(profiled))
+        if args.profile_out:
+            profile.profiler.dump_stats(args.profile_out)
 
 
 if __name__ == "__main__":

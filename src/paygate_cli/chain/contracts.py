@@ -3,7 +3,10 @@ build + simulate + sign + fee-bump an invocation, decode events."""
 
 from __future__ import annotations
 
+import base64
+import functools
 import hashlib
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,15 +30,41 @@ class SimulationFailed(PaygateError):
 
 @dataclass(frozen=True)
 class DepositAuth:
-    entry: xdr.SorobanAuthorizationEntry
+    entry_xdr: str
     nonce: int
     expiration_ledger: int
+
+    @property
+    def entry(self) -> xdr.SorobanAuthorizationEntry:
+        """Decoded on use, afresh each time: only a deposit that gets a lane needs it."""
+        return xdr.SorobanAuthorizationEntry.from_xdr(self.entry_xdr)
 
 
 def check_deposit_auth(entry_b64: str, *, account: str, amount: int, usdc: str, billing: str,
                        passphrase: str) -> DepositAuth:
     """The authorisation must be the user's own signature over exactly
-    USDC.transfer(account, billing, amount) on this network, and nothing else."""
+    USDC.transfer(account, billing, amount) on this network, and nothing else.
+
+    A pure function of its arguments: a deposit waiting for a lane is checked again every tick, so
+    the verdict of an accepted entry is remembered for the process (the entry itself is decoded
+    afresh when used: a transaction built from it never shares a mutable object across ticks)."""
+    key = (entry_b64, account, amount, usdc, billing, passphrase)
+    known = _ACCEPTED.get(key)
+    if known is not None:
+        return DepositAuth(entry_b64, *known)
+    checked = _check_deposit_auth(entry_b64, account=account, amount=amount, usdc=usdc, billing=billing,
+                                  passphrase=passphrase)
+    if len(_ACCEPTED) >= 4096:
+        _ACCEPTED.clear()  # bounded: a long-lived process never grows without limit
+    _ACCEPTED[key] = (checked.nonce, checked.expiration_ledger)
+    return checked
+
+
+_ACCEPTED: dict[tuple[str, str, int, str, str, str], tuple[int, int]] = {}
+
+
+def _check_deposit_auth(entry_b64: str, *, account: str, amount: int, usdc: str, billing: str,
+                        passphrase: str) -> DepositAuth:
     try:
         entry = xdr.SorobanAuthorizationEntry.from_xdr(entry_b64)
     except Exception as exc:  # any decode failure: the bytes are not an authorisation entry
@@ -79,7 +108,7 @@ def check_deposit_auth(entry_b64: str, *, account: str, amount: int, usdc: str, 
         raise BadAuthorization("auth entry's signature is not Vec<Map{public_key, signature}>") from None
     if not valid:
         raise BadAuthorization("auth entry's signature does not verify for this network and account")
-    return DepositAuth(entry, int(creds.nonce.int64), expiration)
+    return DepositAuth(entry_b64, int(creds.nonce.int64), expiration)
 
 
 def _verifies(public_key: bytes, payload: bytes, signature: bytes) -> bool:
@@ -130,6 +159,7 @@ class SignedTransaction:
     outer_hash: bytes
     max_time: int
     max_ledger: int | None = None  # the last ledger it may apply in, when bounded
+    fee: int | None = None  # the fee bump's fee: the most the fee account can be charged (known when built)
 
 
 def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq: int, call: Invocation,
@@ -141,50 +171,125 @@ def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq
     `max_ledger`: the last ledger the transaction may apply in (a user authorisation's expiration
     ledger). The network's bound is exclusive, so the envelope carries max_ledger + 1: a transaction
     that cannot land before the authorisation dies is then provably dead by ledger (resolve), never
-    included to fail with its fee paid."""
-    passphrase = chain.passphrase
-    builder = TransactionBuilder(Account(lane.public_key, seq - 1), passphrase, base_fee=base_fee)
-    builder.append_invoke_contract_function_op(call.contract, call.function, call.args, auth=call.auth or None)
-    builder.add_time_bounds(0, max_time)
-    if max_ledger is not None:
-        builder.set_ledger_bounds(0, max_ledger + 1)
-    tx = builder.build()
-    simulation = chain.simulate(tx)
+    included to fail with its fee paid.
+
+    Built as XDR directly (issue 14), the same bytes TransactionBuilder + prepare_transaction + sign
+    + the fee bump give (tests/test_engine_speed.py holds them equal): the SDK's objects are converted
+    to XDR and packed again for the simulation, the hash, the signature and the fee bump; here the
+    transaction is packed once after assembly, and hash, signature and fee bump reuse those bytes."""
+    network_id = _network_id(chain.passphrase)
+    tx = invoke_transaction(lane.public_key, seq, call, max_time=max_time, base_fee=base_fee, max_ledger=max_ledger)
+    unsigned = xdr.TransactionEnvelope(type=xdr.EnvelopeType.ENVELOPE_TYPE_TX,
+                                       v1=xdr.TransactionV1Envelope(tx=tx, signatures=[]))
+    simulation = chain.simulate(unsigned.to_xdr())
     if simulation.error:
         raise SimulationFailed(f"simulation of {call.function} failed: {simulation.error}"[:500])
-    assemble(tx, simulation)
-    tx.sign(lane)
-    envelope_xdr, outer_hash = fee_bump(tx, fee_account, fee_bump_base_fee, passphrase)
-    return SignedTransaction(envelope_xdr, tx.hash(), outer_hash, max_time, max_ledger)
+    resource_fee = assemble_xdr(tx, simulation)
+    tx_bytes = tx.to_xdr_bytes()  # packed once: the hash, the signature and the fee bump reuse these bytes
+    inner_hash = hashlib.sha256(network_id + _TX_TYPE + tx_bytes).digest()
+    signature = lane.sign_decorated(inner_hash).to_xdr_object().to_xdr_bytes()
+    envelope_xdr, outer_hash, fee = _fee_bump_bytes(
+        tx_bytes, [signature], inner_fee=tx.fee.uint32, resource_fee=resource_fee, operations=len(tx.operations),
+        fee_account=fee_account, base_fee=fee_bump_base_fee, network_id=network_id)
+    return SignedTransaction(envelope_xdr, inner_hash, outer_hash, max_time, max_ledger, fee)
+
+
+def invoke_transaction(source: str, seq: int, call: Invocation, *, max_time: int, base_fee: int,
+                       max_ledger: int | None = None) -> xdr.Transaction:
+    """The unsigned transaction TransactionBuilder(Account(source, seq - 1)) builds for this one
+    contract call with time bounds (0, max_time) and, when bounded, ledger bounds (0, max_ledger + 1)."""
+    from stellar_sdk.ledger_bounds import LedgerBounds
+    from stellar_sdk.preconditions import Preconditions
+    from stellar_sdk.time_bounds import TimeBounds
+
+    preconditions = Preconditions(time_bounds=TimeBounds(0, max_time),
+                                  ledger_bounds=None if max_ledger is None else LedgerBounds(0, max_ledger + 1))
+    operation = xdr.Operation(source_account=None, body=xdr.OperationBody(
+        type=xdr.OperationType.INVOKE_HOST_FUNCTION,
+        invoke_host_function_op=xdr.InvokeHostFunctionOp(
+            host_function=xdr.HostFunction(
+                type=xdr.HostFunctionType.HOST_FUNCTION_TYPE_INVOKE_CONTRACT,
+                invoke_contract=xdr.InvokeContractArgs(contract_address=_sc_address(call.contract),
+                                                       function_name=xdr.SCSymbol(call.function.encode()),
+                                                       args=list(call.args))),
+            auth=list(call.auth))))
+    return xdr.Transaction(source_account=_muxed(source), fee=xdr.Uint32(base_fee),
+                           seq_num=xdr.SequenceNumber(xdr.Int64(seq)), cond=preconditions.to_xdr_object(),
+                           memo=_NO_MEMO, operations=[operation], ext=xdr.TransactionExt(0))
+
+
+def assemble_xdr(tx: xdr.Transaction, simulation: Any) -> int:
+    """assemble() on the XDR transaction: footprint/resources, the resource fee, the simulation's auth
+    entries when the call carries none. Returns the resource fee."""
+    data = xdr.SorobanTransactionData.from_xdr(simulation.transaction_data)
+    tx.ext = xdr.TransactionExt(1, soroban_data=data)
+    tx.fee = xdr.Uint32(tx.fee.uint32 + int(simulation.min_resource_fee))
+    operation = tx.operations[0].body.invoke_host_function_op
+    if not operation.auth and simulation.results and simulation.results[0].auth:
+        operation.auth = [xdr.SorobanAuthorizationEntry.from_xdr(entry) for entry in simulation.results[0].auth]
+    return int(data.resource_fee.int64)
 
 
 def fee_bump(inner: Any, fee_account: Keypair, base_fee: int, passphrase: str) -> tuple[str, bytes]:
-    """The fee-bump envelope of a signed inner transaction -> (base64 XDR, outer hash).
+    """The fee-bump envelope of a signed inner transaction (an SDK TransactionEnvelope) -> (base64
+    XDR, outer hash).
 
     Byte-for-byte what TransactionBuilder.build_fee_bump_transaction + sign produce (a test holds
     them equal), built from the XDR directly: the SDK deep-copies the inner transaction first,
     which costs several ms of pure Python per transaction."""
-    if base_fee < 100:
-        raise ValueError("fee bump base fee must be at least 100 stroops")
     transaction = inner.transaction
     resource_fee = transaction.soroban_data.resource_fee.int64 if transaction.soroban_data else 0
-    operations = len(transaction.operations)
-    if base_fee < -(-(transaction.fee - resource_fee) // operations):
+    envelope_xdr, outer_hash, _fee = _fee_bump_bytes(
+        transaction.to_xdr_object().to_xdr_bytes(), [s.to_xdr_object().to_xdr_bytes() for s in inner.signatures],
+        inner_fee=transaction.fee, resource_fee=resource_fee, operations=len(transaction.operations),
+        fee_account=fee_account, base_fee=base_fee, network_id=_network_id(passphrase))
+    return envelope_xdr, outer_hash
+
+
+def _fee_bump_bytes(tx_bytes: bytes, signatures: list[bytes], *, inner_fee: int, resource_fee: int, operations: int,
+                    fee_account: Keypair, base_fee: int, network_id: bytes) -> tuple[str, bytes, int]:
+    """The fee bump of a packed, signed inner transaction -> (base64 envelope, outer hash, its fee).
+    FeeBumpTransaction = fee source | fee | inner (ENVELOPE_TYPE_TX, tx, signatures) | ext 0; the
+    envelope = ENVELOPE_TYPE_TX_FEE_BUMP | that | its signatures: concatenated XDR, no re-packing."""
+    if base_fee < 100:
+        raise ValueError("fee bump base fee must be at least 100 stroops")
+    if base_fee < -(-(inner_fee - resource_fee) // operations):
         raise ValueError("the fee bump's rate must be at least the inner transaction's")
-    inner_envelope = inner.to_xdr_object()
-    bump = xdr.FeeBumpTransaction(
-        fee_source=MuxedAccount.from_account(fee_account.public_key).to_xdr_object(),
-        fee=xdr.Int64(base_fee * (operations + 1) + resource_fee),
-        inner_tx=xdr.FeeBumpTransactionInnerTx(type=xdr.EnvelopeType.ENVELOPE_TYPE_TX, v1=inner_envelope.v1),
-        ext=xdr.FeeBumpTransactionExt(0))
-    network_id = Network(passphrase).network_id()
-    signature_base = network_id + xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP.to_xdr_bytes() + bump.to_xdr_bytes()
-    outer_hash = hashlib.sha256(signature_base).digest()
-    envelope = xdr.TransactionEnvelope(
-        type=xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP,
-        fee_bump=xdr.FeeBumpTransactionEnvelope(tx=bump, signatures=[
-            fee_account.sign_decorated(outer_hash).to_xdr_object()]))
-    return envelope.to_xdr(), outer_hash
+    fee = base_fee * (operations + 1) + resource_fee
+    bump_bytes = b"".join([_muxed_bytes(fee_account.public_key), _I64.pack(fee), _TX_TYPE, tx_bytes,
+                           _U32.pack(len(signatures)), *signatures, _EXT_V0])
+    outer_hash = hashlib.sha256(network_id + _FEE_BUMP_TYPE + bump_bytes).digest()
+    signature = fee_account.sign_decorated(outer_hash).to_xdr_object().to_xdr_bytes()
+    envelope = _FEE_BUMP_TYPE + bump_bytes + _U32.pack(1) + signature
+    return base64.b64encode(envelope).decode(), outer_hash, fee
+
+
+_I64 = struct.Struct(">q")
+_U32 = struct.Struct(">I")
+_EXT_V0 = _U32.pack(0)
+_TX_TYPE = xdr.EnvelopeType.ENVELOPE_TYPE_TX.to_xdr_bytes()
+_NO_MEMO = xdr.Memo(xdr.MemoType.MEMO_NONE)
+_FEE_BUMP_TYPE = xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP.to_xdr_bytes()
+
+
+@functools.lru_cache(maxsize=8)
+def _network_id(passphrase: str) -> bytes:
+    return Network(passphrase).network_id()  # a SHA-256: the same for the whole process
+
+
+@functools.lru_cache(maxsize=64)
+def _muxed(public_key: str) -> xdr.MuxedAccount:
+    return MuxedAccount.from_account(public_key).to_xdr_object()
+
+
+@functools.lru_cache(maxsize=64)
+def _muxed_bytes(public_key: str) -> bytes:
+    return _muxed(public_key).to_xdr_bytes()
+
+
+@functools.lru_cache(maxsize=64)
+def _sc_address(contract: str) -> xdr.SCAddress:
+    return Address(contract).to_xdr_sc_address()
 
 
 def assemble(tx: Any, simulation: Any) -> None:

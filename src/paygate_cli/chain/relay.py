@@ -173,5 +173,8 @@ def source_account_only(signed: SignedTransaction) -> None:
 
 
 def envelope_fee(signed: SignedTransaction) -> int:
-    """The most the fee account can be charged for this envelope (the fee bump's fee)."""
+    """The most the fee account can be charged for this envelope (the fee bump's fee): as built when
+    build_signed knows it, else decoded from the envelope."""
+    if signed.fee is not None:
+        return signed.fee
     return int(xdr.TransactionEnvelope.from_xdr(signed.envelope_xdr).fee_bump.tx.fee.int64)

@@ -46,6 +46,21 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSPORT_ERRORS)
 
 
+def _pin_sdk_models() -> list[Any]:
+    """The SDK builds `Request[GetLedgerEntriesRequest]`, `Response[Any]` … on every call, and pydantic
+    caches parametrised models only weakly: once the garbage collector drops one, the next call
+    builds the model class again (~1-3 ms each, several per tick). Holding them for the life of the
+    process makes every later call a cache hit (issue 14: no work repeated that can be done once)."""
+    from stellar_sdk import soroban_rpc as m
+
+    requests_ = [m.GetLedgerEntriesRequest, m.GetTransactionRequest, m.SimulateTransactionRequest,
+                 m.SendTransactionRequest, m.GetEventsRequest]
+    return [m.Response[Any], *(m.Request[r] for r in requests_)]
+
+
+_SDK_MODELS = _pin_sdk_models()
+
+
 class LaneMissing(ConfigError):
     """A lane's account is proven absent (a quorum of caught-up read hosts): the lane, not the run,
     is broken. The engine fences it and moves the work to another lane."""
@@ -257,8 +272,13 @@ class ChainClient:
 
     # -- reads that decide money ----------------------------------------------------------------
 
-    def probe(self, lane: str, inner_hash_hex: str) -> list[Probe]:
-        """Per read endpoint: the lane's sequence, then getTransaction(inner hash)."""
+    def probe(self, lane: str, inner_hash_hex: str, *, receipt_first: bool = False) -> list[Probe]:
+        """Per read endpoint: the lane's sequence, then getTransaction(inner hash).
+
+        `receipt_first`: ask getTransaction first, and stop there when it has the receipt (a receipt
+        proves inclusion whatever the order of reads; the order only matters for a NOT_FOUND, and
+        that one is then read again after the sequence). One call instead of two per endpoint for a
+        transaction that has landed, the common case for a worker resolving last tick's sends."""
         from stellar_sdk import Keypair
 
         self._guard("lineage probe")
@@ -266,6 +286,19 @@ class ChainClient:
             account_id=Keypair.from_public_key(lane).xdr_account_id()))
         probes = []
         for url, srv in zip(self.read_urls, self.readers, strict=True):
+            if receipt_first:
+                try:
+                    tx = self._retrying("getTransaction", lambda srv=srv: srv.get_transaction(inner_hash_hex), 2)
+                except (Unavailable, SorobanRpcErrorResponse) as exc:
+                    probes.append(Probe(url, error=str(exc)[:300]))
+                    continue
+                if tx.status in (GetTransactionStatus.SUCCESS, GetTransactionStatus.FAILED):
+                    probes.append(Probe(
+                        url, tx_status=tx.status.value, tx_ledger=int(tx.ledger) if tx.ledger else None,
+                        fee_charged=fee_charged_of(tx.result_xdr), result_code=result_code_of(tx.result_xdr),
+                        latest_ledger=int(tx.latest_ledger), latest_close_time=int(tx.latest_ledger_close_time),
+                        oldest_ledger=int(tx.oldest_ledger)))
+                    continue
             try:
                 entries = self._retrying("getLedgerEntries", lambda srv=srv: srv.get_ledger_entries([key]), 2)
                 tx = self._retrying("getTransaction", lambda srv=srv: srv.get_transaction(inner_hash_hex), 2)

@@ -39,6 +39,13 @@ API (stable: `relay` and `relay_drainer` build on it)
     # 4. Once per tick: engine.sweep(ORPHANS_SQL) where ORPHANS_SQL selects `id` of live lineages
     #    (of the path's purposes) that no row of the path holds any more; LIMIT %(limit)s.
 
+    # The one-statement fast path (issue 14; funding and relay use it): a FastJob also gives its
+    # lease check and row updates as SQL, and each phase is then ONE statement, no BEGIN/COMMIT:
+    allocation = engine.allocate_for(job, entitlement=...)    # lease + lane + row pointer | None
+    outcome = engine.sign_and_send(job, allocation.lineage_id, allocation.lane, allocation=allocation)
+    engine.flush_sent()     # once a tick, before the rows are handed back: the tick's 'sent' marks
+    engine.finished         # {lineage id: Lineage} whose receipt this engine's CAS wrote this tick
+
     engine.needs_human   # lanes fenced for foreign sequence use / lane failures this tick (exit 3, once)
 
 A `Job` (Protocol below) is what one path supplies: its crash-point prefix, its lineage purpose, its
@@ -47,11 +54,16 @@ anchor and abandon transactions: False = lease lost, the transaction rolls back)
 outcome means for its rows (`on_abandon`, `on_anchor` — commits atomically with the envelope —,
 `on_sent`, `on_build_failure`, `check`).
 
+Chain reads already in hand are not repeated within a tick: a lane's sequence comes from the
+probe that just resolved the lane's previous lineage, the latest ledger from any answer of the last
+few seconds (see _latest for why an older one is always the safe side).
+
 Crash points (PAYGATE_CRASH_AT), with `job.crash` as prefix: `.after_allocate`, `.after_sign`,
 `.after_anchor`, `.after_broadcast`, `.before_resolve`, `.after_resolve`."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -65,7 +77,7 @@ if TYPE_CHECKING:
 
     from paygate_cli.chain.contracts import Invocation, SignedTransaction
     from paygate_cli.chain.keys import Signer
-    from paygate_cli.chain.rpc import ChainClient, SendOutcome
+    from paygate_cli.chain.rpc import ChainClient, LatestLedger, SendOutcome
     from paygate_cli.journal.keyring import Keyring
     from paygate_cli.journal.resolve import Resolution
     from paygate_cli.ticks.context import TickContext
@@ -113,6 +125,32 @@ class Job(Protocol):
         ...
 
 
+class FastJob(Job, Protocol):
+    """A Job that also offers its lease check and row updates as SQL, so the engine writes each phase
+    (allocate, anchor, mark sent) as ONE statement instead of a BEGIN … COMMIT of several (issue 14;
+    journal/lineage.py ALLOCATE_ATTACH_SQL / ANCHOR_HELD_SQL). Named parameters are the job's own
+    (`params()`); the engine's are prefixed `x_`. Settlement and the drainer use the plain Job."""
+
+    # SELECT … FOR UPDATE returning a row iff the lease is still ours: locks the row like hold() does.
+    hold_sql: str
+    # UPDATE … FROM lineage WHERE <the row, under the lease> RETURNING 1: records the new lineage (`lineage.id`).
+    attach_sql: str
+    # UPDATE … FROM anchored WHERE … RETURNING 1: what commits with the envelope (lineage.NO_INSTALL: nothing).
+    install_sql: str
+
+    def params(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A lane allocated by allocate_for(): the lease was checked and the row took the lineage in the
+    same statement, and the lane's highest consumed sequence in our journal came back with it."""
+
+    lineage_id: int
+    lane: str
+    journal_seq: int | None
+
+
 @dataclass(frozen=True)
 class Sent:
     lineage_id: int
@@ -148,6 +186,16 @@ TERMINAL_SEND_CODES = {"txBAD_AUTH", "txBAD_AUTH_EXTRA", "txMALFORMED", "txSOROB
 LANE_FAILURE_MARKERS = ("not an allow-listed operator", "does not exist on chain", "source account")
 
 
+# How long a latest-ledger answer already in hand is reused instead of read again (sign_and_send).
+# A freshness bound on a cached read (host monotonic clock), never an expiry decision: those are
+# made from ledger close times by resolve.
+LATEST_REUSE_SECONDS = 5.0
+
+
+def _fast(job: Job) -> bool:
+    return getattr(job, "hold_sql", None) is not None
+
+
 def is_lane_failure(message: str) -> bool:
     lowered = message.lower()
     return any(marker in lowered for marker in LANE_FAILURE_MARKERS)
@@ -175,6 +223,15 @@ class Engine:
         self.signer = signer
         self.keyring = keyring
         self.needs_human = 0  # alarms raised this tick (lanes fenced), each once
+        # Chain facts already in hand this tick, so sign_and_send need not read them again (issue 14):
+        # each lane's sequence as the last probe of one of its lineages saw it (taken once: after a
+        # send on the lane it is stale), and the latest ledger (sequence, close time, when seen).
+        self._seen_seq: dict[str, int] = {}
+        self._seen_latest: tuple[int, int, float] | None = None
+        # Lineages whose terminal state this engine's own CAS wrote this tick, as written: a path
+        # reads them from here instead of loading the row again.
+        self.finished: dict[int, lineages.Lineage] = {}
+        self._sent: list[tuple[int, str]] = []  # broadcasts whose 'sent' mark flush_sent() writes
 
     @classmethod
     def for_tick(cls, ctx: TickContext) -> Engine:
@@ -203,27 +260,93 @@ class Engine:
         """Inside the caller's transaction. None when every lane is busy, drained or fenced."""
         return lineages.allocate(self.conn, purpose=purpose, entitlement=entitlement, lanes=self.lanes)
 
+    def allocate_for(self, job: FastJob, *, entitlement: str) -> Allocation | None:
+        """The lease check, the allocation and the row's pointer in one statement (outside any
+        transaction). None when every lane is busy, drained or fenced (or another allocator won
+        the race for the last one); raises LeaseLost when the row is no longer ours."""
+        import psycopg
+
+        sql = lineages.ALLOCATE_ATTACH_SQL.format(hold=job.hold_sql, attach=job.attach_sql)
+        params = {**job.params(), "x_lanes": sorted(self.lanes), "x_purpose": job.purpose,
+                  "x_entitlement": entitlement}
+        try:
+            held, lineage_id, lane, journal_seq, _ok, _relaxed = lineages.one_statement(
+                self.conn, sql, params).fetchone()
+        except psycopg.errors.UniqueViolation as exc:
+            # Two allocators saw the same lane free: the live-lineage index refused the second
+            # insert (the whole statement rolled back). "No free lane this time", as in allocate().
+            if exc.diag.constraint_name != "lineages_one_live_per_lane":
+                raise
+            return None
+        except psycopg.errors.SerializationFailure:
+            return None
+        except psycopg.Error as exc:
+            if exc.sqlstate == lineages.REQUIRE_FAILED:
+                raise LeaseLost(f"{job.crash}: the row did not take its lineage (lease lost)") from None
+            raise
+        if not held:
+            raise LeaseLost(f"{job.crash}: lease lost")
+        if lineage_id is None:
+            return None
+        return Allocation(int(lineage_id), str(lane), None if journal_seq is None else int(journal_seq))
+
     def load(self, lineage_id: int) -> lineages.Lineage:
         return lineages.load(self.conn, lineage_id)
 
+    def _latest(self) -> LatestLedger:
+        """The latest ledger, from an answer already in hand this tick when it is recent enough.
+        Older than the live chain is always the safe side here: maxTime comes out earlier (a shorter
+        validity), signed_at_ledger earlier (resolve's coverage check only gets stricter), and a
+        transaction built past its ledger bound can never apply and is proven dead by ledger."""
+        from paygate_cli.chain.rpc import LatestLedger
+
+        seen = self._seen_latest
+        if seen is not None and time.monotonic() - seen[2] < LATEST_REUSE_SECONDS:
+            return LatestLedger(seen[0], seen[1])
+        latest = self.chain.latest_ledger()
+        self._seen_latest = (latest.sequence, latest.close_time, time.monotonic())
+        return latest
+
+    def _note(self, lane: str, probes: list[Any]) -> None:
+        """Keep what resolve's probes read: the lane's sequence (the highest any endpoint reported:
+        a sequence never goes back) and the latest ledger as the first endpoint that answered saw it
+        (what latest_ledger() would have read: the first healthy read endpoint)."""
+        seqs = [p.account_seq for p in probes if not p.error and p.account_seq is not None]
+        if seqs:
+            self._seen_seq[lane] = max(seqs)
+        heads = [(p.latest_ledger, p.latest_close_time) for p in probes
+                 if not p.error and p.latest_ledger is not None and p.latest_close_time is not None]
+        if heads:
+            sequence, close_time = heads[0]
+            self._seen_latest = (int(sequence), int(close_time), time.monotonic())
+
     # -- prepare, anchor, broadcast --------------------------------------------------------------
 
-    def sign_and_send(self, job: Job, lineage_id: int, lane: str) -> Outcome:
+    def sign_and_send(self, job: Job, lineage_id: int, lane: str, *, allocation: Allocation | None = None
+                      ) -> Outcome:
+        """`allocation`: what allocate_for() returned just now (its statement checked the lease and
+        read the lane's journal sequence, so neither is read again here)."""
         from paygate_cli.chain.contracts import SimulationFailed, build_signed
 
         settings = self.ctx.settings
         conn = self.conn
         crashpoint(f"{job.crash}.after_allocate")
         assert_not_in_transaction(conn, "building a transaction")
-        self._check_lease(job)  # a worker stalled past its lease stops here, before any chain work
+        if allocation is None:
+            self._check_lease(job)  # a worker stalled past its lease stops here, before any chain work
         from paygate_cli.chain.rpc import LaneMissing
 
-        try:
-            chain_seq = self.chain.account_sequence(lane)
-        except LaneMissing as exc:  # proven absent by a quorum; a lagging read (LaneNotVisible) is 69
-            return self._lane_failed(job, lineage_id, lane, str(exc))
-        seq = lineages.next_sequence(conn, lane, chain_seq)
-        latest = self.chain.latest_ledger()
+        chain_seq = self._seen_seq.pop(lane, None)  # read by this tick's probe of the lane's last lineage
+        if chain_seq is None:
+            try:
+                chain_seq = self.chain.account_sequence(lane)
+            except LaneMissing as exc:  # proven absent by a quorum; a lagging read (LaneNotVisible) is 69
+                return self._lane_failed(job, lineage_id, lane, str(exc))
+        if allocation is not None:
+            seq = max(chain_seq, allocation.journal_seq or 0) + 1
+        else:
+            seq = lineages.next_sequence(conn, lane, chain_seq)
+        latest = self._latest()
         if job.max_ledger is not None and latest.sequence >= job.max_ledger:
             # The transaction could apply at the earliest in ledger latest + 1, after the
             # authorisation's last ledger: no future ledger can accept it.
@@ -257,24 +380,65 @@ class Engine:
         crashpoint(f"{job.crash}.after_sign")
         key_id, ciphertext = self.keyring.encrypt(signed.envelope_xdr.encode(), lineage_id=lineage_id, source=lane,
                                                   seq=seq)
-        with conn.transaction():  # synchronous commit: durable before anything is broadcast
-            if not job.hold(conn):
-                raise LeaseLost(f"lineage {lineage_id}: lease lost before anchor")
-            if not lineages.anchor(conn, lineage_id, seq=seq, key_id=key_id, envelope=ciphertext,
-                                   inner_hash=signed.inner_hash, outer_hash=signed.outer_hash,
-                                   max_time=signed.max_time, signed_at_ledger=latest.sequence,
-                                   max_ledger=signed.max_ledger):
-                raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
-            job.on_anchor(conn, lineage_id, signed)
+        if _fast(job):
+            self._anchor_held(job, lineage_id, signed, seq=seq, key_id=key_id, ciphertext=ciphertext,
+                              signed_at_ledger=latest.sequence)
+        else:
+            with conn.transaction():  # synchronous commit: durable before anything is broadcast
+                if not job.hold(conn):
+                    raise LeaseLost(f"lineage {lineage_id}: lease lost before anchor")
+                if not lineages.anchor(conn, lineage_id, seq=seq, key_id=key_id, envelope=ciphertext,
+                                       inner_hash=signed.inner_hash, outer_hash=signed.outer_hash,
+                                       max_time=signed.max_time, signed_at_ledger=latest.sequence,
+                                       max_ledger=signed.max_ledger):
+                    raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
+                job.on_anchor(conn, lineage_id, signed)
         # The crash window is closed: the exact bytes are journaled before anything is broadcast.
         crashpoint(f"{job.crash}.after_anchor")
         send = self.chain.send(signed.envelope_xdr)
         crashpoint(f"{job.crash}.after_broadcast")
         terminal = send.status == "ERROR" and send.code in TERMINAL_SEND_CODES
-        with relaxed_transaction(conn):  # re-derivable: a 'signed' lineage is resolved the same way
-            lineages.mark_sent(conn, lineage_id, send.label)
-            job.on_sent(conn, lineage_id, send, terminal)
+        if _fast(job) and not terminal:
+            # Nothing of the path's to record with an ordinary answer: the mark joins the tick's
+            # others in one statement (flush_sent). Until then the lineage reads 'signed', which
+            # resolve treats exactly as 'sent' (and a crash before the flush leaves what a crash
+            # right after the broadcast always left).
+            self._sent.append((lineage_id, send.label))
+            if len(self._sent) >= 64:
+                self.flush_sent()
+        else:
+            with relaxed_transaction(conn):  # re-derivable: a 'signed' lineage is resolved the same way
+                lineages.mark_sent(conn, lineage_id, send.label)
+                job.on_sent(conn, lineage_id, send, terminal)
         return Sent(lineage_id, send, terminal)
+
+    def flush_sent(self) -> None:
+        """Record the broadcasts sign_and_send left pending (a path calls it once a tick, before it
+        hands its rows back)."""
+        pending, self._sent = self._sent, []
+        lineages.mark_sent_many(self.conn, pending)
+
+    def _anchor_held(self, job: FastJob, lineage_id: int, signed: SignedTransaction, *, seq: int, key_id: str,
+                     ciphertext: bytes, signed_at_ledger: int) -> None:
+        """The anchor as one statement with a synchronous commit: the lease check, allocated ->
+        signed with the envelope, and the path's own install, all or nothing."""
+        import psycopg
+
+        sql = lineages.ANCHOR_HELD_SQL.format(hold=job.hold_sql, install=job.install_sql)
+        params = {**job.params(), "x_id": lineage_id, "x_seq": seq, "x_key_id": key_id, "x_envelope": ciphertext,
+                  "x_inner_hash": signed.inner_hash, "x_outer_hash": signed.outer_hash,
+                  "x_max_time": signed.max_time, "x_signed_at_ledger": signed_at_ledger,
+                  "x_max_ledger": signed.max_ledger}
+        try:
+            held, anchored, _ok = lineages.one_statement(self.conn, sql, params).fetchone()
+        except psycopg.Error as exc:
+            if exc.sqlstate == lineages.REQUIRE_FAILED:
+                raise LeaseLost(f"lineage {lineage_id}: the row did not take its envelope (lease lost)") from None
+            raise
+        if not held:
+            raise LeaseLost(f"lineage {lineage_id}: lease lost before anchor")
+        if not anchored:
+            raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
 
     def _check_lease(self, job: Job) -> None:
         with relaxed_transaction(self.conn):
@@ -331,6 +495,12 @@ class Engine:
         prefix = job.crash if job is not None else "journal.sweep"
         crashpoint(f"{prefix}.before_resolve")
         resolution = resolve(conn, self.chain, self.keyring, lineage)
+        self._note(lineage.lane, resolution.probes)
+        if resolution.state in ("applied", "failed") and lineage.source_seq is not None:
+            # A receipt proves the lane's sequence reached this one (the journal now says so too).
+            self._seen_seq[lineage.lane] = max(self._seen_seq.get(lineage.lane, 0), lineage.source_seq)
+        if resolution.written is not None:
+            self.finished[lineage.id] = resolution.written
         crashpoint(f"{prefix}.after_resolve")
         self._report(lineage, resolution)
         return resolution.state

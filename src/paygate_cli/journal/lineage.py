@@ -78,11 +78,87 @@ UPDATE paygate.lineages SET state = 'abandoned', resolution = %(why)s, resolved_
 WHERE id = %(id)s AND state = 'allocated'
 """
 
-LOAD_SQL = """
-SELECT id, purpose, entitlement, lane, state, source_seq, key_id, envelope, inner_hash, outer_hash,
-       max_time, signed_at_ledger, ledger, fee_charged, result_code, resolution, max_ledger
-FROM paygate.lineages WHERE id = %s
+# -- the one-statement phases (issue 14) ------------------------------------------------------------
+# A phase written as ONE statement: no BEGIN/COMMIT round trips, one server round trip. A path that
+# offers it (journal/engine.py's FastJob) supplies `{hold}` — its lease check, a SELECT … FOR UPDATE
+# that returns a row iff the lease is still its own — and its own row update (`{attach}` reading the
+# new `lineage`, `{install}` reading `anchored`). Every part is conditioned on the one before, and
+# paygate.require() (migration 0014) aborts the whole statement if the row's part did not follow the
+# lineage's: all or nothing, as the BEGIN … COMMIT it replaces. set_config(…, true) is SET LOCAL for
+# the statement's own transaction (relaxed commit: see db.connect.relaxed_transaction).
+
+# Allocation: hold, least recently used free lane, lineage row, the row's pointer, and the lane's
+# highest sequence our journal knows consumed (what next_sequence reads). Relaxed: an allocation
+# nothing was signed under is abandoned by the next tick.
+ALLOCATE_ATTACH_SQL = """
+WITH held AS ({hold}),
+lane AS (
+    SELECT l.address FROM paygate.lanes l
+    WHERE EXISTS (SELECT 1 FROM held) AND l.status = 'active' AND l.address = ANY(%(x_lanes)s)
+      AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
+                      WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent'))
+    ORDER BY l.last_allocated_at NULLS FIRST, l.address
+    LIMIT 1
+    FOR UPDATE OF l SKIP LOCKED
+), used AS (
+    UPDATE paygate.lanes SET last_allocated_at = clock_timestamp() FROM lane WHERE lanes.address = lane.address
+), lineage AS (
+    INSERT INTO paygate.lineages (purpose, entitlement, lane)
+    SELECT %(x_purpose)s, %(x_entitlement)s, lane.address FROM lane
+    RETURNING id, lane
+), attached AS ({attach})
+SELECT (SELECT count(*) FROM held), n.id, n.lane,
+       (SELECT max(c.source_seq) FROM paygate.lineages c WHERE c.lane = n.lane AND c.state IN ('applied', 'failed')),
+       paygate.require((SELECT count(*) FROM attached) = (SELECT count(*) FROM lineage),
+                       'the row did not take its new lineage'),
+       set_config('synchronous_commit', 'off', true)
+FROM (SELECT 1) AS one LEFT JOIN lineage n ON true
 """
+
+# Anchor: hold, allocated -> signed with the encrypted envelope, the row's own part. Synchronous
+# commit (the default): durable before anything is broadcast (DESIGN rule 3).
+ANCHOR_HELD_SQL = """
+WITH held AS ({hold}),
+anchored AS (
+    UPDATE paygate.lineages
+    SET state = 'signed', source_seq = %(x_seq)s, key_id = %(x_key_id)s, envelope = %(x_envelope)s,
+        inner_hash = %(x_inner_hash)s, outer_hash = %(x_outer_hash)s, max_time = %(x_max_time)s,
+        signed_at_ledger = %(x_signed_at_ledger)s, max_ledger = %(x_max_ledger)s, signed_at = now()
+    WHERE id = %(x_id)s AND state = 'allocated' AND EXISTS (SELECT 1 FROM held)
+    RETURNING id
+), installed AS ({install})
+SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM anchored),
+       paygate.require((SELECT count(*) FROM installed) = (SELECT count(*) FROM anchored),
+                       'the row did not take its envelope')
+"""
+# A path with nothing of its own to write at anchor. (`{attach}` and `{install}` return a row per
+# row they wrote: UPDATE … RETURNING 1.)
+NO_INSTALL = "SELECT 1 FROM anchored"
+
+# What the broadcast answered: re-derivable (a 'signed' lineage is resolved the same way), so relaxed.
+MARK_SENT_RELAXED_SQL = MARK_SENT_SQL.rstrip() + "\nRETURNING set_config('synchronous_commit', 'off', true)\n"
+
+# The tick's broadcasts recorded together (journal/engine.py flush_sent): one statement a tick.
+MARK_SENT_MANY_SQL = """
+UPDATE paygate.lineages x
+SET state = 'sent', send_count = x.send_count + 1, last_send_status = m.status, sent_at = coalesce(x.sent_at, now())
+FROM unnest(%(ids)s::bigint[], %(statuses)s::text[]) AS m(id, status)
+WHERE x.id = m.id AND x.state IN ('signed', 'sent')
+RETURNING set_config('synchronous_commit', 'off', true)
+"""
+
+# A receipt recorded from the chain (re-derivable: the chain keeps it), relaxed, one statement.
+FINISH_RELAXED_SQL = FINISH_SQL.rstrip() + "\nRETURNING set_config('synchronous_commit', 'off', true)\n"
+
+# Exactly the SQLSTATE paygate.require() raises (migration 0014).
+REQUIRE_FAILED = "PGR01"
+
+
+# Lineage's fields, in order (a path's claim may read the lineage in flight with its rows).
+LINEAGE_COLUMNS = ("id", "purpose", "entitlement", "lane", "state", "source_seq", "key_id", "envelope", "inner_hash",
+                   "outer_hash", "max_time", "signed_at_ledger", "ledger", "fee_charged", "result_code", "resolution",
+                   "max_ledger")
+LOAD_SQL = f"SELECT {', '.join(LINEAGE_COLUMNS)} FROM paygate.lineages WHERE id = %s"
 
 # A lane whose sequence was consumed by a transaction we never journaled: someone else holds its
 # key. Fence it (no new allocations) until a human has looked; a retired lane stays retired.
@@ -186,6 +262,38 @@ def anchor(conn: psycopg.Connection, lineage_id: int, **fields: Any) -> bool:
 
 def mark_sent(conn: psycopg.Connection, lineage_id: int, status: str) -> bool:
     return conn.execute(MARK_SENT_SQL, {"id": lineage_id, "status": status}).rowcount == 1
+
+
+def one_statement(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> psycopg.Cursor[Any]:
+    """Run one statement as its own transaction. On an idle autocommit connection that is the
+    statement alone (no BEGIN/COMMIT round trips); otherwise a transaction block (a savepoint inside
+    the caller's) gives the same all-or-nothing. The cursor's rows are fetched either way."""
+    from psycopg.pq import TransactionStatus
+
+    if conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        return conn.execute(sql, params)
+    with conn.transaction():
+        return conn.execute(sql, params)
+
+
+def mark_sent_relaxed(conn: psycopg.Connection, lineage_id: int, status: str) -> bool:
+    """mark_sent in one relaxed statement (what relaxed_transaction + mark_sent did in four round trips)."""
+    return one_statement(conn, MARK_SENT_RELAXED_SQL, {"id": lineage_id, "status": status}).rowcount == 1
+
+
+def mark_sent_many(conn: psycopg.Connection, sent: list[tuple[int, str]]) -> int:
+    """mark_sent for several lineages in one relaxed statement."""
+    if not sent:
+        return 0
+    return one_statement(conn, MARK_SENT_MANY_SQL, {"ids": [i for i, _ in sent],
+                                                     "statuses": [status for _, status in sent]}).rowcount
+
+
+def finish_relaxed(conn: psycopg.Connection, lineage_id: int, state: str, *, ledger: int | None = None,
+                   fee: int | None = None, code: str | None = None, resolution: str) -> bool:
+    """finish() of a receipt in one relaxed statement."""
+    return one_statement(conn, FINISH_RELAXED_SQL, {"id": lineage_id, "state": state, "ledger": ledger, "fee": fee,
+                                                    "code": code, "resolution": resolution}).rowcount == 1
 
 
 def finish(conn: psycopg.Connection, lineage_id: int, state: str, *, ledger: int | None = None,

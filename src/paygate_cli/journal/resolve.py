@@ -8,10 +8,9 @@ turn "not seen yet" into "dead"."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from paygate_cli.db.connect import relaxed_transaction
 from paygate_cli.errors import Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.lineage import Lineage
@@ -70,6 +69,8 @@ class Resolution:
     resent: str | None = None  # status of the resend, when one happened
     foreign_sequence_use: bool = False  # superseded by a transaction we never journaled
     evidence: dict[str, Any] = field(default_factory=dict)
+    probes: list[Probe] = field(default_factory=list)  # what the read endpoints answered (engine reuses them)
+    written: Lineage | None = None  # the lineage as this call's own CAS recorded its receipt
 
 
 def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, lineage: Lineage) -> Resolution:
@@ -78,7 +79,9 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
     if not lineage.live or lineage.state == "allocated":
         return Resolution(lineage.state)
     assert lineage.inner_hash is not None
-    probes = chain.probe(lineage.lane, lineage.inner_hash.hex())
+    # Receipt first: a landed transaction (the common case) costs one read per endpoint; anything
+    # else is read in the order the proof needs (sequence, then the transaction).
+    probes = chain.probe(lineage.lane, lineage.inner_hash.hex(), receipt_first=True)
     if all(p.error for p in probes):
         # No read endpoint answered at all: the RPC is unavailable, not "undecided". Say so (the
         # caller hands its work back) instead of reporting a quiet wait.
@@ -89,10 +92,15 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
     evidence = {"verdicts": dict(zip(chain.read_urls, verdicts, strict=True)), "decision": decision}
     if decision in ("applied", "failed"):
         probe = next(p for p, v in zip(probes, verdicts, strict=True) if v == decision)
-        with relaxed_transaction(conn):  # a receipt: the chain keeps it, so it can be read again
-            lineages.finish(conn, lineage.id, decision, ledger=probe.tx_ledger, fee=probe.fee_charged,
-                            code=probe.result_code, resolution=f"receipt {probe.tx_status} in ledger {probe.tx_ledger}")
-        return Resolution(decision, verdicts, evidence={**evidence, "ledger": probe.tx_ledger})
+        # A receipt: the chain keeps it, so it can be read again (relaxed, one statement).
+        resolution = f"receipt {probe.tx_status} in ledger {probe.tx_ledger}"
+        written = lineages.finish_relaxed(conn, lineage.id, decision, ledger=probe.tx_ledger, fee=probe.fee_charged,
+                                          code=probe.result_code, resolution=resolution)
+        # What this CAS wrote, so the caller need not read the row back (None: someone else's did).
+        after = replace(lineage, state=decision, ledger=probe.tx_ledger, fee_charged=probe.fee_charged,
+                        result_code=probe.result_code, resolution=resolution) if written else None
+        return Resolution(decision, verdicts, evidence={**evidence, "ledger": probe.tx_ledger}, probes=probes,
+                          written=after)
     if decision in ("expired", "superseded"):
         foreign = False
         if decision == "superseded":
@@ -114,11 +122,11 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
             if lineages.finish(conn, lineage.id, decision, resolution=why) and foreign:
                 lineages.fence_lane(conn, lineage.lane, by="paygate:foreign_sequence_use",
                                     details={"why": why, **evidence})
-        return Resolution(decision, verdicts, foreign_sequence_use=foreign, evidence={**evidence, "why": why})
+        return Resolution(decision, verdicts, foreign_sequence_use=foreign, evidence={**evidence, "why": why},
+                          probes=probes)
     # Not proven either way: resend the identical bytes (always safe) and wait.
     envelope = keyring.decrypt(lineage.envelope or b"", key_id=lineage.key_id or "", lineage_id=lineage.id,
                                source=lineage.lane, seq=lineage.source_seq or 0)
     outcome = chain.send(envelope.decode())
-    with relaxed_transaction(conn):
-        lineages.mark_sent(conn, lineage.id, outcome.label)
-    return Resolution("sent", verdicts, resent=outcome.status, evidence=evidence)
+    lineages.mark_sent_relaxed(conn, lineage.id, outcome.label)
+    return Resolution("sent", verdicts, resent=outcome.status, evidence=evidence, probes=probes)

@@ -12,12 +12,11 @@ holds any more (the observer won the credit race) are swept to a terminal state 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
-from paygate_cli.db.connect import relaxed_transaction
 from paygate_cli.errors import NeedsHuman, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.engine import LeaseLost
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
 # A drained instance takes no new work but still drives what is in flight (a row with a lineage).
 CLAIM_SQL = """
 WITH claimable AS (
-    SELECT id FROM paygate.pending_credits
+    SELECT id, deposit_lineage_id, credit_lineage_id FROM paygate.pending_credits
     WHERE status = 'pending'
       AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
            OR lease_expires_at < now() - make_interval(secs => %(grace)s))
@@ -48,21 +47,45 @@ WITH claimable AS (
 UPDATE paygate.pending_credits p
 SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
     claimed_by = %(owner)s, attempts = p.attempts + 1, updated_at = now()
-FROM claimable WHERE p.id = claimable.id
+FROM claimable LEFT JOIN paygate.lineages x ON x.id = coalesce(claimable.credit_lineage_id,
+                                                               claimable.deposit_lineage_id)
+WHERE p.id = claimable.id
 RETURNING p.id, p.account, p.amount, p.auth_entry, p.auth_nonce, p.auth_expiration_ledger, p.lease_token,
-          p.deposit_lineage_id, p.credit_lineage_id, p.deposit_tx, p.pending_failure
+          p.deposit_lineage_id, p.credit_lineage_id, p.deposit_tx, p.pending_failure, {lineage_columns}
 """
+
+CLAIM_SQL = CLAIM_SQL.format(lineage_columns=", ".join(f"x.{c}" for c in lineages.LINEAGE_COLUMNS))
 
 # Every write below is guarded by the lease token it claimed with: a worker whose lease lapsed
 # (and whose row someone else now owns) changes nothing.
-SET_LINEAGE_SQL = """
-UPDATE paygate.pending_credits SET {column} = %(lineage)s, updated_at = now()
-WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
+#
+# The engine's one-statement phases (FundingJob below): the lease check locks the row; the
+# allocation records the lineage on the row and renews the lease in the same statement; the credit's
+# allocation also records the deposit's inner hash (until then an applied deposit lineage says it:
+# the row points at it, so a crash before this write re-derives it). The anchor renews the lease.
+HOLD_ROW_SQL = """
+SELECT 1 FROM paygate.pending_credits
+WHERE id = %(row_id)s AND status = 'pending' AND lease_token = %(row_token)s FOR UPDATE
 """
-# The deposit landed: whatever an earlier send answered (pending_failure) is moot now.
-SET_DEPOSIT_TX_SQL = """
-UPDATE paygate.pending_credits SET deposit_tx = %(tx)s, pending_failure = NULL, updated_at = now()
-WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
+ATTACH_DEPOSIT_SQL = """
+UPDATE paygate.pending_credits p
+SET deposit_lineage_id = lineage.id, updated_at = now(),
+    lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
+FROM lineage WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
+RETURNING 1
+"""
+ATTACH_CREDIT_SQL = """
+UPDATE paygate.pending_credits p
+SET credit_lineage_id = lineage.id, deposit_tx = %(row_deposit_tx)s, pending_failure = NULL, updated_at = now(),
+    lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
+FROM lineage WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
+RETURNING 1
+"""
+RENEW_AT_ANCHOR_SQL = """
+UPDATE paygate.pending_credits p
+SET lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
+FROM anchored WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
+RETURNING 1
 """
 SET_PENDING_FAILURE_SQL = """
 UPDATE paygate.pending_credits SET pending_failure = %(reason)s, updated_at = now()
@@ -74,6 +97,7 @@ SET status = %(status)s, reason = %(reason)s, lease_token = NULL, lease_expires_
 WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
 RETURNING account, amount
 """
+RELEASE_RELAXED = "RETURNING set_config('synchronous_commit', 'off', true)"
 RELEASE_SQL = """
 UPDATE paygate.pending_credits p SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
@@ -100,6 +124,8 @@ SELECT f.id, f.account, f.amount, c.cached_balance,
 FROM flipped f JOIN credited c ON c.address = f.account
 """
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
+# A claim is re-derivable (its lease lapses): the statement's own transaction commits relaxed.
+RELAXED = ", set_config('synchronous_commit', 'off', true)"
 # The lease check before each phase, renewing it: zero rows = another worker has the row now.
 RENEW_SQL = """
 UPDATE paygate.pending_credits
@@ -132,6 +158,15 @@ class Deposit:
     credit_lineage_id: int | None
     deposit_tx: bytes | None
     pending_failure: str | None
+    # The lineage the row pointed at when claimed (credit's, else deposit's), read with the claim.
+    lineage: lineages.Lineage | None = None
+
+    def lineage_for(self, conn: psycopg.Connection, lineage_id: int) -> lineages.Lineage:
+        """The row's lineage as read with the claim (the lease stops anyone else from anchoring or
+        abandoning it since; resolvers' transitions are CAS), else from the journal."""
+        if self.lineage is not None and self.lineage.id == lineage_id:
+            return self.lineage
+        return lineages.load(conn, lineage_id)
 
     @property
     def entitlement_deposit(self) -> str:
@@ -151,6 +186,9 @@ class Deps:
     engine: Engine
     free_lanes: int = 0  # lanes with nothing in flight: a row needing a new transaction waits for one
     lane_failures: int = 0
+    # The tick's fresh deposits' authorisation nonces, read in one getLedgerEntries:
+    # deposit id -> (consumed on chain?, latest ledger of that read).
+    nonces: dict[int, tuple[bool, int]] = field(default_factory=dict)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -166,10 +204,13 @@ def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) ->
     """Claim up to `batch` rows under a new lease: free rows (unless `lapsed_only`) and rows whose
     lease lapsed more than `grace` seconds ago. The FOR UPDATE SKIP LOCKED claim is the CAS: the
     old lease token is replaced, so its late writes match nothing."""
-    with relaxed_transaction(ctx.conn):
-        return [Deposit(r[0], r[1], int(r[2]), *r[3:]) for r in ctx.conn.execute(CLAIM_SQL, {
-            "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
-            "draining": ctx.draining, "grace": grace, "lapsed_only": lapsed_only})]
+    rows = lineages.one_statement(ctx.conn, CLAIM_SQL + RELAXED, {
+        "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
+        "draining": ctx.draining, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
+    width = len(lineages.LINEAGE_COLUMNS)
+    return [Deposit(r[0], r[1], int(r[2]), *r[3:11],
+                    lineage=lineages.Lineage(*r[11:11 + width]) if r[11] is not None else None)
+            for r in rows]
 
 
 def drive_taken_over(ctx: TickContext, rows: list[Deposit]) -> dict[str, int]:
@@ -218,6 +259,7 @@ def tick(ctx: TickContext) -> TickResult:
     result = TickResult()
     outcomes: dict[str, int] = {}
     try:
+        _read_nonces(deps, rows)
         if orphans:
             outcomes["orphans_driven"] = deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(deps.signer.lanes)))
             deps.free_lanes = lineages.free_lane_count(ctx.conn, list(deps.signer.lanes))
@@ -255,9 +297,32 @@ def tick(ctx: TickContext) -> TickResult:
     return result
 
 
+def _read_nonces(deps: Deps, rows: list[Deposit]) -> None:
+    """The authorisation nonces of the deposits that may start a transaction this tick (no lineage
+    yet, as many as there are lanes), in one getLedgerEntries instead of one read per deposit."""
+    from paygate_cli.chain.contracts import nonce_key
+    from paygate_cli.chain.relay import nonces_consumed_many
+
+    def readable(row: Deposit) -> bool:
+        try:  # a malformed row is quarantined by its own check, never breaks the others' read
+            nonce_key(row.account, row.auth_nonce)
+            return True
+        except (ValueError, TypeError, OverflowError):
+            return False
+
+    fresh = [r for r in rows if r.deposit_lineage_id is None and r.deposit_tx is None and not r.pending_failure]
+    fresh = [r for r in fresh[:max(deps.free_lanes, 0) + len(deps.signer.lanes)] if readable(r)]
+    if not fresh:
+        return
+    consumed, latest = nonces_consumed_many(deps.chain, [(r.account, [r.auth_nonce]) for r in fresh])
+    deps.nonces = {r.id: (bool(spent), latest) for r, spent in zip(fresh, consumed, strict=True)}
+
+
 def _release_all(deps: Deps, rows: list[Deposit]) -> None:
-    with relaxed_transaction(deps.conn):
-        deps.conn.execute(RELEASE_SQL, {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
+    deps.engine.flush_sent()  # the tick's 'sent' marks, before the rows are handed back
+    # Relaxed, one statement: a lease left in place only lapses (the rows wait a lease, no more).
+    lineages.one_statement(deps.conn, RELEASE_SQL + RELEASE_RELAXED,
+                           {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
 
 
 def advance(deps: Deps, row: Deposit) -> str:
@@ -277,17 +342,17 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
 
     settings = deps.ctx.settings
     if row.deposit_lineage_id is not None:
-        lineage = lineages.load(deps.conn, row.deposit_lineage_id)
+        lineage = row.lineage_for(deps.conn, row.deposit_lineage_id)
         state = _drive(deps, row, lineage, "deposit")
         if state == "applied":
             assert lineage.inner_hash is not None
-            with relaxed_transaction(deps.conn):  # re-derivable from the applied lineage
-                _write(deps, SET_DEPOSIT_TX_SQL, {"tx": lineage.inner_hash, "id": row.id, "token": row.token})
+            # Recorded on the row with the credit's allocation (one statement, ATTACH_CREDIT_SQL):
+            # until then the applied lineage the row points at says it, so nothing is lost.
             row.deposit_tx = lineage.inner_hash
             row.pending_failure = None  # the same bytes landed after all: the refusal is moot
             return "deposit_applied"
         if state == "failed":
-            code = lineages.load(deps.conn, lineage.id).result_code
+            code = _finished(deps, lineage.id).result_code
             _finish(deps, row, "failed", f"deposit transaction failed on chain ({code})", event="credit.failed")
             return "failed"
         if state not in ("expired", "superseded", "abandoned"):
@@ -309,8 +374,10 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
         return "quarantined"
     if deps.free_lanes <= 0:
         return "no_free_lane"  # checked before any RPC (a bad authorisation is quarantined first, lane or not)
-    deps.engine.check_lease(_job(deps, row, "deposit"))  # a stalled worker stops before reading the nonce
-    consumed, latest = nonce_consumed(deps.chain, row.account, row.auth_nonce)
+    # Read this tick (batched) unless the row only now lost its lineage: then read it fresh. Reading
+    # needs no lease; every write that follows is guarded by it (the allocation checks it first).
+    known = deps.nonces.pop(row.id, None)
+    consumed, latest = known or nonce_consumed(deps.chain, row.account, row.auth_nonce)
     if consumed:
         # All our deposit lineages are terminal and none applied (else we would not be here):
         # something that is not this gateway spent the authorisation. Never invent a deposit hash.
@@ -336,13 +403,13 @@ def _credit_phase(deps: Deps, row: Deposit) -> str:
 
     assert row.deposit_tx is not None
     if row.credit_lineage_id is not None:
-        lineage = lineages.load(deps.conn, row.credit_lineage_id)
+        lineage = row.lineage_for(deps.conn, row.credit_lineage_id)
         state = _drive(deps, row, lineage, "credit")
         if state == "applied":
             crashpoint("funding.before_settle")
             return _settle(deps, row)
         if state == "failed":
-            code = lineages.load(deps.conn, lineage.id).result_code
+            code = _finished(deps, lineage.id).result_code
             # The contract dedups on the deposit hash; a credit of ours failing is not explained.
             raise NeedsHuman(f"deposit {row.id}: credit transaction failed on chain ({code}) although the deposit "
                              f"{row.deposit_tx.hex()} applied", msgid="funding.credit_failed")
@@ -361,9 +428,14 @@ def _credit_phase(deps: Deps, row: Deposit) -> str:
     return _prepare_and_send(deps, row, "credit", row.entitlement_credit, "credit_lineage_id", call_for)
 
 
+def _finished(deps: Deps, lineage_id: int) -> lineages.Lineage:
+    return deps.engine.finished.get(lineage_id) or lineages.load(deps.conn, lineage_id)
+
+
 def _settle(deps: Deps, row: Deposit) -> str:
-    with deps.conn.transaction():
-        won = deps.conn.execute(SETTLE_SQL, {"id": row.id, "by": "funding", "deposit_tx": row.deposit_tx}).fetchone()
+    # One statement (its own transaction, synchronous commit): the flip, the increment, the event.
+    won = lineages.one_statement(deps.conn, SETTLE_SQL, {"id": row.id, "by": "funding",
+                                                         "deposit_tx": row.deposit_tx}).fetchone()
     if won is None:
         return "settled_elsewhere"  # the observer won the flip and applied the increment
     deps.ctx.log.info("deposit %s settled: %s credited %s", row.id, row.account, row.amount,
@@ -395,6 +467,18 @@ class FundingJob:
     def hold(self, conn: psycopg.Connection) -> bool:
         return conn.execute(RENEW_SQL, {"id": self.row.id, "token": self.row.token,
                                         "lease": self.deps.ctx.settings.funding_lease}).fetchone() is not None
+
+    # The engine's one-statement phases (FastJob): the same lease guard as SQL.
+    hold_sql = HOLD_ROW_SQL
+    install_sql = RENEW_AT_ANCHOR_SQL
+
+    @property
+    def attach_sql(self) -> str:
+        return ATTACH_DEPOSIT_SQL if self.purpose == "deposit" else ATTACH_CREDIT_SQL
+
+    def params(self) -> dict[str, Any]:
+        return {"row_id": self.row.id, "row_token": self.row.token, "row_lease": self.deps.ctx.settings.funding_lease,
+                "row_deposit_tx": self.row.deposit_tx}
 
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
         pass  # the row keeps pointing at the dead lineage until a new one replaces it
@@ -437,20 +521,18 @@ def _prepare_and_send(deps: Deps, row: Deposit, purpose: str, entitlement: str, 
 
     job = _job(deps, row, purpose, call, max_ledger)
     for _ in range(len(deps.signer.lanes)):
-        # The lease first: a worker that lost its row must not reach the entitlement's live-lineage
-        # index (exit 70) or write anything.
-        with relaxed_transaction(deps.conn):  # the anchor's synchronous commit flushes it before any send
-            if not job.hold(deps.conn):
-                raise LeaseLost(f"deposit {row.id}: lease lost")
-            allocated = deps.engine.allocate(purpose=purpose, entitlement=entitlement)
-            if allocated is None:
-                deps.free_lanes = 0
-                return "no_free_lane"
-            deps.free_lanes -= 1
-            lineage_id, lane = allocated
-            _write(deps, SET_LINEAGE_SQL.format(column=column), {"lineage": lineage_id, "id": row.id,
-                                                                  "token": row.token})
-        outcome = deps.engine.sign_and_send(job, lineage_id, lane)
+        # One statement: the lease first (a worker that lost its row must not reach the entitlement's
+        # live-lineage index, exit 70, or write anything), the lane, the row's pointer. Relaxed: the
+        # anchor's synchronous commit flushes it before any send.
+        allocation = deps.engine.allocate_for(job, entitlement=entitlement)
+        if allocation is None:
+            deps.free_lanes = 0
+            return "no_free_lane"
+        deps.free_lanes -= 1
+        setattr(row, column, allocation.lineage_id)
+        if purpose == "credit":
+            row.pending_failure = None
+        outcome = deps.engine.sign_and_send(job, allocation.lineage_id, allocation.lane, allocation=allocation)
         if isinstance(outcome, LaneFailed):
             deps.lane_failures += 1
             continue  # the lane is fenced; the work moves to another lane at once

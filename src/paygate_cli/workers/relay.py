@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
-from paygate_cli.db.connect import relaxed_transaction
 from paygate_cli.errors import NeedsHuman, PaygateError, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.ticks.context import TickContext, TickResult
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
 # recovery takes only those (`lapsed_only`) whose lease lapsed more than its grace ago.
 CLAIM_SQL = """
 WITH claimable AS (
-    SELECT id FROM paygate.relays
+    SELECT id, lineage_id FROM paygate.relays
     WHERE status = 'queued'
       AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
            OR lease_expires_at < now() - make_interval(secs => %(grace)s))
@@ -56,19 +55,18 @@ WITH claimable AS (
 UPDATE paygate.relays r
 SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
     claimed_by = %(owner)s, attempts = r.attempts + 1, updated_at = now()
-FROM claimable WHERE r.id = claimable.id
+FROM claimable LEFT JOIN paygate.lineages x ON x.id = claimable.lineage_id
+WHERE r.id = claimable.id
 RETURNING r.id, r.account, r.contract, r.function, r.args_xdr, r.auth_entries, r.auth_nonces,
           r.auth_expiration_ledger, r.max_fee, r.lease_token, r.lineage_id, r.pending_failure,
           EXISTS (SELECT 1 FROM paygate.relay_allowlist a
-                  WHERE a.contract = r.contract AND a.function = r.function AND a.enabled)
+                  WHERE a.contract = r.contract AND a.function = r.function AND a.enabled),
+          {lineage_columns}, set_config('synchronous_commit', 'off', true)
 """
+CLAIM_SQL = CLAIM_SQL.format(lineage_columns=", ".join(f"x.{c}" for c in lineages.LINEAGE_COLUMNS))
 # Every write below is guarded by the lease token the claim took.
 HOLD_SQL = """
 SELECT 1 FROM paygate.relays WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s FOR UPDATE
-"""
-SET_LINEAGE_SQL = """
-UPDATE paygate.relays SET lineage_id = %(lineage)s, updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
 """
 # Phase 2b, the atomic install: in the engine's anchor transaction, the relay points at the hash of
 # the envelope just journaled, guarded on the live lease and the allocated lineage. Zero rows rolls
@@ -76,6 +74,22 @@ WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
 INSTALL_SQL = """
 UPDATE paygate.relays SET tx_hash = %(tx)s, updated_at = now()
 WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
+"""
+# The engine's one-statement phases (RelayJob as a FastJob): the lease check as SQL, the row's
+# pointer recorded with the allocation, and phase 2b's install committed with the anchor.
+HOLD_ROW_SQL = """
+SELECT 1 FROM paygate.relays WHERE id = %(row_id)s AND status = 'queued' AND lease_token = %(row_token)s FOR UPDATE
+"""
+ATTACH_SQL = """
+UPDATE paygate.relays r SET lineage_id = lineage.id, updated_at = now()
+FROM lineage WHERE r.id = %(row_id)s AND r.status = 'queued' AND r.lease_token = %(row_token)s
+RETURNING 1
+"""
+INSTALL_ANCHORED_SQL = """
+UPDATE paygate.relays r SET tx_hash = %(x_inner_hash)s, updated_at = now()
+FROM anchored
+WHERE r.id = %(row_id)s AND r.status = 'queued' AND r.lease_token = %(row_token)s AND r.lineage_id = anchored.id
+RETURNING 1
 """
 # A dead lineage is remembered and the pointer cleared: only then may a new one be prepared.
 DROP_LINEAGE_SQL = """
@@ -87,6 +101,7 @@ SET_PENDING_FAILURE_SQL = """
 UPDATE paygate.relays SET pending_failure = %(reason)s, updated_at = now()
 WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
 """
+RELEASE_RELAXED = "RETURNING set_config('synchronous_commit', 'off', true)"
 RELEASE_SQL = """
 UPDATE paygate.relays r SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
@@ -102,6 +117,16 @@ WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_
 RETURNING id
 """
 SETTLE_SQL = "SELECT paygate.settle_relay_fee(%s, %s, %s)"
+# The disposition in one statement (its own transaction): the flip, then — only for the flip's winner —
+# the fee settlement and the event. A settlement that finds no open reservation fails require(), and
+# the whole statement, flip included, rolls back: the row re-ticks (as the BEGIN … COMMIT did).
+DISPOSE_INCLUDED_SQL = """
+WITH flipped AS (""" + FLIP_INCLUDED_SQL.strip() + """)
+SELECT f.id,
+       paygate.require(paygate.settle_relay_fee(f.id, %(lineage)s, %(fee)s), 'reservation not open at settlement'),
+       paygate.emit_event(%(event)s, %(payload)s)
+FROM flipped f
+"""
 # Terminal without a fee burned by us: the reservation is released in the same transaction.
 FINISH_SQL = """
 UPDATE paygate.relays
@@ -138,6 +163,9 @@ class Relay:
     lineage_id: int | None
     pending_failure: str | None
     allowed: bool  # still on the allow-list at claim time (read with the claim: no extra round trip)
+    # The lineage the row pointed at when claimed, read with the claim (the lease stops anyone else
+    # from anchoring or abandoning it since; resolvers' transitions are CAS).
+    lineage: lineages.Lineage | None = None
 
     @property
     def entitlement(self) -> str:
@@ -170,6 +198,14 @@ class RelayJob:
 
     def hold(self, conn: psycopg.Connection) -> bool:
         return conn.execute(HOLD_SQL, {"id": self.row.id, "token": self.row.token}).fetchone() is not None
+
+    # The engine's one-statement phases (FastJob): the same guards as SQL.
+    hold_sql = HOLD_ROW_SQL
+    attach_sql = ATTACH_SQL
+    install_sql = INSTALL_ANCHORED_SQL
+
+    def params(self) -> dict[str, Any]:
+        return {"row_id": self.row.id, "row_token": self.row.token}
 
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
         conn.execute(DROP_LINEAGE_SQL, {"id": self.row.id, "token": self.row.token, "lineage": lineage_id})
@@ -220,10 +256,12 @@ def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) ->
     """Claim up to `batch` rows under a new lease: free rows (unless `lapsed_only`) and rows whose
     lease lapsed more than `grace` seconds ago. The FOR UPDATE SKIP LOCKED claim is the CAS: the
     old lease token is replaced, so a late write of the old owner matches nothing."""
-    with relaxed_transaction(ctx.conn):
-        return [Relay(*r) for r in ctx.conn.execute(CLAIM_SQL, {
-            "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
-            "draining": ctx.draining, "grace": grace, "lapsed_only": lapsed_only})]
+    rows = lineages.one_statement(ctx.conn, CLAIM_SQL, {  # relaxed: a claim is re-derivable (its lease lapses)
+        "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
+        "draining": ctx.draining, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
+    width = len(lineages.LINEAGE_COLUMNS)
+    return [Relay(*r[:13], lineage=lineages.Lineage(*r[13:13 + width]) if r[13] is not None else None)
+            for r in rows]
 
 
 def _deps(ctx: TickContext) -> tuple[Deps, Any]:
@@ -319,8 +357,10 @@ def _read_nonces(deps: Deps, fresh: list[Relay]) -> None:
 
 
 def _release_all(deps: Deps, rows: list[Relay]) -> None:
-    with relaxed_transaction(deps.conn):
-        deps.conn.execute(RELEASE_SQL, {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
+    deps.engine.flush_sent()  # the tick's 'sent' marks, before the rows are handed back
+    # Relaxed, one statement: a lease left in place only lapses (the rows wait a lease, no more).
+    lineages.one_statement(deps.conn, RELEASE_SQL + RELEASE_RELAXED,
+                           {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
 
 
 def advance(deps: Deps, row: Relay, *, new_work: bool = True) -> str:
@@ -328,10 +368,11 @@ def advance(deps: Deps, row: Relay, *, new_work: bool = True) -> str:
     `new_work=False` (recovery) stops before a new lineage: only the one in flight is driven."""
     engine = deps.engine
     if row.lineage_id is not None:
-        lineage = engine.load(row.lineage_id)
+        lineage = row.lineage if row.lineage is not None and row.lineage.id == row.lineage_id \
+            else engine.load(row.lineage_id)
         state = engine.drive(RelayJob(row, None), lineage)
         if state in ("applied", "failed"):
-            return _dispose_included(deps, row, engine.load(lineage.id))
+            return _dispose_included(deps, row, engine.finished.get(lineage.id) or engine.load(lineage.id))
         if state in lineages.LIVE_STATES:
             return "waiting"  # in flight: the same bytes were resent; a ledger decides
         # Proven dead (expired / superseded / abandoned): nothing of it can land. Forget it (an
@@ -375,14 +416,13 @@ def _prepare(deps: Deps, row: Relay) -> str:
         return _finish(deps, row, "expired", f"authorisation expired at ledger {row.auth_expiration_ledger} "
                        f"(latest {latest}) before it could be used")
     job = RelayJob(row, invocation)
-    with relaxed_transaction(deps.conn):  # the anchor's synchronous commit flushes it before any send
-        got = deps.engine.allocate(purpose=job.purpose, entitlement=row.entitlement)
-        if got is None:
-            return "no_free_lane"
-        lineage_id, lane = got
-        _write(deps, SET_LINEAGE_SQL, {"lineage": lineage_id, "id": row.id, "token": row.token})
-    row.lineage_id = lineage_id
-    outcome = deps.engine.sign_and_send(job, lineage_id, lane)
+    # One statement: the lease, the lane, the row's pointer (relaxed: the anchor's synchronous commit
+    # flushes it before any send). LeaseLost when the row is someone else's now.
+    allocation = deps.engine.allocate_for(job, entitlement=row.entitlement)
+    if allocation is None:
+        return "no_free_lane"
+    row.lineage_id = allocation.lineage_id
+    outcome = deps.engine.sign_and_send(job, allocation.lineage_id, allocation.lane, allocation=allocation)
     if isinstance(outcome, Sent):
         return "sent"
     if isinstance(outcome, LaneFailed):
@@ -399,21 +439,25 @@ def _dispose_included(deps: Deps, row: Relay, lineage: lineages.Lineage) -> str:
     status = "applied" if lineage.state == "applied" else "failed"
     fee = int(lineage.fee_charged or 0)
     reason = None if status == "applied" else f"relayed call failed on chain ({lineage.result_code})"
-    with deps.conn.transaction():
-        won = deps.conn.execute(FLIP_INCLUDED_SQL, {
+    import psycopg
+
+    crashpoint("relay.in_disposition")  # killed here: nothing of the disposition is written
+    payload = Jsonb({
+        "relay_id": row.id, "account": row.account, "contract": row.contract, "function": row.function,
+        "tx_hash": lineage.inner_hash.hex() if lineage.inner_hash else None, "ledger": lineage.ledger,
+        "fee_charged": fee, "reserved_fee": row.max_fee, "reason": reason})
+    try:
+        won = lineages.one_statement(deps.conn, DISPOSE_INCLUDED_SQL, {
             "status": status, "fee": fee, "tx": lineage.inner_hash, "reason": reason, "id": row.id,
-            "token": row.token, "lineage": lineage.id}).fetchone()
-        if won is None:
-            return "settled_elsewhere"
-        crashpoint("relay.in_disposition")  # killed here: the flip rolls back with the transaction
-        if not deps.conn.execute(SETTLE_SQL, (row.id, lineage.id, fee)).fetchone()[0]:
-            # Nothing to settle: the reservation was closed by someone else. Roll the flip back and
-            # let the row re-tick rather than record a relay whose fee is unaccounted.
-            raise SettleFailed(f"relay {row.id}: reservation not open at settlement")
-        deps.conn.execute(EMIT_SQL, (f"relay.{status}", Jsonb({
-            "relay_id": row.id, "account": row.account, "contract": row.contract, "function": row.function,
-            "tx_hash": lineage.inner_hash.hex() if lineage.inner_hash else None, "ledger": lineage.ledger,
-            "fee_charged": fee, "reserved_fee": row.max_fee, "reason": reason})))
+            "token": row.token, "lineage": lineage.id, "event": f"relay.{status}", "payload": payload}).fetchone()
+    except psycopg.Error as exc:
+        if exc.sqlstate != lineages.REQUIRE_FAILED:
+            raise
+        # Nothing to settle: the reservation was closed by someone else. The flip rolled back with
+        # the statement: the row re-ticks rather than record a relay whose fee is unaccounted.
+        raise SettleFailed(f"relay {row.id}: reservation not open at settlement") from None
+    if won is None:
+        return "settled_elsewhere"
     deps.ctx.log.info("relay %s %s on chain in ledger %s; fee %s of %s reserved settled", row.id, status,
                       lineage.ledger, fee, row.max_fee, extra={"msgid": f"relay.{status}", "relay_id": row.id})
     return status
