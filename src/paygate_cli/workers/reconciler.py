@@ -69,7 +69,12 @@ SELECT (SELECT coalesce(sum(cached_balance), 0) FROM paygate.accounts),
         JOIN paygate.lineages l ON l.id = p.deposit_lineage_id
         WHERE p.status = 'pending' AND p.deposit_tx IS NULL AND l.state IN ('signed', 'sent'))
 """
-SETTLED_CHARGES_SQL = "SELECT coalesce(sum(amount), 0) FROM paygate.charges WHERE status = 'settled'"
+# Settled charges are USDC the contract holds, archived or not: the retention worker adds what it
+# archives to retention_totals in the statement that moves it (one snapshot reads both).
+SETTLED_CHARGES_SQL = """
+SELECT (SELECT coalesce(sum(amount), 0) FROM paygate.charges WHERE status = 'settled')
+       + coalesce((SELECT settled_charges_amount FROM paygate.retention_totals), 0)
+"""
 # Plain sums over large tables: JIT compilation costs seconds here and saves nothing.
 NO_JIT_SQL = "SET LOCAL jit = off"
 LANES_SQL = """
