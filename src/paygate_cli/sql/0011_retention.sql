@@ -73,3 +73,9 @@ CREATE INDEX webhook_outbox_delivered ON paygate.webhook_outbox (delivered_at) W
 CREATE INDEX worker_runs_started_at ON paygate.worker_runs (started_at);
 -- "Is this row named by an unresolved finding?": open findings are few, so this index stays tiny.
 CREATE INDEX findings_open_subject ON paygate.findings (subject) WHERE resolved_at IS NULL;
+
+-- Queue depths every ticking worker writes to the state metrics (ops/status.py, every 30 s per host)
+-- that had no partial index of their own: without these they scanned every deposit and relay ever
+-- admitted (bench/growth.py prints the plans).
+CREATE INDEX pending_credits_needs_human ON paygate.pending_credits (updated_at) WHERE status = 'needs_human';
+CREATE INDEX relays_needs_human ON paygate.relays (updated_at) WHERE status = 'needs_human';
