@@ -50,7 +50,17 @@ from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.migrate import migrate
 from paygate_cli.journal.lineage import ALLOCATE_SQL
 from paygate_cli.ops.status import QUEUE_SQL
-from paygate_cli.workers import funding, observer, recovery, relay, relay_drainer, settlement, subscriptions, webhooks
+from paygate_cli.workers import (
+    funding,
+    observer,
+    recovery,
+    relay,
+    relay_drainer,
+    retention,
+    settlement,
+    subscriptions,
+    webhooks,
+)
 
 ACCOUNTS = 1000
 LANE_COUNT = 8
@@ -206,6 +216,11 @@ def operations(conn: psycopg.Connection) -> dict[str, list[tuple[str, tuple[str,
         "open charge batches": [("claim", (settlement.CLAIM_OPEN_BATCHES_SQL, {**claim, "limit": 4}))],
         "recovery stuck scan": [("stuck", (recovery.STUCK_SQL, {"age": 3600, "limit": 100}))],
         "state metrics (queue depths)": [(name, (sql, {})) for name, sql in QUEUE_SQL.items()],
+        # Retention's own batch (5000 rows of each), in foreign-key order; every history row is 40 days
+        # old, so both sizes move full batches. Not a hot path: it shows a batch costs what it moves.
+        "retention batch (5000 each)": [
+            (table.name, (retention.move_statement(conn, table).as_string(conn), {"window": 30 * 86400, "batch": 5000}))
+            for table in retention.TABLES if table.name in ("charges", "charge_batches", "lineages")],
     }
 
 
@@ -231,6 +246,7 @@ def measure_once(conn: psycopg.Connection, steps: list[tuple[str, tuple[str, Any
     buffers, times = [], []
     with conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL jit = off")
+        conn.execute(retention.ARCHIVING_SQL)  # lets the retention step delete terminal lineages
         for _, (sql, params) in steps:
             explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql
             plan = conn.execute(explain, _resolve(conn, params)).fetchone()[0][0]
@@ -255,6 +271,7 @@ def plans(conn: psycopg.Connection, steps: list[tuple[str, tuple[str, Any]]]) ->
     """Each step's plan, executed in order (a step may read what the one before it wrote), rolled back."""
     out = []
     with conn.transaction(force_rollback=True):
+        conn.execute(retention.ARCHIVING_SQL)
         for label, (sql, params) in steps:
             plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, _resolve(conn, params)).fetchone()[0][0]
             out.append((label, plan))
@@ -280,6 +297,7 @@ def indexes_and_seq_scans(plan: dict[str, Any]) -> tuple[set[str], set[str]]:
 def text_plans(conn: psycopg.Connection, steps: list[tuple[str, tuple[str, Any]]]) -> list[tuple[str, str]]:
     out = []
     with conn.transaction(force_rollback=True):
+        conn.execute(retention.ARCHIVING_SQL)
         for label, (sql, params) in steps:
             rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, _resolve(conn, params))
             out.append((label, "\n".join(r[0] for r in rows)))

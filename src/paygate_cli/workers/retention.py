@@ -67,20 +67,24 @@ ARCHIVE_SCHEMA = "paygate_archive"
 
 TERMINAL_LINEAGE = "('applied', 'failed', 'expired', 'superseded', 'abandoned')"
 
-# The picks. Each returns the key of at most %(batch)s rows, locked (SKIP LOCKED: a row a worker is
-# touching right now is taken next time), in the order of the partial index it walks.
+# The picks. Each walks its partial index in the order rows became terminal and returns the key of at
+# most %(batch)s rows, locked (SKIP LOCKED: a row a worker is touching right now is taken next time).
+# Every "is it still needed" check is a scalar subquery, `(SELECT NOT EXISTS (…))`: Postgres evaluates
+# it per candidate with an index probe, where a plain NOT EXISTS may become an anti-join that hashes the
+# whole referencing table (its cost would then grow with the history retention is meant to remove).
 PICK_CHARGES_SQL = """
 SELECT c.id FROM paygate.charges c
 WHERE c.status IN ('settled', 'failed')
   AND coalesce(c.settled_at, c.failed_at) < now() - make_interval(secs => %(window)s)
-  AND NOT EXISTS (SELECT 1 FROM paygate.lineages l
-                  WHERE l.id = c.lineage_id AND l.state IN ('allocated', 'signed', 'sent'))
-  AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b WHERE b.lineage_id = c.lineage_id AND b.closed_at IS NULL)
-  AND NOT EXISTS (SELECT 1 FROM paygate.findings f
-                  WHERE f.resolved_at IS NULL AND f.subject IN (c.account, 'contract', 'charge:' || c.id))
+  AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.lineages l
+                          WHERE l.id = c.lineage_id AND l.state IN ('allocated', 'signed', 'sent')))
+  AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.charge_batches b
+                          WHERE b.lineage_id = c.lineage_id AND b.closed_at IS NULL))
+  AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.findings f
+                          WHERE f.resolved_at IS NULL AND f.subject IN (c.account, 'contract', 'charge:' || c.id)))
   AND (c.subscription_id IS NULL
-       OR EXISTS (SELECT 1 FROM paygate.charges n
-                  WHERE n.subscription_id = c.subscription_id AND n.period_start > c.period_start))
+       OR (SELECT EXISTS (SELECT 1 FROM paygate.charges n
+                          WHERE n.subscription_id = c.subscription_id AND n.period_start > c.period_start)))
 ORDER BY coalesce(c.settled_at, c.failed_at)
 LIMIT %(batch)s
 FOR UPDATE OF c SKIP LOCKED
@@ -88,9 +92,9 @@ FOR UPDATE OF c SKIP LOCKED
 PICK_CHARGE_BATCHES_SQL = """
 SELECT b.lineage_id FROM paygate.charge_batches b
 WHERE b.closed_at IS NOT NULL AND b.closed_at < now() - make_interval(secs => %(window)s)
-  AND NOT EXISTS (SELECT 1 FROM paygate.charges c WHERE c.lineage_id = b.lineage_id)
-  AND NOT EXISTS (SELECT 1 FROM paygate.findings f
-                  WHERE f.resolved_at IS NULL AND f.subject = 'charge_batch:' || b.lineage_id)
+  AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.charges c WHERE c.lineage_id = b.lineage_id))
+  AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.findings f
+                          WHERE f.resolved_at IS NULL AND f.subject = 'charge_batch:' || b.lineage_id))
 ORDER BY b.closed_at
 LIMIT %(batch)s
 FOR UPDATE OF b SKIP LOCKED
@@ -99,13 +103,15 @@ PICK_LINEAGES_SQL = f"""
 SELECT l.id FROM paygate.lineages l
 WHERE l.purpose = 'charge_batch' AND l.state IN {TERMINAL_LINEAGE}
   AND l.resolved_at < now() - make_interval(secs => %(window)s)
-  AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b WHERE b.lineage_id = l.id)
-  AND NOT EXISTS (SELECT 1 FROM paygate.charges c WHERE c.lineage_id = l.id)
+  AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.charge_batches b WHERE b.lineage_id = l.id))
+  AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.charges c WHERE c.lineage_id = l.id))
+  -- the lane's last consumed sequence (journal/lineage.py LAST_CONSUMED_SEQ_SQL) stays; max() walks
+  -- lineages_lane_seq backwards from the lane's top
   AND (l.state NOT IN ('applied', 'failed')
-       OR EXISTS (SELECT 1 FROM paygate.lineages y
-                  WHERE y.lane = l.lane AND y.source_seq > l.source_seq AND y.state IN ('applied', 'failed')))
-  AND NOT EXISTS (SELECT 1 FROM paygate.findings f
-                  WHERE f.resolved_at IS NULL AND f.subject IN ('lineage:' || l.id, l.lane))
+       OR l.source_seq < (SELECT max(y.source_seq) FROM paygate.lineages y
+                          WHERE y.lane = l.lane AND y.state IN ('applied', 'failed')))
+  AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.findings f
+                          WHERE f.resolved_at IS NULL AND f.subject IN ('lineage:' || l.id, l.lane)))
 ORDER BY l.resolved_at
 LIMIT %(batch)s
 FOR UPDATE OF l SKIP LOCKED
@@ -121,7 +127,8 @@ FOR UPDATE OF e SKIP LOCKED
 PICK_WEBHOOK_OUTBOX_SQL = """
 SELECT o.id FROM paygate.webhook_outbox o
 WHERE o.status = 'delivered' AND o.delivered_at < now() - make_interval(secs => %(window)s)
-  AND NOT EXISTS (SELECT 1 FROM paygate.findings f WHERE f.resolved_at IS NULL AND f.subject = 'webhook:' || o.id)
+  AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.findings f
+                          WHERE f.resolved_at IS NULL AND f.subject = 'webhook:' || o.id))
 ORDER BY o.delivered_at
 LIMIT %(batch)s
 FOR UPDATE OF o SKIP LOCKED
@@ -154,7 +161,8 @@ totals AS (
 MOVE_SQL = """
 WITH picked AS ({pick}),
 moved AS (
-    DELETE FROM paygate.{table} t USING picked WHERE t.{key} = picked.{key}
+    -- = ANY(ARRAY(…)): a primary-key probe per picked row, never a hash join over the whole table
+    DELETE FROM paygate.{table} t WHERE t.{key} = ANY (ARRAY(SELECT picked.{key} FROM picked))
     RETURNING t.*
 ),
 archived AS (
