@@ -404,3 +404,40 @@ def test_each_pick_walks_its_index_not_the_history(world: psycopg.Connection) ->
         scanned = _relations_scanned(plan, "Seq Scan")
         assert not scanned & {"charges", "charge_batches", "lineages", "chain_events", "webhook_outbox",
                               "worker_runs"}, (table.name, json.dumps(plan))
+
+
+def test_archived_settled_charges_still_reconcile_against_the_chain(tmp_path: Any, dsn: str,
+                                                                    db: psycopg.Connection) -> None:
+    """Real path: charges settled on a devnet through settlement and the observer, their rows aged
+    past the window and archived; the reconciler's contract-wide check still matches the USDC the
+    billing contract holds (the archived settled amount is counted from retention_totals)."""
+    from tests.charges_support import admit_charge, charge_chain, fund, run_until_quiet
+    from tests.devnet_support import start_devnet
+
+    devnet = start_devnet(tmp_path / "devnet", lanes=3, users=3)
+    try:
+        chain = charge_chain(devnet, dsn, tmp_path / "keys")
+        users = chain.genesis["users"][:2]
+        fund(chain, db, [(user, 10_000_000) for user in users])
+        for n in range(3):
+            admit_charge(db, users[0]["public"], 1_000 + n, f"ret-{n}")
+        run_until_quiet(chain, db)
+        assert db.execute("SELECT count(*) FROM paygate.charges WHERE status = 'settled'").fetchone()[0] == 3
+        before = chain.tick("reconciler")
+        assert before.code == 0, before.err
+        assert json.loads(before.out)["run_tick"]["last_details"]["total"]["regime"] == "match"
+        # Age the history (a lineage's own timestamps never change: the journal's guard forbids it).
+        db.execute("UPDATE paygate.charges SET settled_at = settled_at - interval '40 days'")
+        db.execute("UPDATE paygate.charge_batches SET closed_at = closed_at - interval '40 days'")
+        moved = chain.tick("retention")
+        assert moved.code == 0, moved.err
+        details = json.loads(moved.out)["run_tick"]["last_details"]
+        assert details["moved"]["charges"] == 3 and details["moved"]["charge_batches"] >= 1
+        assert db.execute("SELECT count(*) FROM paygate.charges").fetchone()[0] == 0
+        after = chain.tick("reconciler")
+        assert after.code == 0, after.err
+        total = json.loads(after.out)["run_tick"]["last_details"]["total"]
+        assert total["regime"] == "match", total
+        assert total["charged_total"] == str(1_000 + 1_001 + 1_002)
+    finally:
+        devnet.stop()
