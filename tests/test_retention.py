@@ -277,6 +277,9 @@ def test_a_subscriptions_latest_charge_and_each_workers_latest_runs_stay(dsn: st
     add_runs(db, "funding", 3, age=YOUNG)
     assert run_retention(dsn)[0] == 0
     assert hot_ids(db, "charges") == {periods[-1]}
+    db.execute("SELECT paygate.cancel_subscription(%s, 'test')", (sub,))
+    assert run_retention(dsn)[0] == 0
+    assert hot_ids(db, "charges") == set()  # a cancelled subscription charges no further period
     runs = db.execute("SELECT worker, outcome, count(*) FROM paygate.worker_runs WHERE instance_id = 'test' "
                       "GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
     # gas: the latest run (failed) and the latest successful one stay; funding's runs are young.

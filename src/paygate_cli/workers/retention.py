@@ -13,7 +13,11 @@ What each table may lose, and why that is safe (everything else stays, however o
 - charges: settled/failed, terminal for longer than the window; not while the lineage it points at
   is live or its batch is open (settlement and recovery find a batch's rows by lineage), not while
   an unresolved finding names its account, the row (`charge:<id>`) or the contract total
-  (`contract`), and never the latest charge of a subscription (its last charged period). The
+  (`contract`), and never the latest charge of a subscription that is not cancelled (its last
+  charged period; the subscriptions worker derives periods from next_period_index, so the
+  UNIQUE (subscription_id, period_start) backstop is given up only for periods older than the window).
+  Rows kept however old are bounded by live state (open findings, live subscriptions, lanes), so the
+  head of each pick's index never fills with history. The
   reconciler's contract-wide check counts settled amounts as USDC the contract holds: the archived
   amount is added to `paygate.retention_totals` in the same statement, and the reconciler reads both.
 - charge_batches: closed for longer than the window, no hot charge pointing at its lineage, no open
@@ -82,7 +86,9 @@ WHERE c.status IN ('settled', 'failed')
                           WHERE b.lineage_id = c.lineage_id AND b.closed_at IS NULL))
   AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.findings f
                           WHERE f.resolved_at IS NULL AND f.subject IN (c.account, 'contract', 'charge:' || c.id)))
+  -- a live subscription's latest charge stays (kept rows are bounded by live subscriptions, not history)
   AND (c.subscription_id IS NULL
+       OR (SELECT s.status = 'cancelled' FROM paygate.subscriptions s WHERE s.id = c.subscription_id)
        OR (SELECT EXISTS (SELECT 1 FROM paygate.charges n
                           WHERE n.subscription_id = c.subscription_id AND n.period_start > c.period_start)))
 ORDER BY coalesce(c.settled_at, c.failed_at)
