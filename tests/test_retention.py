@@ -294,8 +294,12 @@ def test_batches_are_bounded_and_the_next_tick_continues(dsn: str, world: psycop
     assert code == 0
     assert report["last_details"]["moved"]["charges"] == 5 * MAX_BATCHES_PER_TABLE
     assert "charges" in report["last_details"]["backlog"]
+    # Batches and lineages wait while charges (which point at them) still have a backlog.
+    assert report["last_details"]["deferred"] == ["charge_batches", "lineages"]
+    assert report["last_details"]["moved"]["webhook_outbox"] == 0  # independent tables still ran
     code, report = run_retention(dsn, "--batch", "5")
     assert code == 0 and report["last_details"]["moved"]["charges"] == 8
+    assert report["last_details"]["moved"]["charge_batches"] == 1 and "deferred" not in report["last_details"]
     assert db.execute("SELECT count(*) FROM paygate.charges").fetchone()[0] == 0
 
 

@@ -199,14 +199,19 @@ class RetainedTable:
     pick: str
     extra: str = ""
     journal: bool = False  # the lineages table: its delete guard wants the archiving flag
+    # Tables whose rows point at this one: while one of them still has a backlog (or failed) this
+    # tick, this table waits for the next tick. Its candidates would mostly still be pointed at, and
+    # the pick would probe every one of them (catching up on a large history, every batch and
+    # lineage old enough) only to move a few.
+    after: tuple[str, ...] = ()
 
 
 # Order matters for the foreign keys: charges and charge_batches point at lineages, so they go first
 # (a lineage is picked only when nothing hot points at it any more).
 TABLES: tuple[RetainedTable, ...] = (
     RetainedTable("charges", "id", PICK_CHARGES_SQL, extra=CHARGES_TOTALS_CTE),
-    RetainedTable("charge_batches", "lineage_id", PICK_CHARGE_BATCHES_SQL),
-    RetainedTable("lineages", "id", PICK_LINEAGES_SQL, journal=True),
+    RetainedTable("charge_batches", "lineage_id", PICK_CHARGE_BATCHES_SQL, after=("charges",)),
+    RetainedTable("lineages", "id", PICK_LINEAGES_SQL, journal=True, after=("charges", "charge_batches")),
     RetainedTable("chain_events", "id", PICK_CHAIN_EVENTS_SQL),
     RetainedTable("webhook_outbox", "id", PICK_WEBHOOK_OUTBOX_SQL),
     RetainedTable("worker_runs", "id", PICK_WORKER_RUNS_SQL),
@@ -267,8 +272,12 @@ def tick(ctx: TickContext) -> TickResult:
     moved: dict[str, int] = {}
     backlog: list[str] = []
     errors: dict[str, str] = {}
+    deferred: list[str] = []
     for table in TABLES:
         moved[table.name] = 0
+        if any(name in backlog or name in errors or name in deferred for name in table.after):
+            deferred.append(table.name)
+            continue
         try:
             for _ in range(MAX_BATCHES_PER_TABLE):
                 count = move_batch(ctx.conn, table, statements[table.name], window, ctx.batch)
@@ -290,6 +299,8 @@ def tick(ctx: TickContext) -> TickResult:
     details: dict[str, Any] = {"moved": moved, "window_s": window}
     if backlog:
         details["backlog"] = backlog
+    if deferred:
+        details["deferred"] = deferred
     if errors:
         details["errors"] = errors
     return TickResult(processed=total, failed=len(errors), details=details)
