@@ -44,6 +44,10 @@ What each table may lose, and why that is safe (everything else stays, however o
   runner also prunes a worker's own heartbeats after 7 days; this covers workers that stopped running.
 - idempotency_keys: already swept by idempotency_sweep.
 
+Per tick at most MAX_BATCHES_PER_TABLE batches per table (`backlog` in the details when more wait);
+charge_batches and lineages are `deferred` to the next tick while a table pointing at them still has a
+backlog, so catching up on a large history never walks every old batch for the few it may move.
+
 Exit codes: 0 done (also nothing to move); 1 a table's batch failed (statement timeout, a lock, a
 foreign key a row still holds) — the other tables still ran and the next tick retries; 78 the window is
 shorter than `key_retention` or an archive table lacks a column of its hot table (a migration added
