@@ -448,3 +448,28 @@ def test_archived_settled_charges_still_reconcile_against_the_chain(tmp_path: An
         assert total["charged_total"] == str(1_000 + 1_001 + 1_002)
     finally:
         devnet.stop()
+
+
+# What the runtime role needs for retention beyond DML on paygate's tables (reported to the role's
+# owner; sql/roles/ grants it): the archive is append-only for it.
+RUNTIME_ARCHIVE_GRANTS = [
+    "GRANT USAGE ON SCHEMA paygate_archive TO paygate_runtime",
+    "GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA paygate_archive TO paygate_runtime",
+]
+
+
+def test_the_runtime_role_runs_retention_with_the_archive_grants(dsn: str, world: psycopg.Connection) -> None:
+    db = world
+    _, charges = add_batch(db, lane=LANES[0], seq=90, charges=3)
+    add_batch(db, lane=LANES[0], seq=91, charges=1)
+    assert run_cli("migrate", "--roles", dsn=dsn).code == 0
+    for grant in RUNTIME_ARCHIVE_GRANTS:
+        db.execute(grant)
+    as_runtime = psycopg.conninfo.make_conninfo(dsn, options="-c role=paygate_runtime")
+    result = run_cli("run-tick", "retention", "--json", dsn=as_runtime)
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["run_tick"]["last_details"]["moved"]["lineages"] == 1
+    assert set(charges) <= archived_ids(db, "charges")
+    # The archive stays append-only for it.
+    with psycopg.connect(as_runtime, autocommit=True) as runtime, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        runtime.execute("DELETE FROM paygate_archive.charges")
