@@ -89,11 +89,3 @@ CREATE INDEX pending_credits_credit_lineage ON paygate.pending_credits (credit_l
     WHERE credit_lineage_id IS NOT NULL;
 CREATE INDEX fee_reservations_lineage ON paygate.fee_reservations (lineage_id) WHERE lineage_id IS NOT NULL;
 CREATE INDEX bot_jobs_lineage ON paygate.bot_jobs (lineage_id) WHERE lineage_id IS NOT NULL;
-
--- Claims of deposits, relays and bot jobs change only lease columns, which no index covers: with free
--- room on the page the new row version stays there (a HOT update) and no index is touched, so a
--- claim's cost does not grow with the depth of the primary-key and unique indexes over the history.
--- Only pages written from now on keep the room (no rewrite here).
-ALTER TABLE paygate.pending_credits SET (fillfactor = 90);
-ALTER TABLE paygate.relays SET (fillfactor = 90);
-ALTER TABLE paygate.bot_jobs SET (fillfactor = 90);
