@@ -6,8 +6,14 @@ text as a second line of defence (`scrub`)."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
+import json
 import os
+import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from paygate_cli.errors import ConfigError, SecretMissing
 
@@ -20,8 +26,8 @@ class Secret:
     def __init__(self, value: str, source: str) -> None:
         self._value = value
         self.source = source  # where it came from (a path), never the value
-        if len(value) >= 6:  # very short strings would scrub innocent text
-            _REVEALED.add(value)
+        for part in derived_forms(value):
+            remember(part)
 
     def reveal(self) -> str:
         return self._value
@@ -39,6 +45,42 @@ class Secret:
 
     def __reduce__(self) -> tuple:  # refuse pickling: a pickle would carry the value anywhere
         raise TypeError("Secret values cannot be pickled")
+
+
+_STELLAR_SEED = re.compile(r"S[A-Z2-7]{55}")
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2}){16,}")
+
+
+def _raw_encodings(raw: bytes) -> list[str]:
+    b64, urlsafe = base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()
+    return [raw.hex(), raw.hex().upper(), b64, b64.rstrip("="), urlsafe, urlsafe.rstrip("=")]
+
+
+def derived_forms(value: str) -> list[str]:
+    """The value, and the pieces and encodings of it that could be printed on their own: each line of
+    a multi-line secret (lane seeds), each string in a JSON secret (journal keys), the hex and
+    base64 of the raw key bytes behind a hex key or a Stellar seed, and a URL's path (its token).
+    All are scrubbed from logs."""
+    forms = [value]
+    parts = [line.strip() for line in value.splitlines() if line.strip() and not line.strip().startswith("#")]
+    try:
+        document = json.loads(value)
+    except ValueError:
+        document = None
+    if isinstance(document, dict):
+        parts += [str(v) for v in document.values() if isinstance(v, str)]
+    for part in parts:
+        forms.append(part)
+        if _HEX.fullmatch(part):
+            forms += _raw_encodings(bytes.fromhex(part))
+        elif _STELLAR_SEED.fullmatch(part):
+            with contextlib.suppress(binascii.Error, ValueError):  # strkey: version, 32-byte seed, checksum
+                forms += _raw_encodings(base64.b32decode(part + "=" * (-len(part) % 8))[1:33])
+        elif "://" in part:  # a URL whose path is the token (a dead-man switch): the path alone too
+            path = urlsplit(part).path.strip("/")
+            if len(path) >= 12:
+                forms.append(path)
+    return forms
 
 
 def scrub(text: str) -> str:

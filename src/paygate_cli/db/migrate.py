@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from paygate_cli.db.locks import LOCK_NAMESPACE, MIGRATE_KEY
+from paygate_cli.db.privileges import BY_TABLE, GRANTS, READONLY_ROLE, RUNTIME_ROLE, SCHEMAS, USER_TABLES_SQL
 from paygate_cli.errors import ConfigError, NeedsHuman, SchemaBehind
 
 if TYPE_CHECKING:
@@ -173,17 +174,79 @@ def schema_state(conn: psycopg.Connection) -> dict[str, object]:
     }
 
 
-ROLES_FILE = SQL_DIR / "roles" / "runtime_role.sql"
+ROLES_DIR = SQL_DIR / "roles"
+_ROLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
-def create_runtime_role(conn: psycopg.Connection, role: str) -> None:
-    """Create/refresh the runtime role from sql/roles/runtime_role.sql (run after each migrate)."""
+def _check_role_name(role: str) -> None:
+    if not _ROLE_NAME.fullmatch(role):
+        raise ConfigError(f"role name {role!r} must be a lowercase SQL identifier")
+    if role.startswith("pg_"):
+        raise ConfigError(f"role name {role!r} is reserved: Postgres keeps pg_* names for its own roles")
+
+
+def _create_role(conn: psycopg.Connection, file_name: str, role: str) -> None:
     from psycopg import sql
 
-    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", role):
-        raise ConfigError(f"role name {role!r} must be a lowercase SQL identifier")
-    template = ROLES_FILE.read_text(encoding="utf-8")
-    # The file uses {role} placeholders; Identifier quoting makes injection impossible.
-    statement = sql.SQL(template).format(role=sql.Identifier(role), role_literal=sql.Literal(role))
+    template = (ROLES_DIR / file_name).read_text(encoding="utf-8")
+    # The file uses {role} placeholders; Identifier/Literal quoting makes injection impossible.
+    conn.execute(sql.SQL(template).format(role=sql.Identifier(role), role_literal=sql.Literal(role)))
+
+
+def create_roles(conn: psycopg.Connection, runtime: str = RUNTIME_ROLE,
+                 readonly: str = READONLY_ROLE) -> dict[str, object]:
+    """Create/refresh the runtime and read-only roles (run after each migrate), in one transaction.
+
+    Everything both roles held on tables, sequences and schemas is revoked first, then exactly what
+    the table of decisions (db/privileges.py) says is granted. A table present in the database that
+    the table does not list gets nothing (fail closed) and is named in the result; a listed table
+    the database does not have yet is skipped."""
+    from psycopg import sql
+
+    _check_role_name(runtime)
+    _check_role_name(readonly)
+    if runtime == readonly:
+        raise ConfigError("the runtime and read-only roles must be different roles")
+    runtime_id, readonly_id = sql.Identifier(runtime), sql.Identifier(readonly)
     with conn.transaction():
-        conn.execute(statement)
+        _create_role(conn, "runtime_role.sql", runtime)
+        _create_role(conn, "readonly_role.sql", readonly)
+        present = [row[0] for row in conn.execute(USER_TABLES_SQL)]
+        schemas = list(dict.fromkeys([*SCHEMAS, *(t.split(".", 1)[0] for t in present)]))
+        existing = {row[0] for row in conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)", (schemas,))}
+        for schema in (s for s in schemas if s in existing):
+            schema_id = sql.Identifier(schema)
+            for role_id in (runtime_id, readonly_id):
+                conn.execute(sql.SQL("REVOKE ALL ON SCHEMA {} FROM {}").format(schema_id, role_id))
+                conn.execute(sql.SQL("REVOKE ALL ON ALL TABLES IN SCHEMA {} FROM {}").format(schema_id, role_id))
+                conn.execute(sql.SQL("REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}").format(schema_id, role_id))
+            if schema in SCHEMAS:
+                conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {} TO {}, {}").format(schema_id, runtime_id, readonly_id))
+        granted: list[str] = []
+        for grant in GRANTS:
+            if grant.table not in present:
+                continue
+            table_id = sql.Identifier(grant.schema, grant.name)
+            if grant.runtime:
+                conn.execute(sql.SQL("GRANT {} ON {} TO {}").format(
+                    sql.SQL(", ").join(map(sql.SQL, grant.runtime)), table_id, runtime_id))
+            if grant.readonly:
+                conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(table_id, readonly_id))
+            granted.append(grant.table)
+        # Functions run with the caller's rights (none is SECURITY DEFINER): the table grants above
+        # decide what a function may touch for either role. Only the runtime role calls them.
+        for schema in (s for s in SCHEMAS if s in existing):
+            conn.execute(sql.SQL("GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {} TO {}").format(
+                sql.Identifier(schema), runtime_id))
+    return {
+        "runtime_role": runtime,
+        "readonly_role": readonly,
+        "tables_granted": len(granted),
+        "unclassified_tables": [t for t in present if t not in BY_TABLE],
+    }
+
+
+def create_runtime_role(conn: psycopg.Connection, role: str = RUNTIME_ROLE) -> None:
+    """Kept for callers of the old name: both roles, the runtime one named `role`."""
+    create_roles(conn, runtime=role)

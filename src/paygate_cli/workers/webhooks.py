@@ -17,6 +17,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -144,11 +145,25 @@ def _allowed(host: str, ip: ipaddress.IPv4Address | ipaddress.IPv6Address, allow
     return False
 
 
-def resolve_target(url: str, allow: list[str]) -> tuple[str, str, int, str, str]:
+# host, port -> the addresses DNS answers. Injectable: a test proves with a resolver it controls
+# (public at check time, private at connect time) that the connection goes to the checked address.
+Resolver = Callable[[str, int], list[str]]
+
+
+def system_resolver(host: str, port: int) -> list[str]:
+    return [str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+
+
+# The resolver deliveries use; replaced only by tests (DNS rebinding drills).
+resolver: Resolver = system_resolver
+
+
+def resolve_target(url: str, allow: list[str], resolve: Resolver | None = None) -> tuple[str, str, int, str, str]:
     """-> (scheme, host, port, path, pinned ip). Raises TargetRefused for URLs that can never work,
-    OSError (transient) when DNS fails. Private, loopback, link-local and other non-global addresses
-    are refused unless the host or a CIDR covering the address is allow-listed; the connection is
-    then made to the checked address, so a DNS answer cannot change between check and connect."""
+    OSError (transient) when DNS fails. The host is resolved once; every address in the answer is
+    checked: private, loopback, link-local and other non-global addresses are refused unless the
+    host or a CIDR covering the address is allow-listed. The connection is then made to the checked
+    address (pinned), so DNS answering differently at connect time (rebinding) cannot reach it."""
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -163,10 +178,12 @@ def resolve_target(url: str, allow: list[str]) -> tuple[str, str, int, str, str]
     host = parts.hostname
     port = port or (443 if parts.scheme == "https" else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    try:
+        addresses = [str(ipaddress.ip_address(host))]  # a literal address: nothing to resolve
+    except ValueError:
+        addresses = (resolve or resolver)(host, port)
     pinned: str | None = None
-    for info in infos:
-        address = str(info[4][0])
+    for address in addresses:
         ip = ipaddress.ip_address(address.split("%")[0])
         mapped = getattr(ip, "ipv4_mapped", None)
         effective = mapped or ip
@@ -199,10 +216,22 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
         self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
 
 
-def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allow: list[str]) -> int:
-    """POST and return the status code. A watchdog shuts the socket at the deadline, so a server that
-    drips bytes cannot hold a delivery longer than `timeout`."""
-    scheme, host, port, path, ip = resolve_target(url, allow)
+class Redirected(Exception):
+    """A 3xx answer: never followed (a redirect could point anywhere, private addresses included,
+    after the target was checked); the attempt failed, with the reason."""
+
+    def __init__(self, status: int, location: str | None) -> None:
+        self.status = status
+        where = f" to {location[:200]}" if location else ""
+        super().__init__(f"HTTP {status}: redirect{where} not followed")
+
+
+def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allow: list[str],
+         resolve: Resolver | None = None) -> int:
+    """POST and return the status code (Redirected on a 3xx). A watchdog shuts the socket at the
+    deadline, so a server that drips bytes cannot hold a delivery longer than `timeout`; at most
+    MAX_RESPONSE_BYTES of the body are read, so a huge answer costs neither memory nor time."""
+    scheme, host, port, path, ip = resolve_target(url, allow, resolve)
     cls = _PinnedHTTPSConnection if scheme == "https" else _PinnedHTTPConnection
     conn = cls(host, port, ip, timeout)
     fired = threading.Event()
@@ -212,7 +241,9 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allo
     try:
         conn.request("POST", path, body=body, headers=headers)
         response = conn.getresponse()
-        response.read(MAX_RESPONSE_BYTES)
+        response.read(MAX_RESPONSE_BYTES)  # the rest is never read: the connection is closed below
+        if 300 <= response.status < 400:
+            raise Redirected(response.status, response.getheader("Location"))
         return response.status
     except (OSError, http.client.HTTPException):
         if fired.is_set():
@@ -266,6 +297,8 @@ def deliver(row: Claimed, ctx_settings: Any) -> Delivery:
                     allow=ctx_settings.webhook_allow_hosts)
     except TargetRefused as exc:
         return Delivery(row, "dead", error=str(exc), dead_reason=str(exc))
+    except Redirected as exc:
+        return _retry_or_dead(row, max_attempts, exc.status, str(exc), ctx_settings)
     except (OSError, http.client.HTTPException) as exc:
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         return _retry_or_dead(row, max_attempts, None, error[:500], ctx_settings)

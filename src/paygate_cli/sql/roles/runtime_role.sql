@@ -1,19 +1,11 @@
--- The runtime role: DML on operational tables, INSERT/SELECT only on audit_log, read-only
--- schema_migrations, no DDL. Rerun `paygate migrate --roles` after every migration so new
--- tables are granted too. {role} is substituted as a quoted identifier by paygate.
+-- The runtime role (every worker's run-tick and the operator's write commands): created here if
+-- missing; its table grants come from the table of decisions in paygate_cli/db/privileges.py, applied
+-- by `paygate migrate --roles` right after this file. No DDL, no TRUNCATE, nothing by wildcard.
+-- Rerun `paygate migrate --roles` after every migration. {role} is substituted as a quoted identifier.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = {role_literal}) THEN
-        CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION;
+        CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS;
     END IF;
 END
 $$;
-
-REVOKE ALL ON SCHEMA paygate FROM {role};
-GRANT USAGE ON SCHEMA paygate TO {role};
-REVOKE ALL ON ALL TABLES IN SCHEMA paygate FROM {role};
-GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA paygate TO {role};
-REVOKE UPDATE, DELETE, TRUNCATE ON paygate.audit_log FROM {role};
-REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON paygate.schema_migrations FROM {role};
-GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA paygate TO {role};
-GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA paygate TO {role};
