@@ -450,26 +450,25 @@ def test_archived_settled_charges_still_reconcile_against_the_chain(tmp_path: An
         devnet.stop()
 
 
-# What the runtime role needs for retention beyond DML on paygate's tables (reported to the role's
-# owner; sql/roles/ grants it): the archive is append-only for it.
-RUNTIME_ARCHIVE_GRANTS = [
-    "GRANT USAGE ON SCHEMA paygate_archive TO paygate_runtime",
-    "GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA paygate_archive TO paygate_runtime",
-]
-
-
-def test_the_runtime_role_runs_retention_with_the_archive_grants(dsn: str, world: psycopg.Connection) -> None:
+def test_the_runtime_role_runs_retention(dsn: str, world: psycopg.Connection) -> None:
+    """With what `migrate --roles` grants it (db/privileges.py): DELETE on the hot tables retention
+    moves from, INSERT and SELECT on the archive, which stays append-only for it."""
     db = world
     _, charges = add_batch(db, lane=LANES[0], seq=90, charges=3)
     add_batch(db, lane=LANES[0], seq=91, charges=1)
+    add_events(db, 3)
+    add_webhooks(db, 2)
     assert run_cli("migrate", "--roles", dsn=dsn).code == 0
-    for grant in RUNTIME_ARCHIVE_GRANTS:
-        db.execute(grant)
     as_runtime = psycopg.conninfo.make_conninfo(dsn, options="-c role=paygate_runtime")
     result = run_cli("run-tick", "retention", "--json", dsn=as_runtime)
     assert result.code == 0, result.err
-    assert json.loads(result.out)["run_tick"]["last_details"]["moved"]["lineages"] == 1
+    moved = json.loads(result.out)["run_tick"]["last_details"]["moved"]
+    assert moved == {"charges": 4, "charge_batches": 2, "lineages": 1, "chain_events": 3, "webhook_outbox": 2,
+                     "worker_runs": 0}
     assert set(charges) <= archived_ids(db, "charges")
-    # The archive stays append-only for it.
-    with psycopg.connect(as_runtime, autocommit=True) as runtime, pytest.raises(psycopg.errors.InsufficientPrivilege):
-        runtime.execute("DELETE FROM paygate_archive.charges")
+    with psycopg.connect(as_runtime, autocommit=True) as runtime:
+        for table in RETAINED:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                runtime.execute(f"DELETE FROM paygate_archive.{table}")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                runtime.execute(f"UPDATE paygate_archive.{table} SET archived_at = now()")

@@ -126,13 +126,15 @@ ORDER BY l.resolved_at
 LIMIT %(batch)s
 FOR UPDATE OF l SKIP LOCKED
 """
+# No row lock here: a chain event never changes after the observer inserts it and only retention (a
+# single writer) deletes it, so there is nothing to skip or wait for (and the runtime role needs no
+# UPDATE on the table).
 PICK_CHAIN_EVENTS_SQL = """
 SELECT e.id FROM paygate.chain_events e
 WHERE NOT e.quarantined AND e.observed_at < now() - make_interval(secs => %(window)s)
   AND e.ledger < (SELECT o.ledger FROM paygate.observer_cursor o)
 ORDER BY e.observed_at
 LIMIT %(batch)s
-FOR UPDATE OF e SKIP LOCKED
 """
 PICK_WEBHOOK_OUTBOX_SQL = """
 SELECT o.id FROM paygate.webhook_outbox o
