@@ -140,12 +140,21 @@ def test_every_worker_does_its_work_as_the_runtime_role(chain: ChainEnv, db: psy
     delivered = tick_ok(chain, "webhooks")["delivered"]
     assert delivered > 0 and len(receiver.paths()) == delivered
 
+    # retention, with that history aged past its window (a live subscription's latest charge stays)
+    db.execute("UPDATE paygate.charges SET settled_at = settled_at - interval '40 days'")
+    db.execute("UPDATE paygate.charge_batches SET closed_at = closed_at - interval '40 days'"
+               " WHERE closed_at IS NOT NULL")
+    db.execute("UPDATE paygate.webhook_outbox SET delivered_at = delivered_at - interval '40 days'"
+               " WHERE status = 'delivered'")
+    moved = tick_ok(chain, "retention")["moved"]
+    assert moved["charges"] == 3 and moved["webhook_outbox"] >= delivered, moved
+
     # every tick above ran as the runtime role and none was refused anything
     assert db.execute("SELECT count(*) FROM paygate.worker_runs WHERE error ILIKE '%%permission denied%%'"
                       ).fetchone()[0] == 0
     ran = {r[0] for r in db.execute("SELECT DISTINCT worker FROM paygate.worker_runs")}
     assert ran >= {"funding", "settlement", "observer", "subscriptions", "recovery", "relay", "relay_drainer",
-                   "relay_expiry", "gas", "reconciler", "idempotency_sweep", "webhooks"}
+                   "relay_expiry", "gas", "reconciler", "idempotency_sweep", "webhooks", "retention"}
 
 
 def test_on_call_commands_work_read_only_and_writes_exit_77(chain: ChainEnv, db: psycopg.Connection,

@@ -1,4 +1,4 @@
-"""The scheduler definitions (systemd, cron, Kubernetes, the image) cover all twelve catalogue
+"""The scheduler definitions (systemd, cron, Kubernetes, the image) cover all thirteen catalogue
 workers at their cadences, give each worker exactly the secrets it needs, parse as run-tick
 command lines (a renamed flag breaks CI), and pass the real validators: `systemd-analyze verify`
 and `security`, and the Kubernetes OpenAPI schemas (kubernetes-validate)."""
@@ -152,7 +152,7 @@ def test_every_worker_has_a_unit_env_file_cronjob_and_crontab_line() -> None:
     assert sorted(c[1] for c in systemd_commands()) == ALL_WORKERS
     assert sorted(c[1] for c in cron_commands()) == ALL_WORKERS
     assert sorted(c[1] for c in k8s_commands()) == ALL_WORKERS
-    assert set(WORKERS) <= set(ALL_WORKERS) and len(ALL_WORKERS) == 12
+    assert set(WORKERS) <= set(ALL_WORKERS) and len(ALL_WORKERS) == 13
 
 
 def test_the_template_alone_runs_a_valid_command_without_its_env_file() -> None:
@@ -298,7 +298,7 @@ def test_every_manifest_passes_the_kubernetes_schema(version: str) -> None:
 
     target = kubernetes_validate.utils.latest_version() if version == "latest" else version
     documents = k8s_documents()
-    assert len(documents) >= 12 + 1 + 4  # twelve CronJobs, the ConfigMap, four Secrets
+    assert len(documents) >= 12 + 1 + 4  # a CronJob per worker, the ConfigMap, four Secrets
     for path, doc in documents:
         try:
             kubernetes_validate.validate(doc, target, strict=True)

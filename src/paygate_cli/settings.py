@@ -19,8 +19,8 @@ from typing import Any
 from paygate_cli.errors import ConfigError
 from paygate_cli.secrets import Secret, read_secret_file, remember
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|m|min|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 # Longest duration any setting or flag may take (a million hours). Beyond it a value is a typo (or
@@ -31,7 +31,7 @@ MAX_INT = 2**31 - 1
 
 
 def parse_duration(text: str | float | int, *, name: str = "duration") -> float:
-    """'2s', '500ms', '10min', '1h' or a bare number of seconds -> seconds (0 .. 366 days)."""
+    """'2s', '500ms', '10min', '1h', '30d' or a bare number of seconds -> seconds."""
     if isinstance(text, int | float) and not isinstance(text, bool):
         seconds = float(text)
         if seconds < 0:
@@ -39,7 +39,7 @@ def parse_duration(text: str | float | int, *, name: str = "duration") -> float:
     else:
         match = _DURATION.match(str(text))
         if not match:
-            raise ConfigError(f"{name}: {str(text)[:80]!r} is not a duration (examples: 500ms, 2s, 10min, 1h)")
+            raise ConfigError(f"{name}: {str(text)[:80]!r} is not a duration (examples: 500ms, 2s, 10min, 1h, 30d)")
         seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
     if not math.isfinite(seconds) or seconds > MAX_DURATION_S:  # NaN fails every comparison: named first
         raise ConfigError(f"{name}: {str(text)[:80]!r} is longer than a million hours")
@@ -242,6 +242,8 @@ FIELDS: tuple[Field, ...] = (
     Field("recovery_grace", 180.0, _dur, "a claim this far past its lease is recovery's (> receipt timeout + a tick)"),
     Field("recovery_alarm_age", 3600.0, _dur, "items in flight longer than this become findings"),
     Field("key_retention", 604800.0, _dur, "time since a journal key's or lane's last use before it may be retired"),
+    Field("retention_window", 2592000.0, _dur,
+          "terminal rows older than this (DB time) are archived to paygate_archive (at least key_retention)"),
 )
 
 # name -> help. Each is read from PAYGATE_<NAME>_FILE or $CREDENTIALS_DIRECTORY/<name with dashes>.

@@ -292,12 +292,13 @@ class ChainClient:
                 except (Unavailable, SorobanRpcErrorResponse) as exc:
                     probes.append(Probe(url, error=str(exc)[:300]))
                     continue
-                if tx.status in (GetTransactionStatus.SUCCESS, GetTransactionStatus.FAILED):
-                    probes.append(Probe(
-                        url, tx_status=tx.status.value, tx_ledger=int(tx.ledger) if tx.ledger else None,
-                        fee_charged=fee_charged_of(tx.result_xdr), result_code=result_code_of(tx.result_xdr),
-                        latest_ledger=int(tx.latest_ledger), latest_close_time=int(tx.latest_ledger_close_time),
-                        oldest_ledger=int(tx.oldest_ledger)))
+                try:
+                    receipt = probe_from_answers(url, lane, inner_hash_hex, None, tx)
+                except MalformedAnswer as exc:  # validated like any answer: never proof
+                    probes.append(Probe(url, error=f"malformed answer: {exc}"[:300]))
+                    continue
+                if receipt.tx_status in ("SUCCESS", "FAILED"):
+                    probes.append(receipt)
                     continue
             try:
                 entries = self._retrying("getLedgerEntries", lambda srv=srv: srv.get_ledger_entries([key]), 2)
@@ -336,12 +337,15 @@ def _timestamp(value: Any, what: str) -> int:
 
 def probe_from_answers(url: str, lane: str, inner_hash_hex: str, entries: Any, tx: Any) -> Probe:
     """One endpoint's Probe from its getLedgerEntries (the lane's account) and getTransaction answers,
-    or MalformedAnswer when they do not hold together."""
-    seq_ledger = _ledger_number(entries.latest_ledger, "getLedgerEntries latestLedger")
-    listed = entries.entries or []
-    if not isinstance(listed, list) or len(listed) > 1:
-        raise MalformedAnswer("getLedgerEntries returned more entries than the one key asked for")
-    seq = _account_seq(listed[0].xdr, lane) if listed else None
+    or MalformedAnswer when they do not hold together. `entries` None: a receipt-only probe (no
+    sequence read), which can prove inclusion but never a NOT_FOUND verdict."""
+    seq = seq_ledger = None
+    if entries is not None:
+        seq_ledger = _ledger_number(entries.latest_ledger, "getLedgerEntries latestLedger")
+        listed = entries.entries or []
+        if not isinstance(listed, list) or len(listed) > 1:
+            raise MalformedAnswer("getLedgerEntries returned more entries than the one key asked for")
+        seq = _account_seq(listed[0].xdr, lane) if listed else None
     if str(tx.transaction_hash).lower() != inner_hash_hex.lower():
         raise MalformedAnswer(f"getTransaction answered for another hash ({str(tx.transaction_hash)[:70]!r})")
     latest = _ledger_number(tx.latest_ledger, "getTransaction latestLedger")

@@ -65,9 +65,9 @@ GRANTS: tuple[TableGrant, ...] = (
     _grant("paygate.webhook_endpoints", "SELECT", False,
            "webhooks reads url+secret to deliver, emit_event reads the enabled endpoints; endpoints are "
            "managed by the API role. Not readable read-only: it holds the customers' HMAC secrets"),
-    _grant("paygate.webhook_outbox", "SELECT INSERT UPDATE", True,
+    _grant("paygate.webhook_outbox", "SELECT INSERT UPDATE DELETE", True,
            "emit_event inserts with each state change; webhooks/recovery/replay move rows by CAS; "
-           "rows are never deleted by a worker"),
+           "retention moves delivered rows past the window to paygate_archive (delete)"),
     _grant("paygate.halts", "SELECT INSERT UPDATE DELETE", True,
            "halt (upsert: ON CONFLICT DO UPDATE) / resume (delete) and the gas monitor's durable halt "
            "(set, cleared by delete, FOR UPDATE)"),
@@ -80,17 +80,20 @@ GRANTS: tuple[TableGrant, ...] = (
            "the tick runner registers its instance (upsert), drain/undrain flips the drained flag"),
     _grant("paygate.lanes", "SELECT INSERT UPDATE", True,
            "lane allocation (FOR UPDATE), lane registration from the key file, fencing, drain by lane"),
-    _grant("paygate.lineages", "SELECT INSERT UPDATE", True,
-           "the journal: allocate (insert), anchor/send/resolve (CAS update); never deleted (trigger)"),
+    _grant("paygate.lineages", "SELECT INSERT UPDATE DELETE", True,
+           "the journal: allocate (insert), anchor/send/resolve (CAS update); retention moves terminal "
+           "charge_batch lineages to paygate_archive (the delete guard trigger refuses any other delete)"),
     _grant("paygate.pending_credits", "SELECT UPDATE", True,
            "funding claims and settles deposits, replay resets dead ones; deposits are inserted by "
            "admit_deposit (API role)"),
-    _grant("paygate.charges", "SELECT INSERT UPDATE", True,
-           "subscriptions insert through admit_charge; settlement claims, the observer settles/fails"),
-    _grant("paygate.charge_batches", "SELECT INSERT UPDATE", True,
-           "settlement opens a batch per charge_batch lineage and closes it"),
-    _grant("paygate.chain_events", "SELECT INSERT", True,
-           "the observer records each event once (unique event id); rows are never changed"),
+    _grant("paygate.charges", "SELECT INSERT UPDATE DELETE", True,
+           "subscriptions insert through admit_charge; settlement claims, the observer settles/fails; "
+           "retention moves settled/failed charges past the window to paygate_archive (delete)"),
+    _grant("paygate.charge_batches", "SELECT INSERT UPDATE DELETE", True,
+           "settlement opens a batch per charge_batch lineage and closes it; retention archives closed ones"),
+    _grant("paygate.chain_events", "SELECT INSERT DELETE", True,
+           "the observer records each event once (unique event id); rows are never changed; retention "
+           "moves applied events past the window to paygate_archive (delete, no row lock: no UPDATE)"),
     _grant("paygate.observer_cursor", "SELECT INSERT UPDATE", True,
            "the observer owns the cursor (insert on first run, then forward-only update)"),
     _grant("paygate.subscriptions", "SELECT UPDATE", True,
@@ -114,6 +117,14 @@ GRANTS: tuple[TableGrant, ...] = (
            "relay_drainer claims and finishes bot jobs, replay resets dead ones; admitted by the API role"),
     _grant("paygate.gas_state", "SELECT INSERT UPDATE", True,
            "the gas monitor's state row (upsert, FOR UPDATE); status shows it"),
+    _grant("paygate.retention_totals", "SELECT UPDATE", True,
+           "retention adds the settled amount it archives (one row, updated in the archiving statement); "
+           "the reconciler reads it"),
+    # The archive (sql/0011_retention.sql): append-only for the runtime role, readable on call.
+    *(_grant(f"paygate_archive.{table}", "SELECT INSERT", True,
+             "retention inserts the rows it deletes from the hot table in the same statement; archived "
+             "rows are never changed or deleted by a worker")
+      for table in ("charges", "charge_batches", "lineages", "chain_events", "webhook_outbox", "worker_runs")),
 )
 
 BY_TABLE: dict[str, TableGrant] = {g.table: g for g in GRANTS}

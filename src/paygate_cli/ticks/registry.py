@@ -45,7 +45,7 @@ SENDS_TRANSACTIONS = (*SIGNS, "billing_contract")
 RESERVED_WORKER_IDS: dict[str, int] = {
     "funding": 1, "settlement": 2, "subscriptions": 3, "relay": 4, "observer": 5, "recovery": 6,
     "reconciler": 7, "relay_drainer": 8, "relay_expiry": 9, "gas": 10, "idempotency_sweep": 11,
-    "webhooks": 12,
+    "webhooks": 12, "retention": 13,
 }
 
 
@@ -129,6 +129,9 @@ WORKERS: dict[str, WorkerSpec] = {
                    target="paygate_cli.workers.gas:tick",
                    description="fee account XLM headroom vs floors; writes/clears the durable gas halt",
                    requires=("rpc", "lane_keys", "fee_key")),
+        WorkerSpec("retention", cadence=300, batch=5000, single_writer=True, concurrency=1,
+                   target="paygate_cli.workers.retention:tick",
+                   description="terminal rows older than the retention window -> paygate_archive, in bounded batches"),
     )
 }
 

@@ -69,7 +69,12 @@ SELECT (SELECT coalesce(sum(cached_balance), 0) FROM paygate.accounts),
         JOIN paygate.lineages l ON l.id = p.deposit_lineage_id
         WHERE p.status = 'pending' AND p.deposit_tx IS NULL AND l.state IN ('signed', 'sent'))
 """
-SETTLED_CHARGES_SQL = "SELECT coalesce(sum(amount), 0) FROM paygate.charges WHERE status = 'settled'"
+# Settled charges are USDC the contract holds, archived or not: the retention worker adds what it
+# archives to retention_totals in the statement that moves it (one snapshot reads both).
+SETTLED_CHARGES_SQL = """
+SELECT (SELECT coalesce(sum(amount), 0) FROM paygate.charges WHERE status = 'settled')
+       + coalesce((SELECT settled_charges_amount FROM paygate.retention_totals), 0)
+"""
 # Each snapshot is one consistent view: under READ COMMITTED every statement sees a newer one, so a
 # deposit settled between reading the cached balance and reading which deposits are settled looked
 # like unexplained drift (a false exit 3 the chaos soak caught).
