@@ -27,7 +27,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from paygate_cli.db.connect import relaxed_transaction
 from paygate_cli.errors import Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.engine import LeaseLost
@@ -47,36 +46,93 @@ HAS_WORK_SQL = """
 SELECT EXISTS (SELECT 1 FROM paygate.charges
                WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL),
        EXISTS (SELECT 1 FROM paygate.charge_batches
-               WHERE closed_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at < now()))
+               WHERE closed_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at < now())),
+       EXISTS (SELECT 1 FROM paygate.lineages x
+               WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose = 'charge_batch'
+                 AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b
+                                 WHERE b.lineage_id = x.id AND b.closed_at IS NULL)
+                 AND x.created_at < now() - interval '5 seconds')
 """
 
-# DESIGN §5: a row with a lineage is never re-claimable. The rows stay locked until the claim
-# transaction commits with the lineage recorded on them.
-CLAIM_CANDIDATES_SQL = """
-SELECT id, account, amount, charge_id FROM paygate.charges
-WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
-ORDER BY created_at, id
-LIMIT %(batch)s
-FOR UPDATE SKIP LOCKED
-"""
-# Record the lineage on every claimed row and open the batch under this process's lease, in one
-# round trip; `entries` is what was really marked.
-MARK_CLAIMED_SQL = """
-WITH claimed AS (
-    UPDATE paygate.charges
-    SET claimed_at = now(), claimed_by = %(owner)s, lineage_id = %(lineage)s, updated_at = now()
-    WHERE id = ANY(%(ids)s) AND status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
-    RETURNING 1
+# Writes the system can re-derive after a database crash (a claim, a lease taken or released, a
+# batch closed from a terminal lineage) commit without waiting for their WAL flush, as
+# db.connect.relaxed_transaction does — but as ONE round trip: set_config(..., true) is local to the
+# statement's own implicit transaction, so an autocommit statement that references this CTE commits
+# asynchronously (BEGIN + SET LOCAL + statement + COMMIT would be four). Ordering still holds: the
+# anchor's synchronous commit flushes everything before it, before anything is broadcast.
+RELAXED_CTE = "relaxed AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true) AS off)"
+
+# The whole claim in one statement (DESIGN §5; a row with a lineage is never re-claimable):
+# - candidates: the oldest claimable rows, locked FOR UPDATE SKIP LOCKED;
+# - chosen: their longest prefix (claim order) that fits one transaction's footprint estimate
+#   (chain/charges.claim_estimate: each entry writes its charge-id entry and each distinct account its
+#   balance, so entries + distinct accounts <= the read-write key limit);
+# - lane + lineage: the least recently used free active lane of ours gets a new charge_batch lineage
+#   (the same rule as journal/lineage.ALLOCATE_SQL, repeated here so claim and allocation are one
+#   round trip; the partial unique index on live lineages is the real guard: a lost race raises
+#   UniqueViolation and the whole claim rolls back — "no free lane this time");
+# - claimed: the lineage recorded on every chosen row, and the batch opened under this process's
+#   lease, in the same statement, so no row is ever claimed without its lineage.
+# One result row even when nothing was claimed: `wanted` (rows that would fit) tells an empty queue
+# (0) from no free lane (> 0, lineage NULL).
+CLAIM_SQL = """
+WITH """ + RELAXED_CTE + """, candidates AS MATERIALIZED (
+    SELECT id, account, created_at FROM paygate.charges
+    WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
+    ORDER BY created_at, id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), counted AS (
+    SELECT id, row_number() OVER claim_order AS entries, sum(first_of_account) OVER claim_order AS accounts
+    FROM (SELECT id, created_at,
+                 (row_number() OVER (PARTITION BY account ORDER BY created_at, id) = 1)::int AS first_of_account
+          FROM candidates) c
+    WINDOW claim_order AS (ORDER BY created_at, id ROWS UNBOUNDED PRECEDING)
+), chosen AS MATERIALIZED (
+    SELECT id FROM counted
+    WHERE entries <= %(max_entries)s AND entries + accounts <= %(max_write)s
+      AND entries + accounts + %(read_only)s <= %(max_keys)s
+), lane AS (
+    SELECT l.address FROM paygate.lanes l
+    WHERE EXISTS (SELECT 1 FROM chosen) AND l.status = 'active' AND l.address = ANY(%(lanes)s)
+      AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
+                      WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent'))
+    ORDER BY l.last_allocated_at NULLS FIRST, l.address
+    LIMIT 1
+    FOR UPDATE OF l SKIP LOCKED
+), used AS (
+    UPDATE paygate.lanes SET last_allocated_at = clock_timestamp() FROM lane WHERE lanes.address = lane.address
+), lineage AS (
+    INSERT INTO paygate.lineages (purpose, entitlement, lane)
+    SELECT 'charge_batch', %(entitlement)s, lane.address FROM lane
+    RETURNING id, lane
+), claimed AS (
+    UPDATE paygate.charges c
+    SET claimed_at = now(), claimed_by = %(owner)s, lineage_id = lineage.id, updated_at = now()
+    FROM lineage
+    WHERE c.id IN (SELECT id FROM chosen)
+      AND c.status = 'authorized' AND c.claimed_at IS NULL AND c.lineage_id IS NULL
+    RETURNING c.id, c.account, c.amount, c.charge_id, c.created_at, lineage.id AS lineage_id, lineage.lane
+), batch AS (
+    INSERT INTO paygate.charge_batches (lineage_id, entries, lease_token, lease_expires_at, claimed_by)
+    SELECT lineage.id, (SELECT count(*) FROM chosen), %(token)s, now() + make_interval(secs => %(lease)s),
+           %(owner)s
+    FROM lineage
 )
-INSERT INTO paygate.charge_batches (lineage_id, entries, lease_token, lease_expires_at, claimed_by)
-SELECT %(lineage)s, count(*), %(token)s, now() + make_interval(secs => %(lease)s), %(owner)s FROM claimed
-RETURNING entries
+SELECT (SELECT count(*) FROM chosen) AS wanted, claimed.lineage_id, claimed.lane,
+       claimed.id, claimed.account, claimed.amount, claimed.charge_id
+FROM relaxed LEFT JOIN claimed ON true
+ORDER BY claimed.created_at, claimed.id
 """
 
 # Batches whose lease lapsed (their process died or finished its step): any settlement process
 # may pick them up and drive their lineage one step further.
+# The lineage's columns as journal/lineage.LOAD_SQL selects them (so Lineage(*row) stays right if
+# they change): taking over a batch and loading its lineage are one round trip.
+LINEAGE_COLUMNS = ", ".join("x." + c.strip() for c in
+                            lineages.LOAD_SQL.split("SELECT", 1)[1].split("FROM", 1)[0].split(","))
 CLAIM_OPEN_BATCHES_SQL = """
-WITH open AS (
+WITH """ + RELAXED_CTE + """, open AS (
     SELECT lineage_id FROM paygate.charge_batches
     WHERE closed_at IS NULL
       AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
@@ -84,15 +140,16 @@ WITH open AS (
     ORDER BY created_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), taken AS (
+    UPDATE paygate.charge_batches b
+    SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
+        claimed_by = %(owner)s
+    FROM open WHERE b.lineage_id = open.lineage_id
+    RETURNING b.lineage_id, b.lease_token
 )
-UPDATE paygate.charge_batches b
-SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
-    claimed_by = %(owner)s
-FROM open WHERE b.lineage_id = open.lineage_id
-RETURNING b.lineage_id, b.lease_token
-"""
-BATCH_ROWS_SQL = """
-SELECT id, account, amount, charge_id FROM paygate.charges WHERE lineage_id = %s ORDER BY created_at, id
+SELECT taken.lease_token, """ + LINEAGE_COLUMNS + """
+FROM relaxed, taken JOIN paygate.lineages x ON x.id = taken.lineage_id
+ORDER BY x.id
 """
 # Guard for every write made on behalf of a batch: the lease this process holds is still its own
 # (and it is renewed: checked before each phase, a slow phase does not lose it to a lapse).
@@ -115,6 +172,13 @@ RELEASE_BATCH_LEASE_SQL = """
 UPDATE paygate.charge_batches SET lease_token = NULL, lease_expires_at = NULL
 WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
 """
+# The same, alone in its (relaxed, one round trip) transaction.
+RELEASE_BATCH_LEASE_RELAXED_SQL = """
+WITH """ + RELAXED_CTE + """
+UPDATE paygate.charge_batches SET lease_token = NULL, lease_expires_at = NULL
+FROM relaxed
+WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
+"""
 SHRINK_BATCH_SQL = """
 UPDATE paygate.charge_batches SET entries = %(entries)s
 WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
@@ -122,6 +186,14 @@ WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
 CLOSE_BATCH_SQL = """
 UPDATE paygate.charge_batches
 SET outcome = %(outcome)s, closed_at = now(), lease_token = NULL, lease_expires_at = NULL
+WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
+"""
+# Closing a batch whose lineage applied: re-derivable from the terminal lineage, so relaxed.
+CLOSE_APPLIED_RELAXED_SQL = """
+WITH """ + RELAXED_CTE + """
+UPDATE paygate.charge_batches
+SET outcome = 'applied', closed_at = now(), lease_token = NULL, lease_expires_at = NULL
+FROM relaxed
 WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
 """
 # Hand rows back without counting an attempt: their lineage never got signed bytes (abandoned),
@@ -194,19 +266,38 @@ class Deps:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
 
 
-def trim_to_fit(rows: list[Entry], limit: int) -> list[Entry]:
-    """The longest prefix (claim order) that fits one transaction's footprint estimate."""
-    from paygate_cli.chain.charges import fits_estimate
+@dataclass(frozen=True)
+class Claim:
+    wanted: int  # rows that would have fitted a batch (0: nothing to claim)
+    lineage_id: int | None  # None: no free lane (or nothing to claim)
+    lane: str | None
+    rows: list[Entry]
 
-    chosen: list[Entry] = []
-    accounts: set[str] = set()
-    for row in rows[:limit]:
-        new_accounts = accounts | {row.account}
-        if not fits_estimate(len(chosen) + 1, len(new_accounts)):
-            break
-        chosen.append(row)
-        accounts = new_accounts
-    return chosen
+
+def claim(conn: psycopg.Connection, *, lanes: list[str], owner: str, token: uuid.UUID, batch: int,
+          lease: float) -> Claim:
+    """Claim up to `batch` rows with a new lineage on a free lane and open their batch, in one
+    statement (CLAIM_SQL), outside any transaction of the caller's."""
+    import psycopg
+
+    from paygate_cli.chain.charges import claim_estimate
+
+    params = {"batch": batch, "lanes": sorted(lanes), "owner": owner, "token": token, "lease": lease,
+              "entitlement": f"charge_batch:{token}", **claim_estimate()}
+    try:
+        result = conn.execute(CLAIM_SQL, params).fetchall()
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "lineages_one_live_per_lane":
+            raise
+        return Claim(1, None, None, [])  # another allocator took the lane first: nothing was written
+    except psycopg.errors.SerializationFailure:
+        return Claim(1, None, None, [])  # the same lost race, reported differently
+    wanted, lineage_id, lane = int(result[0][0]), result[0][1], result[0][2]
+    if lineage_id is None:
+        return Claim(wanted, None, None, [])
+    rows = [Entry(int(r[3]), r[4], int(r[5]), bytes(r[6])) for r in result]
+    assert len(rows) == wanted, "rows locked FOR UPDATE changed under the claim"
+    return Claim(wanted, int(lineage_id), str(lane), rows)
 
 
 HONOURS_DRAIN = True  # a drained instance drives open batches and starts no new one
@@ -238,7 +329,7 @@ def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
 
 
 def tick(ctx: TickContext) -> TickResult:
-    claimable, drivable = ctx.conn.execute(HAS_WORK_SQL).fetchone()
+    claimable, drivable, orphans = ctx.conn.execute(HAS_WORK_SQL).fetchone()
     if ctx.draining:
         claimable = False  # a drained instance drives what is in flight and takes nothing new
     if not claimable and not drivable:
@@ -255,7 +346,7 @@ def tick(ctx: TickContext) -> TickResult:
     try:
         if drivable:
             _drive_open_batches(deps, result)
-        if ctx.conn.execute(ORPHANS_SQL, {"limit": 1}).fetchone() is not None:
+        if orphans:
             deps.count("orphans_driven", deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(deps.signer.lanes))))
         started = 0
         # A batch whose lane failed for a lane reason is handed back and claimed again at once on
@@ -298,13 +389,15 @@ class BatchJob:
     crash: str = "settlement"
     purpose: str = "charge_batch"
     max_ledger: int | None = None
+    built: Invocation | None = None  # the last call built (check() reads the footprint knowing it)
 
     def call(self, lane: str) -> Invocation:
         from paygate_cli.chain.charges import charge_batch
 
         rows = self.rows
-        return charge_batch(self.deps.ctx.settings.billing_contract, lane, [r.account for r in rows],
-                            [r.amount for r in rows], [r.charge_id for r in rows])
+        self.built = charge_batch(self.deps.ctx.settings.billing_contract, lane, [r.account for r in rows],
+                                  [r.amount for r in rows], [r.charge_id for r in rows])
+        return self.built
 
     def hold(self, conn: psycopg.Connection) -> bool:
         return conn.execute(HOLD_BATCH_SQL, {"lineage": self.lineage_id, "token": self.token,
@@ -346,7 +439,7 @@ class BatchJob:
     def check(self, signed: SignedTransaction) -> None:
         from paygate_cli.chain.charges import check_resources
 
-        check_resources(signed)
+        check_resources(signed, self.built)  # the call just built: its footprint is read without a full decode
 
 
 def _start_batch(deps: Deps, result: TickResult) -> str:
@@ -357,26 +450,16 @@ def _start_batch(deps: Deps, result: TickResult) -> str:
     ctx = deps.ctx
     batch = max(1, min(int(ctx.batch), 100))
     token = uuid.uuid4()
-    try:
-        # Relaxed: a claim lost in a database crash only frees its rows; the anchor's synchronous
-        # commit flushes it before anything can be broadcast.
-        with relaxed_transaction(deps.conn):
-            rows = [Entry(r[0], r[1], int(r[2]), bytes(r[3]))
-                    for r in deps.conn.execute(CLAIM_CANDIDATES_SQL, {"batch": batch})]
-            rows = trim_to_fit(rows, batch)
-            if not rows:
-                return "empty"
-            allocated = deps.engine.allocate(purpose="charge_batch", entitlement=f"charge_batch:{token}")
-            if allocated is None:
-                raise _Rollback  # roll the claim back: no lane, no claim
-            lineage_id, lane = allocated
-            claimed = deps.conn.execute(MARK_CLAIMED_SQL, {
-                "owner": deps.owner, "lineage": lineage_id, "ids": [r.id for r in rows], "token": token,
-                "lease": ctx.settings.settlement_lease}).fetchone()[0]
-            assert claimed == len(rows), "rows locked FOR UPDATE changed under the claim"
-    except _Rollback:
-        deps.count("no_free_lane")
+    # Relaxed: a claim lost in a database crash only frees its rows; the anchor's synchronous commit
+    # flushes it before anything can be broadcast.
+    claimed = claim(deps.conn, lanes=deps.engine.lanes, owner=deps.owner, token=token, batch=batch,
+                    lease=ctx.settings.settlement_lease)
+    if not claimed.wanted:
+        return "empty"
+    if claimed.lineage_id is None or claimed.lane is None:
+        deps.count("no_free_lane")  # nothing was written: no lane, no claim
         return "no_free_lane"
+    lineage_id, lane, rows = claimed.lineage_id, claimed.lane, claimed.rows
     crashpoint("settlement.after_claim")
     result.processed += len(rows)
     job = BatchJob(deps, lineage_id, token, rows)
@@ -428,34 +511,35 @@ def _drive_open_batches(deps: Deps, result: TickResult, *, grace: float = 0.0, l
                         limit: int | None = None) -> None:
     """This queue's one take-over routine: the worker drives every open batch nobody holds; recovery
     (`lapsed_only`, past its grace) only those whose owner died holding the lease."""
-    with deps.conn.transaction():
-        batches = deps.conn.execute(CLAIM_OPEN_BATCHES_SQL, {
-            "limit": limit or max(8, len(deps.signer.lanes)), "lease": deps.ctx.settings.settlement_lease,
-            "owner": deps.owner, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
-    for lineage_id, token in batches:
+    # One statement, relaxed: a lease taken and lost in a database crash just lapses again.
+    batches = deps.conn.execute(CLAIM_OPEN_BATCHES_SQL, {
+        "limit": limit or max(8, len(deps.signer.lanes)), "lease": deps.ctx.settings.settlement_lease,
+        "owner": deps.owner, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
+    for row in batches:
+        token, lineage = row[0], lineages.Lineage(*row[1:])
         try:
-            outcome = _drive(deps, int(lineage_id), token, result)
+            outcome = _drive(deps, lineage, token, result)
         except LeaseLost:
             outcome = "lease_lost"  # someone else has the batch: not a failure, not an alarm
         deps.count(outcome)
 
 
-def _drive(deps: Deps, lineage_id: int, token: uuid.UUID, result: TickResult) -> str:
-    lineage = lineages.load(deps.conn, lineage_id)
-    rows = [Entry(r[0], r[1], int(r[2]), bytes(r[3])) for r in deps.conn.execute(BATCH_ROWS_SQL, (lineage_id,))]
-    job = BatchJob(deps, lineage_id, token, rows)
+def _drive(deps: Deps, lineage: lineages.Lineage, token: uuid.UUID, result: TickResult) -> str:
+    lineage_id = lineage.id
+    # Driving never builds a transaction, so the batch's rows are not needed here (the engine only
+    # resolves or abandons the lineage; on_abandon and the dead path act on the rows by lineage).
+    job = BatchJob(deps, lineage_id, token, [])
     if lineage.state == "allocated":
         # Never anchored: the engine abandons it and job.on_abandon hands the rows back (no attempt used).
         return deps.engine.drive(job, lineage)
     state = deps.engine.drive(job, lineage)
     if state in ("allocated", "signed", "sent"):
-        with relaxed_transaction(deps.conn):
-            deps.conn.execute(RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": token})
+        deps.conn.execute(RELEASE_BATCH_LEASE_RELAXED_SQL, {"lineage": lineage_id, "token": token})
         return "in_flight"
     if state == "applied":
         # Landed: the observer promotes each charge from its event.
-        with relaxed_transaction(deps.conn):  # re-derivable from the terminal lineage
-            _close(deps, lineage_id, token, "applied")
+        if deps.conn.execute(CLOSE_APPLIED_RELAXED_SQL, {"lineage": lineage_id, "token": token}).rowcount != 1:
+            raise LeaseLost(f"charge batch {lineage_id}: lease lost")
         return "applied"
     if state == "abandoned":
         with deps.conn.transaction():
