@@ -4,14 +4,14 @@ A tick first drives the open batches whose lease has lapsed (resolve the lineage
 hands its charges back for a new lineage, or fails them after `settlement_max_attempts`), then claims
 new batches while lanes are free:
 
-    claim + allocate (tx) -> simulate, sign (no tx) -> anchor (tx) -> broadcast (no tx) -> mark sent (tx)
+    claim + allocate (one statement) -> simulate, sign (no tx) -> anchor (tx) -> broadcast (no tx) -> mark sent (tx)
 
 (everything after the claim is the shared engine's, journal/engine.py; BatchJob says what it means
 for the batch's rows.)
 
 The claim takes rows `WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL`
-and records the lineage on every row in the same transaction, so a row with a lineage is never
-claimed again while that lineage could land. The worker never marks a charge settled: the observer
+and records the lineage on every row in the same statement (CLAIM_SQL), so a row with a lineage is
+never claimed again while that lineage could land. The worker never marks a charge settled: the observer
 does, from the contract's events.
 
 Batch sizing (why the default --batch is 48, not the contract's 100): each entry writes its
@@ -47,6 +47,7 @@ SELECT EXISTS (SELECT 1 FROM paygate.charges
                WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL),
        EXISTS (SELECT 1 FROM paygate.charge_batches
                WHERE closed_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at < now())),
+       -- ORPHANS_SQL's question, asked here to save a round trip per tick
        EXISTS (SELECT 1 FROM paygate.lineages x
                WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose = 'charge_batch'
                  AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b
