@@ -231,6 +231,8 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
     pg = Meter()
     pg.wrap(psycopg.Connection, "wait")
     log = __import__("logging").getLogger("bench")
+    # Mirror the engine that is installed: the one-statement phases where it has them (FastJob).
+    fast_engine = hasattr(lineages, "ANCHOR_HELD_SQL")
     settle_s = observe_s = cpu = server = observe_cpu = observe_server = 0.0
     batches = 0
     with psycopg.connect(dsn, autocommit=True) as db:
@@ -252,25 +254,40 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
             pg.enabled = True
             started, cpu_started, server_started = time.perf_counter(), time.process_time(), _server_cpu()
             open_batches: dict[int, list[Any]] = {}
+            sent = []
             for _ in range(lanes):
                 token = uuid.uuid4()
                 got = settlement.claim(db, lanes=lane_keys, owner="bench", token=token, batch=48, lease=30)
                 if got.lineage_id is None or got.lane is None:
                     break
                 lineage_id, lane = got.lineage_id, got.lane
-                hold = {"lineage": lineage_id, "token": token, "lease": 30}
-                with relaxed_transaction(db):  # the engine's lease check before chain work
-                    db.execute(settlement.HOLD_BATCH_SQL, hold)
-                seq = lineages.next_sequence(db, lane, seq)
-                with db.transaction():  # the engine's anchor: lease guard + CAS (journal/engine.py)
-                    db.execute(settlement.HOLD_BATCH_SQL, hold)
-                    lineages.anchor(db, lineage_id, seq=seq, key_id="k", envelope=os.urandom(600),
-                                    inner_hash=os.urandom(32), outer_hash=os.urandom(32), max_time=2**40,
-                                    signed_at_ledger=ledger)
-                with relaxed_transaction(db):  # the engine's mark-sent + the batch's on_sent
-                    lineages.mark_sent(db, lineage_id, "PENDING")
-                    db.execute(settlement.RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": token})
+                anchor = {"seq": seq, "key_id": "k", "envelope": os.urandom(600), "inner_hash": os.urandom(32),
+                          "outer_hash": os.urandom(32), "max_time": 2**40, "signed_at_ledger": ledger}
+                if fast_engine:  # the engine's one-statement anchor; the claim was the lease check
+                    seq = max(seq, got.journal_seq or 0) + 1
+                    anchor["seq"] = seq
+                    lineages.one_statement(db, lineages.ANCHOR_HELD_SQL.format(
+                        hold=settlement.HOLD_BATCH_ROW_SQL, install=settlement.RENEW_BATCH_AT_ANCHOR_SQL), {
+                        "batch_lineage": lineage_id, "batch_token": token, "batch_lease": 30,
+                        "x_id": lineage_id, "x_max_ledger": None, **{f"x_{k}": v for k, v in anchor.items()}})
+                    sent.append((lineage_id, token))
+                else:
+                    hold = {"lineage": lineage_id, "token": token, "lease": 30}
+                    with relaxed_transaction(db):  # the engine's lease check before chain work
+                        db.execute(settlement.HOLD_BATCH_SQL, hold)
+                    seq = lineages.next_sequence(db, lane, seq)
+                    anchor["seq"] = seq
+                    with db.transaction():  # the engine's anchor: lease guard + CAS (journal/engine.py)
+                        db.execute(settlement.HOLD_BATCH_SQL, hold)
+                        lineages.anchor(db, lineage_id, **anchor)
+                    with relaxed_transaction(db):  # the engine's mark-sent + the batch's on_sent
+                        lineages.mark_sent(db, lineage_id, "PENDING")
+                        db.execute(settlement.RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": token})
                 open_batches[lineage_id] = got.rows
+            if sent:  # the engine's deferred marks, then the tick's lease release (workers/settlement.py)
+                lineages.mark_sent_many(db, [(lineage_id, "PENDING") for lineage_id, _ in sent])
+                db.execute(settlement.RELEASE_SENT_LEASES_SQL, {"lineages": [i for i, _ in sent],
+                                                                 "tokens": [t for _, t in sent]})
             if not open_batches:
                 pg.enabled = False
                 settle_s += time.perf_counter() - started
@@ -282,10 +299,10 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
             # The next tick: take the batches over (with their lineages), the receipt's CAS, close.
             claimed = db.execute(settlement.CLAIM_OPEN_BATCHES_SQL, {
                 "limit": lanes, "lease": 30, "owner": "bench", "grace": 0.0, "lapsed_only": False}).fetchall()
+            finish = getattr(lineages, "finish_relaxed", lineages.finish)
             for row in claimed:
                 lineage_id, token = row[1], row[0]
-                lineages.finish(db, lineage_id, "applied", ledger=ledger, fee=100, code="txSUCCESS",
-                                resolution="bench")
+                finish(db, lineage_id, "applied", ledger=ledger, fee=100, code="txSUCCESS", resolution="bench")
                 db.execute(settlement.CLOSE_APPLIED_RELAXED_SQL, {"lineage": lineage_id, "token": token})
             settle_s += time.perf_counter() - started
             cpu += time.process_time() - cpu_started

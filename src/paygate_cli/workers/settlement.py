@@ -119,9 +119,13 @@ WITH """ + RELAXED_CTE + """, candidates AS MATERIALIZED (
     SELECT lineage.id, (SELECT count(*) FROM chosen), %(token)s, now() + make_interval(secs => %(lease)s),
            %(owner)s
     FROM lineage
+), journal AS (
+    -- The lane's highest sequence our journal knows consumed (what lineage.next_sequence reads).
+    SELECT max(x.source_seq) AS seq FROM lineage JOIN paygate.lineages x ON x.lane = lineage.lane
+    WHERE x.state IN ('applied', 'failed')
 )
 SELECT (SELECT count(*) FROM chosen) AS wanted, claimed.lineage_id, claimed.lane,
-       claimed.id, claimed.account, claimed.amount, claimed.charge_id
+       claimed.id, claimed.account, claimed.amount, claimed.charge_id, (SELECT seq FROM journal)
 FROM relaxed LEFT JOIN claimed ON true
 ORDER BY claimed.created_at, claimed.id
 """
@@ -159,6 +163,28 @@ UPDATE paygate.charge_batches
 SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => %(lease)s))
 WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
 RETURNING 1
+"""
+# The same guard as parts of the engine's one-statement phases, where the engine offers them
+# (journal/engine.py FastJob: the anchor is then ONE statement, lease check and all): `hold` locks
+# the batch row iff the lease is still ours, `install` (committed with the envelope) renews it.
+HOLD_BATCH_ROW_SQL = """
+SELECT 1 FROM paygate.charge_batches
+WHERE lineage_id = %(batch_lineage)s AND lease_token = %(batch_token)s AND closed_at IS NULL FOR UPDATE
+"""
+RENEW_BATCH_AT_ANCHOR_SQL = """
+UPDATE paygate.charge_batches b
+SET lease_expires_at = greatest(b.lease_expires_at, now() + make_interval(secs => %(batch_lease)s))
+FROM anchored
+WHERE b.lineage_id = %(batch_lineage)s AND b.lease_token = %(batch_token)s AND b.closed_at IS NULL
+RETURNING 1
+"""
+# Where the engine defers the tick's 'sent' marks (flush_sent), on_sent is not called for an
+# ordinary answer: the leases of the tick's broadcast batches are released together, after the flush.
+RELEASE_SENT_LEASES_SQL = """
+WITH """ + RELAXED_CTE + """
+UPDATE paygate.charge_batches b SET lease_token = NULL, lease_expires_at = NULL
+FROM relaxed, unnest(%(lineages)s::bigint[], %(tokens)s::uuid[]) AS s(lineage_id, token)
+WHERE b.lineage_id = s.lineage_id AND b.lease_token = s.token AND b.closed_at IS NULL
 """
 # Live charge_batch lineages no open batch holds any more: nothing else would resolve them.
 ORPHANS_SQL = """
@@ -254,6 +280,8 @@ class Deps:
     keyring: Keyring
     engine: Engine
     outcomes: dict[str, int] = field(default_factory=dict)
+    # Batches broadcast this tick whose lease on_sent did not release (the engine deferred the mark).
+    unreleased: dict[int, uuid.UUID] = field(default_factory=dict)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -273,6 +301,7 @@ class Claim:
     lineage_id: int | None  # None: no free lane (or nothing to claim)
     lane: str | None
     rows: list[Entry]
+    journal_seq: int | None = None  # the lane's highest sequence our journal knows consumed
 
 
 def claim(conn: psycopg.Connection, *, lanes: list[str], owner: str, token: uuid.UUID, batch: int,
@@ -298,7 +327,8 @@ def claim(conn: psycopg.Connection, *, lanes: list[str], owner: str, token: uuid
         return Claim(wanted, None, None, [])
     rows = [Entry(int(r[3]), r[4], int(r[5]), bytes(r[6])) for r in result]
     assert len(rows) == wanted, "rows locked FOR UPDATE changed under the claim"
-    return Claim(wanted, int(lineage_id), str(lane), rows)
+    journal_seq = result[0][7]
+    return Claim(wanted, int(lineage_id), str(lane), rows, None if journal_seq is None else int(journal_seq))
 
 
 HONOURS_DRAIN = True  # a drained instance drives open batches and starts no new one
@@ -362,6 +392,7 @@ def tick(ctx: TickContext) -> TickResult:
             if step != "sent":
                 break
             started += 1
+        _release_sent(deps)
     finally:
         deps.chain.close()
     result.needs_human += deps.engine.needs_human
@@ -391,6 +422,7 @@ class BatchJob:
     purpose: str = "charge_batch"
     max_ledger: int | None = None
     built: Invocation | None = None  # the last call built (check() reads the footprint knowing it)
+    released: bool = False  # on_sent released the lease (else the tick does, after the engine's flush)
 
     def call(self, lane: str) -> Invocation:
         from paygate_cli.chain.charges import charge_batch
@@ -404,6 +436,15 @@ class BatchJob:
         return conn.execute(HOLD_BATCH_SQL, {"lineage": self.lineage_id, "token": self.token,
                                              "lease": self.deps.ctx.settings.settlement_lease}).fetchone() is not None
 
+    # The engine's one-statement phases, where it offers them (FastJob); hold() as SQL. No attach_sql:
+    # the claim allocates (CLAIM_SQL), so the engine's allocate_for is never used for a batch.
+    hold_sql = HOLD_BATCH_ROW_SQL
+    install_sql = RENEW_BATCH_AT_ANCHOR_SQL
+
+    def params(self) -> dict[str, object]:
+        return {"batch_lineage": self.lineage_id, "batch_token": self.token,
+                "batch_lease": self.deps.ctx.settings.settlement_lease}
+
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
         # Never signed (or never anchored): its rows go back without counting an attempt.
         conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
@@ -414,6 +455,7 @@ class BatchJob:
 
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
         conn.execute(RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": self.token})
+        self.released = True
         if send.status == "ERROR":
             # Not proof of anything by itself: the lineage is resolved (and, once proven dead, its
             # charges retried) on a later tick.
@@ -464,8 +506,12 @@ def _start_batch(deps: Deps, result: TickResult) -> str:
     crashpoint("settlement.after_claim")
     result.processed += len(rows)
     job = BatchJob(deps, lineage_id, token, rows)
+    allocation = _allocation(claimed)
     try:
-        outcome = deps.engine.sign_and_send(job, lineage_id, lane)
+        if allocation is None:
+            outcome = deps.engine.sign_and_send(job, lineage_id, lane)
+        else:
+            outcome = deps.engine.sign_and_send(job, lineage_id, lane, allocation=allocation)
     except Unavailable:
         _give_back(deps, lineage_id, token, "the RPC was unavailable before anything was signed and journaled")
         raise
@@ -481,8 +527,33 @@ def _start_batch(deps: Deps, result: TickResult) -> str:
         deps.count("simulation_failed")
         result.failed += 1
         return "simulation_failed"
+    if not job.released:
+        deps.unreleased[lineage_id] = token
     deps.count("sent")
     return "sent"
+
+
+def _allocation(claimed: Claim) -> object | None:
+    """What the engine's one-statement path takes as "allocated just now", where the engine offers it
+    (journal/engine.py Allocation): the claim statement opened the batch's lease and read the lane's
+    journal sequence, so the engine need not check the one or read the other again."""
+    try:
+        from paygate_cli.journal.engine import Allocation  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return Allocation(claimed.lineage_id, claimed.lane, claimed.journal_seq)
+
+
+def _release_sent(deps: Deps) -> None:
+    """The engine's deferred 'sent' marks, then the leases of the tick's broadcast batches, released
+    together (relaxed, one statement each). Skipped, a lease only lapses: the batch waits a lease."""
+    flush = getattr(deps.engine, "flush_sent", None)
+    if flush is not None:
+        flush()
+    if deps.unreleased:
+        deps.conn.execute(RELEASE_SENT_LEASES_SQL, {"lineages": list(deps.unreleased),
+                                                    "tokens": list(deps.unreleased.values())})
+        deps.unreleased.clear()
 
 
 def _close(deps: Deps, lineage_id: int, token: uuid.UUID, outcome: str) -> None:
