@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from stellar_sdk import Keypair, scval, xdr
 
-from paygate_cli.chain.charges import _soroban_data_after_call, charge_batch
+from paygate_cli.chain.charges import _footprint_after_call, _NotMeasured, _skip_ledger_key, charge_batch
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.workers import settlement
 from tests.chain_env import ChainEnv
@@ -124,10 +124,40 @@ def test_the_footprint_read_without_a_full_decode_is_the_landed_envelopes(chain:
                             [int(r[1]) for r in rows], [bytes(r[2]) for r in rows])
         with chain.server() as server:
             envelope = server.get_transaction(bytes(inner_hash).hex()).envelope_xdr
-        full = xdr.TransactionEnvelope.from_xdr(envelope).fee_bump.tx.inner_tx.v1.tx.ext.soroban_data
-        fast = _soroban_data_after_call(base64.b64decode(envelope), call)
-        assert fast is not None and fast == full
+        footprint = xdr.TransactionEnvelope.from_xdr(envelope).fee_bump.tx.inner_tx.v1.tx.ext.soroban_data \
+            .resources.footprint
+        full = (len(footprint.read_only), len(footprint.read_write))
+        assert _footprint_after_call(base64.b64decode(envelope), call) == full
+        assert full[1] == len(rows) + len({r[0] for r in rows})  # a charge-id entry each, a balance per account
         # Any other call (here: one entry fewer) is not found in the bytes: the caller decodes in full.
         other = charge_batch(call.contract, lane, [r[0] for r in rows[1:]], [int(r[1]) for r in rows[1:]],
                              [bytes(r[2]) for r in rows[1:]])
-        assert _soroban_data_after_call(base64.b64decode(envelope), other) is None
+        assert _footprint_after_call(base64.b64decode(envelope), other) is None
+
+
+def test_footprint_keys_are_measured_as_the_sdk_encodes_them() -> None:
+    """The footprint is counted by measuring each key's encoding (no decode): every measured shape
+    ends exactly where the SDK's encoding ends, and a kind it does not measure says so (the caller
+    then decodes the envelope in full)."""
+    contract = scval.to_address("CA3D5KRYM6CB7OWQ6TWYRR3Z4T7GNZLKERYNZGGA5SOAOPIFY6YQGAXE").address
+    account = Keypair.random().public_key
+    keys = [scval.to_vec([scval.to_symbol("Charge"), scval.to_bytes(os.urandom(32))]),
+            scval.to_vec([scval.to_symbol("Balance"), scval.to_address(account)]),
+            scval.to_map({scval.to_symbol("k"): scval.to_uint64(7), scval.to_string("abcde"): scval.to_int128(-1)}),
+            scval.to_bool(True), scval.to_void(), scval.to_uint32(1), scval.to_int256(5), scval.to_duration(9),
+            xdr.SCVal(xdr.SCValType.SCV_LEDGER_KEY_CONTRACT_INSTANCE),
+            xdr.SCVal(xdr.SCValType.SCV_LEDGER_KEY_NONCE, nonce_key=xdr.SCNonceKey(xdr.Int64(3))),
+            xdr.SCVal(xdr.SCValType.SCV_VEC, vec=None)]
+    ledger_keys = [xdr.LedgerKey(type=xdr.LedgerEntryType.CONTRACT_DATA, contract_data=xdr.LedgerKeyContractData(
+        contract=contract, key=key, durability=xdr.ContractDataDurability.PERSISTENT)) for key in keys]
+    ledger_keys.append(xdr.LedgerKey(type=xdr.LedgerEntryType.CONTRACT_CODE,
+                                     contract_code=xdr.LedgerKeyContractCode(xdr.Hash(os.urandom(32)))))
+    ledger_keys.append(xdr.LedgerKey(type=xdr.LedgerEntryType.ACCOUNT, account=xdr.LedgerKeyAccount(
+        Keypair.random().xdr_account_id())))
+    for key in ledger_keys:
+        encoded = key.to_xdr_bytes()
+        assert _skip_ledger_key(encoded + b"tail", 0) == len(encoded)
+    trustline = xdr.LedgerKey(type=xdr.LedgerEntryType.TRUSTLINE, trust_line=xdr.LedgerKeyTrustLine(
+        Keypair.random().xdr_account_id(), xdr.TrustLineAsset(xdr.AssetType.ASSET_TYPE_NATIVE)))
+    with pytest.raises(_NotMeasured):
+        _skip_ledger_key(trustline.to_xdr_bytes(), 0)

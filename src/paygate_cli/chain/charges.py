@@ -12,7 +12,6 @@ from typing import Any
 
 import requests
 from stellar_sdk import Address, scval, xdr
-from xdrlib3 import Unpacker
 
 from paygate_cli.chain.contracts import Invocation, SignedTransaction
 from paygate_cli.chain.rpc import ChainClient
@@ -136,18 +135,18 @@ def claim_estimate() -> dict[str, int]:
 def check_resources(signed: SignedTransaction, call: Invocation | None = None) -> None:
     """After simulation: the footprint the network will see, checked against its limits (simulation
     itself does not refuse an over-limit footprint; sendTransaction would, as txSOROBAN_INVALID).
-    `call`, the invocation the transaction was built from, lets the footprint be read without
-    decoding the whole envelope (see _soroban_data_after_call)."""
+    `call`, the invocation the transaction was built from, lets the footprint be counted without
+    decoding the envelope (see _footprint_after_call)."""
     raw = base64.b64decode(signed.envelope_xdr)
-    data = _soroban_data_after_call(raw, call) if call is not None else None
-    if data is None:
+    counts = _footprint_after_call(raw, call) if call is not None else None
+    if counts is None:
         envelope = xdr.TransactionEnvelope.from_xdr_bytes(raw)
         inner = envelope.fee_bump.tx.inner_tx.v1.tx if envelope.fee_bump else envelope.v1.tx
         data = inner.ext.soroban_data
-    if data is None:
-        return
-    footprint = data.resources.footprint
-    reads, writes = len(footprint.read_only), len(footprint.read_write)
+        if data is None:
+            return
+        counts = len(data.resources.footprint.read_only), len(data.resources.footprint.read_write)
+    reads, writes = counts
     if writes > MAX_WRITE_ENTRIES or reads + writes > MAX_FOOTPRINT_KEYS:
         raise BatchTooLarge(f"footprint has {reads} read-only + {writes} read-write keys "
                             f"(limits {MAX_FOOTPRINT_KEYS} total, {MAX_WRITE_ENTRIES} read-write)")
@@ -157,17 +156,19 @@ _U32 = struct.Struct(">I")
 _SIGNATURE_SIZE = 4 + 4 + 64  # DecoratedSignature: hint, then opaque<64> (length + ed25519 signature)
 
 
-def _soroban_data_after_call(raw: bytes, call: Invocation) -> xdr.SorobanTransactionData | None:
-    """The inner transaction's SorobanTransactionData, read without decoding the 2 x 3 x 42 values of
-    a charge batch (decoding the whole envelope costs as much as building it).
+def _footprint_after_call(raw: bytes, call: Invocation) -> tuple[int, int] | None:
+    """(read-only, read-write) key counts of the inner transaction's footprint, read without decoding
+    the 2 x 3 x 42 values of a charge batch or the footprint's keys (decoding them cost as much as
+    building the transaction).
 
     A one-operation contract call whose only authorisation is the source account's carries the call's
     InvokeContractArgs twice, back to back but for the auth header: the operation's, then
     [auth count = 1][credentials SOURCE_ACCOUNT][function CONTRACT_FN] and the root invocation's,
     [no sub-invocations], then the transaction's ext (v1) = SorobanTransactionData, the inner
     signatures, the fee bump's ext (v0) and its signatures, which must end the envelope exactly.
-    Every one of those is checked; anything else (another shape, an unexpected byte) returns None
-    and the caller decodes the whole envelope."""
+    Every one of those is checked, and the keys are only measured (_skip_ledger_key); anything else
+    (another shape, an unexpected byte, a key kind not measured here) returns None and the caller
+    decodes the whole envelope."""
     args = xdr.InvokeContractArgs(Address(call.contract).to_xdr_sc_address(),
                                   xdr.SCSymbol(call.function.encode()), call.args).to_xdr_bytes()
     first = raw.find(args)
@@ -181,22 +182,93 @@ def _soroban_data_after_call(raw: bytes, call: Invocation) -> xdr.SorobanTransac
     position = second + len(args)
     if raw[position:position + 8] != _U32.pack(0) + _U32.pack(1):  # no sub-invocations; ext v1
         return None
-    unpacker = Unpacker(raw[position + 8:])
     try:
-        data = xdr.SorobanTransactionData.unpack(unpacker)
-    except Exception:  # not what this shape promises: let the full decode say what it is
+        position += 8
+        version = _U32.unpack_from(raw, position)[0]  # SorobanTransactionData.ext
+        position += 4
+        if version == 1:  # SorobanResourcesExtV0: archivedSorobanEntries<uint32>
+            position += 4 + 4 * _U32.unpack_from(raw, position)[0]
+        elif version != 0:
+            return None
+        counts = []
+        for _ in range(2):  # footprint.readOnly, footprint.readWrite
+            keys = _U32.unpack_from(raw, position)[0]
+            position += 4
+            for _ in range(keys):
+                position = _skip_ledger_key(raw, position)
+            counts.append(keys)
+        position += 3 * 4 + 8  # instructions, diskReadBytes, writeBytes; resourceFee
+        inner_signatures = _U32.unpack_from(raw, position)[0]
+        position += 4 + inner_signatures * _SIGNATURE_SIZE
+        if raw[position:position + 4] != _U32.pack(0):  # the fee bump's ext, v0
+            return None
+        outer_signatures = _U32.unpack_from(raw, position + 4)[0]
+        if len(raw) != position + 8 + outer_signatures * _SIGNATURE_SIZE:
+            return None
+    except (struct.error, _NotMeasured):
         return None
-    tail = raw[position + 8 + unpacker.get_position():]
-    if len(tail) < 4:
-        return None
-    inner_signatures = _U32.unpack_from(tail)[0]
-    rest = tail[4 + inner_signatures * _SIGNATURE_SIZE:]
-    if len(rest) < 8 or rest[:4] != _U32.pack(0):  # the fee bump's ext, v0
-        return None
-    outer_signatures = _U32.unpack_from(rest, 4)[0]
-    if len(rest) != 8 + outer_signatures * _SIGNATURE_SIZE:
-        return None
-    return data
+    return counts[0], counts[1]
+
+
+class _NotMeasured(Exception):
+    pass
+
+
+_FIXED_SCVAL_SIZE = {xdr.SCValType.SCV_BOOL.value: 4, xdr.SCValType.SCV_VOID.value: 0,
+                     xdr.SCValType.SCV_ERROR.value: 8, xdr.SCValType.SCV_U32.value: 4, xdr.SCValType.SCV_I32.value: 4,
+                     xdr.SCValType.SCV_U64.value: 8, xdr.SCValType.SCV_I64.value: 8,
+                     xdr.SCValType.SCV_TIMEPOINT.value: 8, xdr.SCValType.SCV_DURATION.value: 8,
+                     xdr.SCValType.SCV_U128.value: 16, xdr.SCValType.SCV_I128.value: 16,
+                     xdr.SCValType.SCV_U256.value: 32, xdr.SCValType.SCV_I256.value: 32,
+                     xdr.SCValType.SCV_LEDGER_KEY_CONTRACT_INSTANCE.value: 0,
+                     xdr.SCValType.SCV_LEDGER_KEY_NONCE.value: 8}
+_OPAQUE_SCVALS = {xdr.SCValType.SCV_BYTES.value, xdr.SCValType.SCV_STRING.value, xdr.SCValType.SCV_SYMBOL.value}
+_SC_ADDRESS_SIZE = {xdr.SCAddressType.SC_ADDRESS_TYPE_ACCOUNT.value: 4 + 32,  # PublicKey: type, ed25519
+                    xdr.SCAddressType.SC_ADDRESS_TYPE_CONTRACT.value: 32,
+                    xdr.SCAddressType.SC_ADDRESS_TYPE_MUXED_ACCOUNT.value: 8 + 32,
+                    xdr.SCAddressType.SC_ADDRESS_TYPE_CLAIMABLE_BALANCE.value: 4 + 32,
+                    xdr.SCAddressType.SC_ADDRESS_TYPE_LIQUIDITY_POOL.value: 32}
+
+
+def _skip_sc_address(raw: bytes, position: int) -> int:
+    size = _SC_ADDRESS_SIZE.get(_U32.unpack_from(raw, position)[0])
+    if size is None:
+        raise _NotMeasured
+    return position + 4 + size
+
+
+def _skip_scval(raw: bytes, position: int, depth: int = 0) -> int:
+    kind = _U32.unpack_from(raw, position)[0]
+    position += 4
+    if kind in _FIXED_SCVAL_SIZE:
+        return position + _FIXED_SCVAL_SIZE[kind]
+    if kind in _OPAQUE_SCVALS:
+        return position + 4 + -(-_U32.unpack_from(raw, position)[0] // 4) * 4
+    if kind == xdr.SCValType.SCV_ADDRESS.value:
+        return _skip_sc_address(raw, position)
+    if kind in (xdr.SCValType.SCV_VEC.value, xdr.SCValType.SCV_MAP.value) and depth < 8:
+        present = _U32.unpack_from(raw, position)[0]
+        position += 4
+        if present == 0:
+            return position
+        items = _U32.unpack_from(raw, position)[0] * (2 if kind == xdr.SCValType.SCV_MAP.value else 1)
+        position += 4
+        for _ in range(items):
+            position = _skip_scval(raw, position, depth + 1)
+        return position
+    raise _NotMeasured  # a contract instance, a deeper value: the full decode handles it
+
+
+def _skip_ledger_key(raw: bytes, position: int) -> int:
+    kind = _U32.unpack_from(raw, position)[0]
+    position += 4
+    if kind == xdr.LedgerEntryType.CONTRACT_DATA.value:  # contract, key, durability
+        return _skip_scval(raw, _skip_sc_address(raw, position)) + 4
+    if kind == xdr.LedgerEntryType.CONTRACT_CODE.value:  # hash
+        return position + 32
+    if kind == xdr.LedgerEntryType.ACCOUNT.value:  # PublicKey: type, ed25519
+        return position + 4 + 32
+    raise _NotMeasured
 
 
 def is_resource_failure(message: str) -> bool:
