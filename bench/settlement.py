@@ -301,9 +301,9 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
                 "limit": lanes, "lease": 30, "owner": "bench", "grace": 0.0, "lapsed_only": False}).fetchall()
             finish = getattr(lineages, "finish_relaxed", lineages.finish)
             for row in claimed:
-                lineage_id, token = row[1], row[0]
-                finish(db, lineage_id, "applied", ledger=ledger, fee=100, code="txSUCCESS", resolution="bench")
-                db.execute(settlement.CLOSE_APPLIED_RELAXED_SQL, {"lineage": lineage_id, "token": token})
+                finish(db, row[1], "applied", ledger=ledger, fee=100, code="txSUCCESS", resolution="bench")
+            db.execute(settlement.CLOSE_APPLIED_MANY_SQL, {"lineages": [row[1] for row in claimed],
+                                                           "tokens": [row[0] for row in claimed]}).fetchall()
             settle_s += time.perf_counter() - started
             cpu += time.process_time() - cpu_started
             server += _server_cpu() - server_started

@@ -178,8 +178,9 @@ FROM anchored
 WHERE b.lineage_id = %(batch_lineage)s AND b.lease_token = %(batch_token)s AND b.closed_at IS NULL
 RETURNING 1
 """
-# Where the engine defers the tick's 'sent' marks (flush_sent), on_sent is not called for an
-# ordinary answer: the leases of the tick's broadcast batches are released together, after the flush.
+# Leases released together, relaxed, one statement: the tick's broadcast batches where the engine
+# defers the 'sent' marks (flush_sent; on_sent is not called for an ordinary answer), after the
+# flush; and the batches a take-over found still in flight.
 RELEASE_SENT_LEASES_SQL = """
 WITH """ + RELAXED_CTE + """
 UPDATE paygate.charge_batches b SET lease_token = NULL, lease_expires_at = NULL
@@ -199,13 +200,6 @@ RELEASE_BATCH_LEASE_SQL = """
 UPDATE paygate.charge_batches SET lease_token = NULL, lease_expires_at = NULL
 WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
 """
-# The same, alone in its (relaxed, one round trip) transaction.
-RELEASE_BATCH_LEASE_RELAXED_SQL = """
-WITH """ + RELAXED_CTE + """
-UPDATE paygate.charge_batches SET lease_token = NULL, lease_expires_at = NULL
-FROM relaxed
-WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
-"""
 SHRINK_BATCH_SQL = """
 UPDATE paygate.charge_batches SET entries = %(entries)s
 WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
@@ -215,13 +209,15 @@ UPDATE paygate.charge_batches
 SET outcome = %(outcome)s, closed_at = now(), lease_token = NULL, lease_expires_at = NULL
 WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
 """
-# Closing a batch whose lineage applied: re-derivable from the terminal lineage, so relaxed.
-CLOSE_APPLIED_RELAXED_SQL = """
+# The batches a take-over found applied, closed together after the loop: re-derivable from their
+# terminal lineages, so relaxed, one statement. Returns the ones still held under the lease.
+CLOSE_APPLIED_MANY_SQL = """
 WITH """ + RELAXED_CTE + """
-UPDATE paygate.charge_batches
+UPDATE paygate.charge_batches b
 SET outcome = 'applied', closed_at = now(), lease_token = NULL, lease_expires_at = NULL
-FROM relaxed
-WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
+FROM relaxed, unnest(%(lineages)s::bigint[], %(tokens)s::uuid[]) AS s(lineage_id, token)
+WHERE b.lineage_id = s.lineage_id AND b.lease_token = s.token AND b.closed_at IS NULL
+RETURNING b.lineage_id
 """
 # Hand rows back without counting an attempt: their lineage never got signed bytes (abandoned),
 # or they were trimmed from a batch before signing.
@@ -587,13 +583,33 @@ def _drive_open_batches(deps: Deps, result: TickResult, *, grace: float = 0.0, l
     batches = deps.conn.execute(CLAIM_OPEN_BATCHES_SQL, {
         "limit": limit or max(8, len(deps.signer.lanes)), "lease": deps.ctx.settings.settlement_lease,
         "owner": deps.owner, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
-    for row in batches:
-        token, lineage = row[0], lineages.Lineage(*row[1:])
-        try:
-            outcome = _drive(deps, lineage, token, result)
-        except LeaseLost:
-            outcome = "lease_lost"  # someone else has the batch: not a failure, not an alarm
-        deps.count(outcome)
+    applied: dict[int, uuid.UUID] = {}  # closed together after the loop
+    in_flight: dict[int, uuid.UUID] = {}  # leases released together after the loop
+    try:
+        for row in batches:
+            token, lineage = row[0], lineages.Lineage(*row[1:])
+            try:
+                outcome = _drive(deps, lineage, token, result)
+            except LeaseLost:
+                outcome = "lease_lost"  # someone else has the batch: not a failure, not an alarm
+            if outcome == "applied":
+                applied[lineage.id] = token
+            elif outcome == "in_flight":
+                in_flight[lineage.id] = token
+            deps.count(outcome)
+    finally:
+        # Relaxed, one statement each; if they never run, the leases lapse and the next take-over
+        # closes (or releases) them: a terminal lineage is not resolved again.
+        if in_flight:
+            deps.conn.execute(RELEASE_SENT_LEASES_SQL, {"lineages": list(in_flight),
+                                                        "tokens": list(in_flight.values())})
+        if applied:
+            closed = deps.conn.execute(CLOSE_APPLIED_MANY_SQL, {"lineages": list(applied),
+                                                                "tokens": list(applied.values())}).fetchall()
+            lost = len(applied) - len(closed)
+            if lost:  # someone else took the batch meanwhile: theirs to close
+                deps.count("applied", -lost)
+                deps.count("lease_lost", lost)
 
 
 def _drive(deps: Deps, lineage: lineages.Lineage, token: uuid.UUID, result: TickResult) -> str:
@@ -606,13 +622,9 @@ def _drive(deps: Deps, lineage: lineages.Lineage, token: uuid.UUID, result: Tick
         return deps.engine.drive(job, lineage)
     state = deps.engine.drive(job, lineage)
     if state in ("allocated", "signed", "sent"):
-        deps.conn.execute(RELEASE_BATCH_LEASE_RELAXED_SQL, {"lineage": lineage_id, "token": token})
-        return "in_flight"
+        return "in_flight"  # its lease is released with the others' (_drive_open_batches)
     if state == "applied":
-        # Landed: the observer promotes each charge from its event.
-        if deps.conn.execute(CLOSE_APPLIED_RELAXED_SQL, {"lineage": lineage_id, "token": token}).rowcount != 1:
-            raise LeaseLost(f"charge batch {lineage_id}: lease lost")
-        return "applied"
+        return "applied"  # landed: the observer promotes each charge from its event; closed with the others
     if state == "abandoned":
         with deps.conn.transaction():
             _close(deps, lineage_id, token, "abandoned")
