@@ -16,6 +16,8 @@ from tests.charges_support import add_endpoint, admit_charge, charge_chain, chec
 from tests.devnet_support import DevnetHandle, start_devnet
 
 DEPOSIT = 50_000_000
+# A claim-time estimate that lets everything through up to the contract's ceiling of 100 entries.
+ESTIMATE_OFF = {"max_entries": 100, "max_write": 10**6, "read_only": 0, "max_keys": 10**6}
 
 
 @pytest.fixture
@@ -159,7 +161,7 @@ def test_a_batch_over_the_network_limits_is_split_before_signing(chain: ChainEnv
         admit_charge(db, users[i % 4]["public"], 1000, f"s{i}")
     # Pretend the claim-time estimate lets everything through: the prepared footprint (100 charge-id
     # entries + 4 balances = 104 read-write keys) must then be caught and the batch halved until it fits.
-    monkeypatch.setattr(charges, "fits_estimate", lambda entries, accounts: entries <= 100)
+    monkeypatch.setattr(charges, "claim_estimate", lambda: {**ESTIMATE_OFF})
     result = chain.tick("settlement", "--batch", "100")
     assert result.code == 0, result.err
     assert "settlement.batch_split" in result.err

@@ -244,7 +244,8 @@ def test_branch_b_signed_then_a_competing_transaction_takes_the_sequence(chain: 
 SPLIT_RUNNER = """
 import sys
 import paygate_cli.chain.charges as charges
-charges.fits_estimate = lambda entries, accounts: entries <= 100  # let the claim take an over-limit batch
+# let the claim take an over-limit batch: only the contract's ceiling of 100 entries
+charges.claim_estimate = lambda: {"max_entries": 100, "max_write": 10**6, "read_only": 0, "max_keys": 10**6}
 from paygate_cli.__main__ import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -4,7 +4,10 @@ the observer uses. (A separate module from contracts.py so the funding side stay
 
 from __future__ import annotations
 
+import base64
+import functools
 import re
+import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,35 +49,227 @@ class _OutOfRange(Exception):
 
 def charge_batch(billing: str, operator: str, accounts: list[str], amounts: list[int],
                  charge_ids: list[bytes]) -> Invocation:
-    return Invocation(billing, "charge_batch", [
+    """The `charge_batch` invocation, with the operator's authorisation: SOURCE_ACCOUNT credentials
+    (the operator is the lane, the transaction's source) over exactly this call — the entry a
+    recording simulation returns, so simulation runs in enforce mode and nothing is decoded back.
+
+    Its three vectors are encoded straight to XDR bytes (a template per value type) and carried as
+    EncodedSCVal, in the call and in its authorisation alike: a transaction is packed five times on
+    its way out (simulation request, the hash signed, its hash again, the fee bump's hash, the
+    envelope), and walking 2 x 3 x 42 values through the SDK's packers each time was most of
+    settlement's CPU."""
+    args = [
         scval.to_address(operator),
-        scval.to_vec([scval.to_address(a) for a in accounts]),
-        scval.to_vec([scval.to_int128(a) for a in amounts]),
-        scval.to_vec([scval.to_bytes(c) for c in charge_ids]),
-    ], [])
+        EncodedSCVal(_vec(_address_xdr(a) for a in accounts)),
+        EncodedSCVal(_vec(_i128_xdr(a) for a in amounts)),
+        EncodedSCVal(_vec(_bytes_xdr(c) for c in charge_ids)),
+    ]
+    function = xdr.SorobanAuthorizedFunction(
+        xdr.SorobanAuthorizedFunctionType.SOROBAN_AUTHORIZED_FUNCTION_TYPE_CONTRACT_FN,
+        contract_fn=xdr.InvokeContractArgs(Address(billing).to_xdr_sc_address(), xdr.SCSymbol(b"charge_batch"), args))
+    auth = xdr.SorobanAuthorizationEntry(
+        credentials=xdr.SorobanCredentials(xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_SOURCE_ACCOUNT),
+        root_invocation=xdr.SorobanAuthorizedInvocation(function=function, sub_invocations=[]))
+    return Invocation(billing, "charge_batch", args, [auth])
 
 
-def fits_estimate(entries: int, distinct_accounts: int) -> bool:
-    """Before simulating: each entry writes its charge-id entry, each distinct account its balance
-    entry, so read-write keys = entries + distinct accounts (limit 50); the contract instance and
-    code are read-only (total limit 100)."""
-    return (entries <= CONTRACT_MAX_BATCH and entries + distinct_accounts <= MAX_WRITE_ENTRIES
-            and entries + distinct_accounts + 2 <= MAX_FOOTPRINT_KEYS)
+class EncodedSCVal(xdr.SCVal):
+    """An SCVal held as its XDR encoding: packing it copies the bytes. Its fields (type, vec, …) are
+    decoded on first read, so code that inspects it sees an ordinary SCVal; a test holds the bytes
+    equal to the SDK's own encoding of the same value."""
+
+    def __init__(self, encoded: bytes) -> None:  # fields are decoded lazily (__getattr__)
+        if len(encoded) % 4:
+            raise ValueError("XDR is a whole number of 4-byte units")
+        self.__dict__["_encoded"] = encoded
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "_encoded":
+            raise AttributeError(name)
+        self.__dict__.update(xdr.SCVal.from_xdr_bytes(self.__dict__["_encoded"]).__dict__)
+        return self.__dict__[name]
+
+    def pack(self, packer: Any) -> None:
+        encoded = self.__dict__["_encoded"]
+        packer.pack_fopaque(len(encoded), encoded)  # fixed-length opaque of a 4-byte multiple: the bytes as they are
+
+    def to_xdr_bytes(self) -> bytes:
+        return self.__dict__["_encoded"]
 
 
-def check_resources(signed: SignedTransaction) -> None:
+_SCV_VEC = struct.pack(">iI", xdr.SCValType.SCV_VEC.value, 1)  # type, then the optional vec is present
+_SCV_I128 = xdr.SCValType.SCV_I128.value
+_SCV_BYTES = xdr.SCValType.SCV_BYTES.value
+_U64 = (1 << 64) - 1
+
+
+def _vec(items: Any) -> bytes:
+    encoded = list(items)
+    return _SCV_VEC + struct.pack(">I", len(encoded)) + b"".join(encoded)
+
+
+@functools.lru_cache(maxsize=4096)
+def _address_xdr(address: str) -> bytes:
+    return scval.to_address(address).to_xdr_bytes()  # a few accounts recur across every batch
+
+
+def _i128_xdr(amount: int) -> bytes:
+    if not -(1 << 127) <= amount < 1 << 127:
+        raise ValueError(f"amount {amount} does not fit an i128")
+    return struct.pack(">iqQ", _SCV_I128, amount >> 64, amount & _U64)
+
+
+def _bytes_xdr(value: bytes) -> bytes:
+    padding = -len(value) % 4
+    return struct.pack(">iI", _SCV_BYTES, len(value)) + value + b"\0" * padding
+
+
+def claim_estimate() -> dict[str, int]:
+    """Before simulating, the claim's footprint estimate as the limits its query applies to each
+    prefix of candidates (workers/settlement.CLAIM_SQL): each entry writes its charge-id entry, each
+    distinct account its balance entry, so read-write keys = entries + distinct accounts (limit 50);
+    the contract instance and code are read-only (total limit 100)."""
+    return {"max_entries": CONTRACT_MAX_BATCH, "max_write": MAX_WRITE_ENTRIES, "read_only": 2,
+            "max_keys": MAX_FOOTPRINT_KEYS}
+
+
+def check_resources(signed: SignedTransaction, call: Invocation | None = None) -> None:
     """After simulation: the footprint the network will see, checked against its limits (simulation
-    itself does not refuse an over-limit footprint; sendTransaction would, as txSOROBAN_INVALID)."""
-    envelope = xdr.TransactionEnvelope.from_xdr(signed.envelope_xdr)
-    inner = envelope.fee_bump.tx.inner_tx.v1.tx if envelope.fee_bump else envelope.v1.tx
-    data = inner.ext.soroban_data
-    if data is None:
-        return
-    footprint = data.resources.footprint
-    reads, writes = len(footprint.read_only), len(footprint.read_write)
+    itself does not refuse an over-limit footprint; sendTransaction would, as txSOROBAN_INVALID).
+    `call`, the invocation the transaction was built from, lets the footprint be counted without
+    decoding the envelope (see _footprint_after_call)."""
+    raw = base64.b64decode(signed.envelope_xdr)
+    counts = _footprint_after_call(raw, call) if call is not None else None
+    if counts is None:
+        envelope = xdr.TransactionEnvelope.from_xdr_bytes(raw)
+        inner = envelope.fee_bump.tx.inner_tx.v1.tx if envelope.fee_bump else envelope.v1.tx
+        data = inner.ext.soroban_data
+        if data is None:
+            return
+        counts = len(data.resources.footprint.read_only), len(data.resources.footprint.read_write)
+    reads, writes = counts
     if writes > MAX_WRITE_ENTRIES or reads + writes > MAX_FOOTPRINT_KEYS:
         raise BatchTooLarge(f"footprint has {reads} read-only + {writes} read-write keys "
                             f"(limits {MAX_FOOTPRINT_KEYS} total, {MAX_WRITE_ENTRIES} read-write)")
+
+
+_U32 = struct.Struct(">I")
+_SIGNATURE_SIZE = 4 + 4 + 64  # DecoratedSignature: hint, then opaque<64> (length + ed25519 signature)
+
+
+def _footprint_after_call(raw: bytes, call: Invocation) -> tuple[int, int] | None:
+    """(read-only, read-write) key counts of the inner transaction's footprint, read without decoding
+    the 2 x 3 x 42 values of a charge batch or the footprint's keys (decoding them cost as much as
+    building the transaction).
+
+    A one-operation contract call whose only authorisation is the source account's carries the call's
+    InvokeContractArgs twice, back to back but for the auth header: the operation's, then
+    [auth count = 1][credentials SOURCE_ACCOUNT][function CONTRACT_FN] and the root invocation's,
+    [no sub-invocations], then the transaction's ext (v1) = SorobanTransactionData, the inner
+    signatures, the fee bump's ext (v0) and its signatures, which must end the envelope exactly.
+    Every one of those is checked, and the keys are only measured (_skip_ledger_key); anything else
+    (another shape, an unexpected byte, a key kind not measured here) returns None and the caller
+    decodes the whole envelope."""
+    args = xdr.InvokeContractArgs(Address(call.contract).to_xdr_sc_address(),
+                                  xdr.SCSymbol(call.function.encode()), call.args).to_xdr_bytes()
+    first = raw.find(args)
+    if first < 0:
+        return None
+    auth_header = _U32.pack(1) + _U32.pack(xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_SOURCE_ACCOUNT.value) + \
+        _U32.pack(xdr.SorobanAuthorizedFunctionType.SOROBAN_AUTHORIZED_FUNCTION_TYPE_CONTRACT_FN.value)
+    second = first + len(args) + len(auth_header)
+    if raw[first + len(args):second] != auth_header or raw[second:second + len(args)] != args:
+        return None
+    position = second + len(args)
+    if raw[position:position + 8] != _U32.pack(0) + _U32.pack(1):  # no sub-invocations; ext v1
+        return None
+    try:
+        position += 8
+        version = _U32.unpack_from(raw, position)[0]  # SorobanTransactionData.ext
+        position += 4
+        if version == 1:  # SorobanResourcesExtV0: archivedSorobanEntries<uint32>
+            position += 4 + 4 * _U32.unpack_from(raw, position)[0]
+        elif version != 0:
+            return None
+        counts = []
+        for _ in range(2):  # footprint.readOnly, footprint.readWrite
+            keys = _U32.unpack_from(raw, position)[0]
+            position += 4
+            for _ in range(keys):
+                position = _skip_ledger_key(raw, position)
+            counts.append(keys)
+        position += 3 * 4 + 8  # instructions, diskReadBytes, writeBytes; resourceFee
+        inner_signatures = _U32.unpack_from(raw, position)[0]
+        position += 4 + inner_signatures * _SIGNATURE_SIZE
+        if raw[position:position + 4] != _U32.pack(0):  # the fee bump's ext, v0
+            return None
+        outer_signatures = _U32.unpack_from(raw, position + 4)[0]
+        if len(raw) != position + 8 + outer_signatures * _SIGNATURE_SIZE:
+            return None
+    except (struct.error, _NotMeasured):
+        return None
+    return counts[0], counts[1]
+
+
+class _NotMeasured(Exception):
+    pass
+
+
+_FIXED_SCVAL_SIZE = {xdr.SCValType.SCV_BOOL.value: 4, xdr.SCValType.SCV_VOID.value: 0,
+                     xdr.SCValType.SCV_ERROR.value: 8, xdr.SCValType.SCV_U32.value: 4, xdr.SCValType.SCV_I32.value: 4,
+                     xdr.SCValType.SCV_U64.value: 8, xdr.SCValType.SCV_I64.value: 8,
+                     xdr.SCValType.SCV_TIMEPOINT.value: 8, xdr.SCValType.SCV_DURATION.value: 8,
+                     xdr.SCValType.SCV_U128.value: 16, xdr.SCValType.SCV_I128.value: 16,
+                     xdr.SCValType.SCV_U256.value: 32, xdr.SCValType.SCV_I256.value: 32,
+                     xdr.SCValType.SCV_LEDGER_KEY_CONTRACT_INSTANCE.value: 0,
+                     xdr.SCValType.SCV_LEDGER_KEY_NONCE.value: 8}
+_OPAQUE_SCVALS = {xdr.SCValType.SCV_BYTES.value, xdr.SCValType.SCV_STRING.value, xdr.SCValType.SCV_SYMBOL.value}
+_SC_ADDRESS_SIZE = {xdr.SCAddressType.SC_ADDRESS_TYPE_ACCOUNT.value: 4 + 32,  # PublicKey: type, ed25519
+                    xdr.SCAddressType.SC_ADDRESS_TYPE_CONTRACT.value: 32,
+                    xdr.SCAddressType.SC_ADDRESS_TYPE_MUXED_ACCOUNT.value: 8 + 32,
+                    xdr.SCAddressType.SC_ADDRESS_TYPE_CLAIMABLE_BALANCE.value: 4 + 32,
+                    xdr.SCAddressType.SC_ADDRESS_TYPE_LIQUIDITY_POOL.value: 32}
+
+
+def _skip_sc_address(raw: bytes, position: int) -> int:
+    size = _SC_ADDRESS_SIZE.get(_U32.unpack_from(raw, position)[0])
+    if size is None:
+        raise _NotMeasured
+    return position + 4 + size
+
+
+def _skip_scval(raw: bytes, position: int, depth: int = 0) -> int:
+    kind = _U32.unpack_from(raw, position)[0]
+    position += 4
+    if kind in _FIXED_SCVAL_SIZE:
+        return position + _FIXED_SCVAL_SIZE[kind]
+    if kind in _OPAQUE_SCVALS:
+        return position + 4 + -(-_U32.unpack_from(raw, position)[0] // 4) * 4
+    if kind == xdr.SCValType.SCV_ADDRESS.value:
+        return _skip_sc_address(raw, position)
+    if kind in (xdr.SCValType.SCV_VEC.value, xdr.SCValType.SCV_MAP.value) and depth < 8:
+        present = _U32.unpack_from(raw, position)[0]
+        position += 4
+        if present == 0:
+            return position
+        items = _U32.unpack_from(raw, position)[0] * (2 if kind == xdr.SCValType.SCV_MAP.value else 1)
+        position += 4
+        for _ in range(items):
+            position = _skip_scval(raw, position, depth + 1)
+        return position
+    raise _NotMeasured  # a contract instance, a deeper value: the full decode handles it
+
+
+def _skip_ledger_key(raw: bytes, position: int) -> int:
+    kind = _U32.unpack_from(raw, position)[0]
+    position += 4
+    if kind == xdr.LedgerEntryType.CONTRACT_DATA.value:  # contract, key, durability
+        return _skip_scval(raw, _skip_sc_address(raw, position)) + 4
+    if kind == xdr.LedgerEntryType.CONTRACT_CODE.value:  # hash
+        return position + 32
+    if kind == xdr.LedgerEntryType.ACCOUNT.value:  # PublicKey: type, ed25519
+        return position + 4 + 32
+    raise _NotMeasured
 
 
 def is_resource_failure(message: str) -> bool:

@@ -4,14 +4,14 @@ A tick first drives the open batches whose lease has lapsed (resolve the lineage
 hands its charges back for a new lineage, or fails them after `settlement_max_attempts`), then claims
 new batches while lanes are free:
 
-    claim + allocate (tx) -> simulate, sign (no tx) -> anchor (tx) -> broadcast (no tx) -> mark sent (tx)
+    claim + allocate (one statement) -> simulate, sign (no tx) -> anchor (tx) -> broadcast (no tx) -> mark sent (tx)
 
 (everything after the claim is the shared engine's, journal/engine.py; BatchJob says what it means
 for the batch's rows.)
 
 The claim takes rows `WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL`
-and records the lineage on every row in the same transaction, so a row with a lineage is never
-claimed again while that lineage could land. The worker never marks a charge settled: the observer
+and records the lineage on every row in the same statement (CLAIM_SQL), so a row with a lineage is
+never claimed again while that lineage could land. The worker never marks a charge settled: the observer
 does, from the contract's events.
 
 Batch sizing (why the default --batch is 48, not the contract's 100): each entry writes its
@@ -27,7 +27,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from paygate_cli.db.connect import relaxed_transaction
 from paygate_cli.errors import Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.engine import LeaseLost
@@ -47,36 +46,98 @@ HAS_WORK_SQL = """
 SELECT EXISTS (SELECT 1 FROM paygate.charges
                WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL),
        EXISTS (SELECT 1 FROM paygate.charge_batches
-               WHERE closed_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at < now()))
+               WHERE closed_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at < now())),
+       -- ORPHANS_SQL's question, asked here to save a round trip per tick
+       EXISTS (SELECT 1 FROM paygate.lineages x
+               WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose = 'charge_batch'
+                 AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b
+                                 WHERE b.lineage_id = x.id AND b.closed_at IS NULL)
+                 AND x.created_at < now() - interval '5 seconds')
 """
 
-# DESIGN §5: a row with a lineage is never re-claimable. The rows stay locked until the claim
-# transaction commits with the lineage recorded on them.
-CLAIM_CANDIDATES_SQL = """
-SELECT id, account, amount, charge_id FROM paygate.charges
-WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
-ORDER BY created_at, id
-LIMIT %(batch)s
-FOR UPDATE SKIP LOCKED
-"""
-# Record the lineage on every claimed row and open the batch under this process's lease, in one
-# round trip; `entries` is what was really marked.
-MARK_CLAIMED_SQL = """
-WITH claimed AS (
-    UPDATE paygate.charges
-    SET claimed_at = now(), claimed_by = %(owner)s, lineage_id = %(lineage)s, updated_at = now()
-    WHERE id = ANY(%(ids)s) AND status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
-    RETURNING 1
+# Writes the system can re-derive after a database crash (a claim, a lease taken or released, a
+# batch closed from a terminal lineage) commit without waiting for their WAL flush, as
+# db.connect.relaxed_transaction does — but as ONE round trip: set_config(..., true) is local to the
+# statement's own implicit transaction, so an autocommit statement that references this CTE commits
+# asynchronously (BEGIN + SET LOCAL + statement + COMMIT would be four). Ordering still holds: the
+# anchor's synchronous commit flushes everything before it, before anything is broadcast.
+RELAXED_CTE = "relaxed AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true) AS off)"
+
+# The whole claim in one statement (DESIGN §5; a row with a lineage is never re-claimable):
+# - candidates: the oldest claimable rows, locked FOR UPDATE SKIP LOCKED;
+# - chosen: their longest prefix (claim order) that fits one transaction's footprint estimate
+#   (chain/charges.claim_estimate: each entry writes its charge-id entry and each distinct account its
+#   balance, so entries + distinct accounts <= the read-write key limit);
+# - lane + lineage: the least recently used free active lane of ours gets a new charge_batch lineage
+#   (the same rule as journal/lineage.ALLOCATE_SQL, repeated here so claim and allocation are one
+#   round trip; the partial unique index on live lineages is the real guard: a lost race raises
+#   UniqueViolation and the whole claim rolls back — "no free lane this time");
+# - claimed: the lineage recorded on every chosen row, and the batch opened under this process's
+#   lease, in the same statement, so no row is ever claimed without its lineage.
+# One result row even when nothing was claimed: `wanted` (rows that would fit) tells an empty queue
+# (0) from no free lane (> 0, lineage NULL).
+CLAIM_SQL = """
+WITH """ + RELAXED_CTE + """, candidates AS MATERIALIZED (
+    SELECT id, account, created_at FROM paygate.charges
+    WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
+    ORDER BY created_at, id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), counted AS (
+    SELECT id, row_number() OVER claim_order AS entries, sum(first_of_account) OVER claim_order AS accounts
+    FROM (SELECT id, created_at,
+                 (row_number() OVER (PARTITION BY account ORDER BY created_at, id) = 1)::int AS first_of_account
+          FROM candidates) c
+    WINDOW claim_order AS (ORDER BY created_at, id ROWS UNBOUNDED PRECEDING)
+), chosen AS MATERIALIZED (
+    SELECT id FROM counted
+    WHERE entries <= %(max_entries)s AND entries + accounts <= %(max_write)s
+      AND entries + accounts + %(read_only)s <= %(max_keys)s
+), lane AS (
+    SELECT l.address FROM paygate.lanes l
+    WHERE EXISTS (SELECT 1 FROM chosen) AND l.status = 'active' AND l.address = ANY(%(lanes)s)
+      AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
+                      WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent'))
+    ORDER BY l.last_allocated_at NULLS FIRST, l.address
+    LIMIT 1
+    FOR UPDATE OF l SKIP LOCKED
+), used AS (
+    UPDATE paygate.lanes SET last_allocated_at = clock_timestamp() FROM lane WHERE lanes.address = lane.address
+), lineage AS (
+    INSERT INTO paygate.lineages (purpose, entitlement, lane)
+    SELECT 'charge_batch', %(entitlement)s, lane.address FROM lane
+    RETURNING id, lane
+), claimed AS (
+    UPDATE paygate.charges c
+    SET claimed_at = now(), claimed_by = %(owner)s, lineage_id = lineage.id, updated_at = now()
+    FROM lineage
+    WHERE c.id IN (SELECT id FROM chosen)
+      AND c.status = 'authorized' AND c.claimed_at IS NULL AND c.lineage_id IS NULL
+    RETURNING c.id, c.account, c.amount, c.charge_id, c.created_at, lineage.id AS lineage_id, lineage.lane
+), batch AS (
+    INSERT INTO paygate.charge_batches (lineage_id, entries, lease_token, lease_expires_at, claimed_by)
+    SELECT lineage.id, (SELECT count(*) FROM chosen), %(token)s, now() + make_interval(secs => %(lease)s),
+           %(owner)s
+    FROM lineage
+), journal AS (
+    -- The lane's highest sequence our journal knows consumed (what lineage.next_sequence reads).
+    SELECT max(x.source_seq) AS seq FROM lineage JOIN paygate.lineages x ON x.lane = lineage.lane
+    WHERE x.state IN ('applied', 'failed')
 )
-INSERT INTO paygate.charge_batches (lineage_id, entries, lease_token, lease_expires_at, claimed_by)
-SELECT %(lineage)s, count(*), %(token)s, now() + make_interval(secs => %(lease)s), %(owner)s FROM claimed
-RETURNING entries
+SELECT (SELECT count(*) FROM chosen) AS wanted, claimed.lineage_id, claimed.lane,
+       claimed.id, claimed.account, claimed.amount, claimed.charge_id, (SELECT seq FROM journal)
+FROM relaxed LEFT JOIN claimed ON true
+ORDER BY claimed.created_at, claimed.id
 """
 
 # Batches whose lease lapsed (their process died or finished its step): any settlement process
 # may pick them up and drive their lineage one step further.
+# The lineage's columns as journal/lineage.LOAD_SQL selects them (so Lineage(*row) stays right if
+# they change): taking over a batch and loading its lineage are one round trip.
+LINEAGE_COLUMNS = ", ".join("x." + c.strip() for c in
+                            lineages.LOAD_SQL.split("SELECT", 1)[1].split("FROM", 1)[0].split(","))
 CLAIM_OPEN_BATCHES_SQL = """
-WITH open AS (
+WITH """ + RELAXED_CTE + """, open AS (
     SELECT lineage_id FROM paygate.charge_batches
     WHERE closed_at IS NULL
       AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
@@ -84,15 +145,16 @@ WITH open AS (
     ORDER BY created_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), taken AS (
+    UPDATE paygate.charge_batches b
+    SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
+        claimed_by = %(owner)s
+    FROM open WHERE b.lineage_id = open.lineage_id
+    RETURNING b.lineage_id, b.lease_token
 )
-UPDATE paygate.charge_batches b
-SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
-    claimed_by = %(owner)s
-FROM open WHERE b.lineage_id = open.lineage_id
-RETURNING b.lineage_id, b.lease_token
-"""
-BATCH_ROWS_SQL = """
-SELECT id, account, amount, charge_id FROM paygate.charges WHERE lineage_id = %s ORDER BY created_at, id
+SELECT taken.lease_token, """ + LINEAGE_COLUMNS + """
+FROM relaxed, taken JOIN paygate.lineages x ON x.id = taken.lineage_id
+ORDER BY x.id
 """
 # Guard for every write made on behalf of a batch: the lease this process holds is still its own
 # (and it is renewed: checked before each phase, a slow phase does not lose it to a lapse).
@@ -101,6 +163,29 @@ UPDATE paygate.charge_batches
 SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => %(lease)s))
 WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
 RETURNING 1
+"""
+# The same guard as parts of the engine's one-statement phases, where the engine offers them
+# (journal/engine.py FastJob: the anchor is then ONE statement, lease check and all): `hold` locks
+# the batch row iff the lease is still ours, `install` (committed with the envelope) renews it.
+HOLD_BATCH_ROW_SQL = """
+SELECT 1 FROM paygate.charge_batches
+WHERE lineage_id = %(batch_lineage)s AND lease_token = %(batch_token)s AND closed_at IS NULL FOR UPDATE
+"""
+RENEW_BATCH_AT_ANCHOR_SQL = """
+UPDATE paygate.charge_batches b
+SET lease_expires_at = greatest(b.lease_expires_at, now() + make_interval(secs => %(batch_lease)s))
+FROM anchored
+WHERE b.lineage_id = %(batch_lineage)s AND b.lease_token = %(batch_token)s AND b.closed_at IS NULL
+RETURNING 1
+"""
+# Leases released together, relaxed, one statement: the tick's broadcast batches where the engine
+# defers the 'sent' marks (flush_sent; on_sent is not called for an ordinary answer), after the
+# flush; and the batches a take-over found still in flight.
+RELEASE_SENT_LEASES_SQL = """
+WITH """ + RELAXED_CTE + """
+UPDATE paygate.charge_batches b SET lease_token = NULL, lease_expires_at = NULL
+FROM relaxed, unnest(%(lineages)s::bigint[], %(tokens)s::uuid[]) AS s(lineage_id, token)
+WHERE b.lineage_id = s.lineage_id AND b.lease_token = s.token AND b.closed_at IS NULL
 """
 # Live charge_batch lineages no open batch holds any more: nothing else would resolve them.
 ORPHANS_SQL = """
@@ -123,6 +208,16 @@ CLOSE_BATCH_SQL = """
 UPDATE paygate.charge_batches
 SET outcome = %(outcome)s, closed_at = now(), lease_token = NULL, lease_expires_at = NULL
 WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
+"""
+# The batches a take-over found applied, closed together after the loop: re-derivable from their
+# terminal lineages, so relaxed, one statement. Returns the ones still held under the lease.
+CLOSE_APPLIED_MANY_SQL = """
+WITH """ + RELAXED_CTE + """
+UPDATE paygate.charge_batches b
+SET outcome = 'applied', closed_at = now(), lease_token = NULL, lease_expires_at = NULL
+FROM relaxed, unnest(%(lineages)s::bigint[], %(tokens)s::uuid[]) AS s(lineage_id, token)
+WHERE b.lineage_id = s.lineage_id AND b.lease_token = s.token AND b.closed_at IS NULL
+RETURNING b.lineage_id
 """
 # Hand rows back without counting an attempt: their lineage never got signed bytes (abandoned),
 # or they were trimmed from a batch before signing.
@@ -181,6 +276,8 @@ class Deps:
     keyring: Keyring
     engine: Engine
     outcomes: dict[str, int] = field(default_factory=dict)
+    # Batches broadcast this tick whose lease on_sent did not release (the engine deferred the mark).
+    unreleased: dict[int, uuid.UUID] = field(default_factory=dict)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -194,19 +291,40 @@ class Deps:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + n
 
 
-def trim_to_fit(rows: list[Entry], limit: int) -> list[Entry]:
-    """The longest prefix (claim order) that fits one transaction's footprint estimate."""
-    from paygate_cli.chain.charges import fits_estimate
+@dataclass(frozen=True)
+class Claim:
+    wanted: int  # rows that would have fitted a batch (0: nothing to claim)
+    lineage_id: int | None  # None: no free lane (or nothing to claim)
+    lane: str | None
+    rows: list[Entry]
+    journal_seq: int | None = None  # the lane's highest sequence our journal knows consumed
 
-    chosen: list[Entry] = []
-    accounts: set[str] = set()
-    for row in rows[:limit]:
-        new_accounts = accounts | {row.account}
-        if not fits_estimate(len(chosen) + 1, len(new_accounts)):
-            break
-        chosen.append(row)
-        accounts = new_accounts
-    return chosen
+
+def claim(conn: psycopg.Connection, *, lanes: list[str], owner: str, token: uuid.UUID, batch: int,
+          lease: float) -> Claim:
+    """Claim up to `batch` rows with a new lineage on a free lane and open their batch, in one
+    statement (CLAIM_SQL), outside any transaction of the caller's."""
+    import psycopg
+
+    from paygate_cli.chain.charges import claim_estimate
+
+    params = {"batch": batch, "lanes": sorted(lanes), "owner": owner, "token": token, "lease": lease,
+              "entitlement": f"charge_batch:{token}", **claim_estimate()}
+    try:
+        result = conn.execute(CLAIM_SQL, params).fetchall()
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "lineages_one_live_per_lane":
+            raise
+        return Claim(1, None, None, [])  # another allocator took the lane first: nothing was written
+    except psycopg.errors.SerializationFailure:
+        return Claim(1, None, None, [])  # the same lost race, reported differently
+    wanted, lineage_id, lane = int(result[0][0]), result[0][1], result[0][2]
+    if lineage_id is None:
+        return Claim(wanted, None, None, [])
+    rows = [Entry(int(r[3]), r[4], int(r[5]), bytes(r[6])) for r in result]
+    assert len(rows) == wanted, "rows locked FOR UPDATE changed under the claim"
+    journal_seq = result[0][7]
+    return Claim(wanted, int(lineage_id), str(lane), rows, None if journal_seq is None else int(journal_seq))
 
 
 HONOURS_DRAIN = True  # a drained instance drives open batches and starts no new one
@@ -238,7 +356,7 @@ def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
 
 
 def tick(ctx: TickContext) -> TickResult:
-    claimable, drivable = ctx.conn.execute(HAS_WORK_SQL).fetchone()
+    claimable, drivable, orphans = ctx.conn.execute(HAS_WORK_SQL).fetchone()
     if ctx.draining:
         claimable = False  # a drained instance drives what is in flight and takes nothing new
     if not claimable and not drivable:
@@ -255,7 +373,7 @@ def tick(ctx: TickContext) -> TickResult:
     try:
         if drivable:
             _drive_open_batches(deps, result)
-        if ctx.conn.execute(ORPHANS_SQL, {"limit": 1}).fetchone() is not None:
+        if orphans:
             deps.count("orphans_driven", deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(deps.signer.lanes))))
         started = 0
         # A batch whose lane failed for a lane reason is handed back and claimed again at once on
@@ -270,6 +388,7 @@ def tick(ctx: TickContext) -> TickResult:
             if step != "sent":
                 break
             started += 1
+        _release_sent(deps)
     finally:
         deps.chain.close()
     result.needs_human += deps.engine.needs_human
@@ -298,17 +417,29 @@ class BatchJob:
     crash: str = "settlement"
     purpose: str = "charge_batch"
     max_ledger: int | None = None
+    built: Invocation | None = None  # the last call built (check() reads the footprint knowing it)
+    released: bool = False  # on_sent released the lease (else the tick does, after the engine's flush)
 
     def call(self, lane: str) -> Invocation:
         from paygate_cli.chain.charges import charge_batch
 
         rows = self.rows
-        return charge_batch(self.deps.ctx.settings.billing_contract, lane, [r.account for r in rows],
-                            [r.amount for r in rows], [r.charge_id for r in rows])
+        self.built = charge_batch(self.deps.ctx.settings.billing_contract, lane, [r.account for r in rows],
+                                  [r.amount for r in rows], [r.charge_id for r in rows])
+        return self.built
 
     def hold(self, conn: psycopg.Connection) -> bool:
         return conn.execute(HOLD_BATCH_SQL, {"lineage": self.lineage_id, "token": self.token,
                                              "lease": self.deps.ctx.settings.settlement_lease}).fetchone() is not None
+
+    # The engine's one-statement phases, where it offers them (FastJob); hold() as SQL. No attach_sql:
+    # the claim allocates (CLAIM_SQL), so the engine's allocate_for is never used for a batch.
+    hold_sql = HOLD_BATCH_ROW_SQL
+    install_sql = RENEW_BATCH_AT_ANCHOR_SQL
+
+    def params(self) -> dict[str, object]:
+        return {"batch_lineage": self.lineage_id, "batch_token": self.token,
+                "batch_lease": self.deps.ctx.settings.settlement_lease}
 
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
         # Never signed (or never anchored): its rows go back without counting an attempt.
@@ -320,6 +451,7 @@ class BatchJob:
 
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
         conn.execute(RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": self.token})
+        self.released = True
         if send.status == "ERROR":
             # Not proof of anything by itself: the lineage is resolved (and, once proven dead, its
             # charges retried) on a later tick.
@@ -346,7 +478,7 @@ class BatchJob:
     def check(self, signed: SignedTransaction) -> None:
         from paygate_cli.chain.charges import check_resources
 
-        check_resources(signed)
+        check_resources(signed, self.built)  # the call just built: its footprint is read without a full decode
 
 
 def _start_batch(deps: Deps, result: TickResult) -> str:
@@ -357,31 +489,25 @@ def _start_batch(deps: Deps, result: TickResult) -> str:
     ctx = deps.ctx
     batch = max(1, min(int(ctx.batch), 100))
     token = uuid.uuid4()
-    try:
-        # Relaxed: a claim lost in a database crash only frees its rows; the anchor's synchronous
-        # commit flushes it before anything can be broadcast.
-        with relaxed_transaction(deps.conn):
-            rows = [Entry(r[0], r[1], int(r[2]), bytes(r[3]))
-                    for r in deps.conn.execute(CLAIM_CANDIDATES_SQL, {"batch": batch})]
-            rows = trim_to_fit(rows, batch)
-            if not rows:
-                return "empty"
-            allocated = deps.engine.allocate(purpose="charge_batch", entitlement=f"charge_batch:{token}")
-            if allocated is None:
-                raise _Rollback  # roll the claim back: no lane, no claim
-            lineage_id, lane = allocated
-            claimed = deps.conn.execute(MARK_CLAIMED_SQL, {
-                "owner": deps.owner, "lineage": lineage_id, "ids": [r.id for r in rows], "token": token,
-                "lease": ctx.settings.settlement_lease}).fetchone()[0]
-            assert claimed == len(rows), "rows locked FOR UPDATE changed under the claim"
-    except _Rollback:
-        deps.count("no_free_lane")
+    # Relaxed: a claim lost in a database crash only frees its rows; the anchor's synchronous commit
+    # flushes it before anything can be broadcast.
+    claimed = claim(deps.conn, lanes=deps.engine.lanes, owner=deps.owner, token=token, batch=batch,
+                    lease=ctx.settings.settlement_lease)
+    if not claimed.wanted:
+        return "empty"
+    if claimed.lineage_id is None or claimed.lane is None:
+        deps.count("no_free_lane")  # nothing was written: no lane, no claim
         return "no_free_lane"
+    lineage_id, lane, rows = claimed.lineage_id, claimed.lane, claimed.rows
     crashpoint("settlement.after_claim")
     result.processed += len(rows)
     job = BatchJob(deps, lineage_id, token, rows)
+    allocation = _allocation(claimed)
     try:
-        outcome = deps.engine.sign_and_send(job, lineage_id, lane)
+        if allocation is None:
+            outcome = deps.engine.sign_and_send(job, lineage_id, lane)
+        else:
+            outcome = deps.engine.sign_and_send(job, lineage_id, lane, allocation=allocation)
     except Unavailable:
         _give_back(deps, lineage_id, token, "the RPC was unavailable before anything was signed and journaled")
         raise
@@ -397,8 +523,33 @@ def _start_batch(deps: Deps, result: TickResult) -> str:
         deps.count("simulation_failed")
         result.failed += 1
         return "simulation_failed"
+    if not job.released:
+        deps.unreleased[lineage_id] = token
     deps.count("sent")
     return "sent"
+
+
+def _allocation(claimed: Claim) -> object | None:
+    """What the engine's one-statement path takes as "allocated just now", where the engine offers it
+    (journal/engine.py Allocation): the claim statement opened the batch's lease and read the lane's
+    journal sequence, so the engine need not check the one or read the other again."""
+    try:
+        from paygate_cli.journal.engine import Allocation  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return Allocation(claimed.lineage_id, claimed.lane, claimed.journal_seq)
+
+
+def _release_sent(deps: Deps) -> None:
+    """The engine's deferred 'sent' marks, then the leases of the tick's broadcast batches, released
+    together (relaxed, one statement each). Skipped, a lease only lapses: the batch waits a lease."""
+    flush = getattr(deps.engine, "flush_sent", None)
+    if flush is not None:
+        flush()
+    if deps.unreleased:
+        deps.conn.execute(RELEASE_SENT_LEASES_SQL, {"lineages": list(deps.unreleased),
+                                                    "tokens": list(deps.unreleased.values())})
+        deps.unreleased.clear()
 
 
 def _close(deps: Deps, lineage_id: int, token: uuid.UUID, outcome: str) -> None:
@@ -428,35 +579,52 @@ def _drive_open_batches(deps: Deps, result: TickResult, *, grace: float = 0.0, l
                         limit: int | None = None) -> None:
     """This queue's one take-over routine: the worker drives every open batch nobody holds; recovery
     (`lapsed_only`, past its grace) only those whose owner died holding the lease."""
-    with deps.conn.transaction():
-        batches = deps.conn.execute(CLAIM_OPEN_BATCHES_SQL, {
-            "limit": limit or max(8, len(deps.signer.lanes)), "lease": deps.ctx.settings.settlement_lease,
-            "owner": deps.owner, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
-    for lineage_id, token in batches:
-        try:
-            outcome = _drive(deps, int(lineage_id), token, result)
-        except LeaseLost:
-            outcome = "lease_lost"  # someone else has the batch: not a failure, not an alarm
-        deps.count(outcome)
+    # One statement, relaxed: a lease taken and lost in a database crash just lapses again.
+    batches = deps.conn.execute(CLAIM_OPEN_BATCHES_SQL, {
+        "limit": limit or max(8, len(deps.signer.lanes)), "lease": deps.ctx.settings.settlement_lease,
+        "owner": deps.owner, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
+    applied: dict[int, uuid.UUID] = {}  # closed together after the loop
+    in_flight: dict[int, uuid.UUID] = {}  # leases released together after the loop
+    try:
+        for row in batches:
+            token, lineage = row[0], lineages.Lineage(*row[1:])
+            try:
+                outcome = _drive(deps, lineage, token, result)
+            except LeaseLost:
+                outcome = "lease_lost"  # someone else has the batch: not a failure, not an alarm
+            if outcome == "applied":
+                applied[lineage.id] = token
+            elif outcome == "in_flight":
+                in_flight[lineage.id] = token
+            deps.count(outcome)
+    finally:
+        # Relaxed, one statement each; if they never run, the leases lapse and the next take-over
+        # closes (or releases) them: a terminal lineage is not resolved again.
+        if in_flight:
+            deps.conn.execute(RELEASE_SENT_LEASES_SQL, {"lineages": list(in_flight),
+                                                        "tokens": list(in_flight.values())})
+        if applied:
+            closed = deps.conn.execute(CLOSE_APPLIED_MANY_SQL, {"lineages": list(applied),
+                                                                "tokens": list(applied.values())}).fetchall()
+            lost = len(applied) - len(closed)
+            if lost:  # someone else took the batch meanwhile: theirs to close
+                deps.count("applied", -lost)
+                deps.count("lease_lost", lost)
 
 
-def _drive(deps: Deps, lineage_id: int, token: uuid.UUID, result: TickResult) -> str:
-    lineage = lineages.load(deps.conn, lineage_id)
-    rows = [Entry(r[0], r[1], int(r[2]), bytes(r[3])) for r in deps.conn.execute(BATCH_ROWS_SQL, (lineage_id,))]
-    job = BatchJob(deps, lineage_id, token, rows)
+def _drive(deps: Deps, lineage: lineages.Lineage, token: uuid.UUID, result: TickResult) -> str:
+    lineage_id = lineage.id
+    # Driving never builds a transaction, so the batch's rows are not needed here (the engine only
+    # resolves or abandons the lineage; on_abandon and the dead path act on the rows by lineage).
+    job = BatchJob(deps, lineage_id, token, [])
     if lineage.state == "allocated":
         # Never anchored: the engine abandons it and job.on_abandon hands the rows back (no attempt used).
         return deps.engine.drive(job, lineage)
     state = deps.engine.drive(job, lineage)
     if state in ("allocated", "signed", "sent"):
-        with relaxed_transaction(deps.conn):
-            deps.conn.execute(RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": token})
-        return "in_flight"
+        return "in_flight"  # its lease is released with the others' (_drive_open_batches)
     if state == "applied":
-        # Landed: the observer promotes each charge from its event.
-        with relaxed_transaction(deps.conn):  # re-derivable from the terminal lineage
-            _close(deps, lineage_id, token, "applied")
-        return "applied"
+        return "applied"  # landed: the observer promotes each charge from its event; closed with the others
     if state == "abandoned":
         with deps.conn.transaction():
             _close(deps, lineage_id, token, "abandoned")
