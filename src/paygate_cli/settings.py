@@ -412,7 +412,10 @@ def load_settings(
             secrets[name] = read_secret_file(environ[file_var], variable=file_var)
             sources[name] = f"file via {file_var}"
         elif f"{name}_file" in file_values:
-            secrets[name] = read_secret_file(file_values[f"{name}_file"], variable=f"{path}: {name}_file")
+            file_value = file_values[f"{name}_file"]
+            if not isinstance(file_value, str) or not file_value:
+                raise ConfigError(f"config file {path}: '{name}_file' must be a file path (a string)")
+            secrets[name] = read_secret_file(file_value, variable=f"{path}: {name}_file")
             sources[name] = f"file via {path}"
         elif credentials_dir and (Path(credentials_dir) / name.replace("_", "-")).is_file():
             cred = Path(credentials_dir) / name.replace("_", "-")
