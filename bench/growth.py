@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
+from paygate_cli.chain.charges import claim_estimate
 from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.migrate import migrate
-from paygate_cli.journal.lineage import ALLOCATE_SQL
 from paygate_cli.ops.status import QUEUE_SQL
 from paygate_cli.workers import (
     funding,
@@ -166,7 +166,7 @@ LIVE_SQL = [
 
 # The 48 live charges the observer settles in its page (their events), and the page's event ids.
 PAGE_SQL = """
-SELECT charge_id, account, amount FROM paygate.charges WHERE status = 'authorized' ORDER BY id LIMIT 48
+SELECT encode(charge_id, 'hex'), account, amount FROM paygate.charges WHERE status = 'authorized' ORDER BY id LIMIT 48
 """
 
 
@@ -174,16 +174,17 @@ def observer_page(conn: psycopg.Connection) -> list[tuple[str, dict[str, Any]]]:
     rows = conn.execute(PAGE_SQL).fetchall()
     ids = [f"0000004294967297{i:03d}-0000000000" for i in range(len(rows))]
     n = len(rows)
+    events = [{"event_id": event_id, "ledger": 999999, "tx_hash": "tx", "contract_id": CONTRACT, "kind": "charge",
+               "account": r[1], "amount": str(r[2]), "ref": r[0], "applied_to": None, "effect": None,
+               "quarantine_reason": None} for event_id, r in zip(ids, rows, strict=True)]
+    settles = [{"event_id": event_id, "charge_id": r[0], "account": r[1], "amount": str(r[2]), "ledger": 999999}
+               for event_id, r in zip(ids, rows, strict=True)]
+    # The statements apply_page sends: each takes the page as one JSON document.
     return [
         ("cursor", (observer.LOAD_CURSOR_SQL, {})),
-        ("seen", (observer.SEEN_EVENTS_SQL, (ids,))),
-        ("insert events", (observer.INSERT_EVENTS_SQL, {
-            "ids": ids, "ledgers": [999999] * n, "txs": ["tx"] * n, "contracts": [CONTRACT] * n,
-            "kinds": ["charge"] * n, "payloads": [json.dumps({"amount": "7"})] * n,
-            "applied_to": [None] * n, "effects": [None] * n, "quarantined": [False] * n, "reasons": [None] * n})),
-        ("settle", (observer.SETTLE_CHARGES_SQL, {
-            "ids": ids, "refs": [r[0] for r in rows], "accounts": [r[1] for r in rows],
-            "amounts": [r[2] for r in rows], "ledgers": [999999] * n})),
+        ("seen", (observer.SEEN_EVENTS_SQL, (json.dumps(ids),))),
+        ("settle", (observer.SETTLE_CHARGES_SQL, (json.dumps(settles),))),
+        ("insert events", (observer.INSERT_EVENTS_SQL, (json.dumps(events),))),
         ("advance cursor", (observer.ADVANCE_CURSOR_SQL, {
             "cursor": "0000004294967298000-0000000000", "ledger": 1000000, "latest": 1000000, "events": n,
             "old": "0000004294967296000-0000000000"})),
@@ -193,17 +194,13 @@ def observer_page(conn: psycopg.Connection) -> list[tuple[str, dict[str, Any]]]:
 
 def operations(conn: psycopg.Connection) -> dict[str, list[tuple[str, tuple[str, Any]]]]:
     claim = {"lapsed_only": False, "grace": 180, "draining": False, "lease": 30, "owner": "bench"}
-    candidates = [r[0] for r in conn.execute(
-        "SELECT id FROM paygate.charges WHERE status = 'authorized' AND lineage_id IS NULL ORDER BY created_at, id "
-        "LIMIT 48").fetchall()]
     return {
         "settlement claim": [
             ("has work", (settlement.HAS_WORK_SQL, {})),
-            ("candidates", (settlement.CLAIM_CANDIDATES_SQL, {"batch": 48})),
-            ("allocate lane", (ALLOCATE_SQL, {"lanes": LANES, "purpose": "charge_batch", "entitlement": "bench"})),
-            ("record lineage", (settlement.MARK_CLAIMED_SQL, {
-                "ids": candidates, "owner": "bench", "token": "00000000-0000-0000-0000-000000000001", "lease": 30,
-                "lineage": ALLOCATED})),
+            # One statement: candidates under SKIP LOCKED, lane, lineage, rows marked, batch opened.
+            ("claim", (settlement.CLAIM_SQL, {
+                "batch": 48, "lanes": LANES, "owner": "bench", "token": "00000000-0000-0000-0000-000000000001",
+                "lease": 30, "entitlement": "bench", **claim_estimate()})),
         ],
         "funding claim": [("claim", (funding.CLAIM_SQL, {**claim, "batch": 16}))],
         "observer page (48 settles)": observer_page(conn),
@@ -225,19 +222,6 @@ def operations(conn: psycopg.Connection) -> dict[str, list[tuple[str, tuple[str,
     }
 
 
-# MARK_CLAIMED records the lineage the allocation step just inserted (found by its entitlement on the
-# live-lineage index, outside the measured statements).
-ALLOCATED = "allocated by the step before"
-BENCH_LINEAGE_SQL = "SELECT id FROM paygate.lineages WHERE entitlement = 'bench' AND state = 'allocated'"
-
-
-def _resolve(conn: psycopg.Connection, params: Any) -> Any:
-    if isinstance(params, dict) and params.get("lineage") == ALLOCATED:
-        row = conn.execute(BENCH_LINEAGE_SQL).fetchone()
-        return {**params, "lineage": row[0] if row else 0}
-    return params
-
-
 def _buffers(plan: dict[str, Any]) -> int:
     top = plan["Plan"]
     return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
@@ -250,7 +234,7 @@ def measure_once(conn: psycopg.Connection, steps: list[tuple[str, tuple[str, Any
         conn.execute(retention.ARCHIVING_SQL)  # lets the retention step delete terminal lineages
         for _, (sql, params) in steps:
             explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql
-            plan = conn.execute(explain, _resolve(conn, params)).fetchone()[0][0]
+            plan = conn.execute(explain, params).fetchone()[0][0]
             buffers.append(_buffers(plan))
             times.append(float(plan["Execution Time"]))
     return buffers, times
@@ -274,7 +258,7 @@ def plans(conn: psycopg.Connection, steps: list[tuple[str, tuple[str, Any]]]) ->
     with conn.transaction(force_rollback=True):
         conn.execute(retention.ARCHIVING_SQL)
         for label, (sql, params) in steps:
-            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, _resolve(conn, params)).fetchone()[0][0]
+            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()[0][0]
             out.append((label, plan))
     return out
 
@@ -300,7 +284,7 @@ def text_plans(conn: psycopg.Connection, steps: list[tuple[str, tuple[str, Any]]
     with conn.transaction(force_rollback=True):
         conn.execute(retention.ARCHIVING_SQL)
         for label, (sql, params) in steps:
-            rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, _resolve(conn, params))
+            rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
             out.append((label, "\n".join(r[0] for r in rows)))
     return out
 
