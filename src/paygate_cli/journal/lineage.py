@@ -21,10 +21,13 @@ INSERT INTO paygate.lanes (address) SELECT unnest(%s::text[]) ON CONFLICT (addre
 # one, so no lane is everyone's first choice (a bad lane first in address order would take every
 # allocation). SKIP LOCKED spreads concurrent allocators over lanes; the partial unique index on
 # live lineages is the real guard.
-ALLOCATE_SQL = """
-WITH lane AS (
+def free_lane_ctes(*, lanes_param: str = "lanes", only_if: str = "true") -> str:
+    """The `lane` and `used` CTEs every allocation shares (the one rule for picking a lane), for a
+    statement that goes on to insert the lineage from `lane`. `only_if`: a condition that must hold
+    for any lane to be taken (e.g. the statement found rows to allocate for)."""
+    return """lane AS (
     SELECT l.address FROM paygate.lanes l
-    WHERE l.status = 'active' AND l.address = ANY(%(lanes)s)
+    WHERE """ + only_if + """ AND l.status = 'active' AND l.address = ANY(%(""" + lanes_param + """)s)
       AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
                       WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent'))
     ORDER BY l.last_allocated_at NULLS FIRST, l.address
@@ -32,7 +35,10 @@ WITH lane AS (
     FOR UPDATE OF l SKIP LOCKED
 ), used AS (
     UPDATE paygate.lanes SET last_allocated_at = clock_timestamp() FROM lane WHERE lanes.address = lane.address
-)
+)"""
+
+
+ALLOCATE_SQL = "WITH " + free_lane_ctes() + """
 INSERT INTO paygate.lineages (purpose, entitlement, lane)
 SELECT %(purpose)s, %(entitlement)s, lane.address FROM lane
 RETURNING id, lane
@@ -92,17 +98,7 @@ WHERE id = %(id)s AND state = 'allocated'
 # nothing was signed under is abandoned by the next tick.
 ALLOCATE_ATTACH_SQL = """
 WITH held AS ({hold}),
-lane AS (
-    SELECT l.address FROM paygate.lanes l
-    WHERE EXISTS (SELECT 1 FROM held) AND l.status = 'active' AND l.address = ANY(%(x_lanes)s)
-      AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
-                      WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent'))
-    ORDER BY l.last_allocated_at NULLS FIRST, l.address
-    LIMIT 1
-    FOR UPDATE OF l SKIP LOCKED
-), used AS (
-    UPDATE paygate.lanes SET last_allocated_at = clock_timestamp() FROM lane WHERE lanes.address = lane.address
-), lineage AS (
+""" + free_lane_ctes(lanes_param="x_lanes", only_if="EXISTS (SELECT 1 FROM held)") + """, lineage AS (
     INSERT INTO paygate.lineages (purpose, entitlement, lane)
     SELECT %(x_purpose)s, %(x_entitlement)s, lane.address FROM lane
     RETURNING id, lane

@@ -93,17 +93,7 @@ WITH """ + RELAXED_CTE + """, candidates AS MATERIALIZED (
     SELECT id FROM counted
     WHERE entries <= %(max_entries)s AND entries + accounts <= %(max_write)s
       AND entries + accounts + %(read_only)s <= %(max_keys)s
-), lane AS (
-    SELECT l.address FROM paygate.lanes l
-    WHERE EXISTS (SELECT 1 FROM chosen) AND l.status = 'active' AND l.address = ANY(%(lanes)s)
-      AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
-                      WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent'))
-    ORDER BY l.last_allocated_at NULLS FIRST, l.address
-    LIMIT 1
-    FOR UPDATE OF l SKIP LOCKED
-), used AS (
-    UPDATE paygate.lanes SET last_allocated_at = clock_timestamp() FROM lane WHERE lanes.address = lane.address
-), lineage AS (
+), """ + lineages.free_lane_ctes(only_if="EXISTS (SELECT 1 FROM chosen)") + """, lineage AS (
     INSERT INTO paygate.lineages (purpose, entitlement, lane)
     SELECT 'charge_batch', %(entitlement)s, lane.address FROM lane
     RETURNING id, lane
