@@ -111,8 +111,7 @@ WITH """ + RELAXED_CTE + """, candidates AS MATERIALIZED (
     FROM lineage
 ), journal AS (
     -- The lane's highest sequence our journal knows consumed (what lineage.next_sequence reads).
-    SELECT max(x.source_seq) AS seq FROM lineage JOIN paygate.lineages x ON x.lane = lineage.lane
-    WHERE x.state IN ('applied', 'failed')
+    SELECT """ + lineages.last_consumed_seq_sql("lineage.lane") + """ AS seq FROM lineage
 )
 SELECT (SELECT count(*) FROM chosen) AS wanted, claimed.lineage_id, claimed.lane,
        claimed.id, claimed.account, claimed.amount, claimed.charge_id, (SELECT seq FROM journal)
