@@ -12,7 +12,9 @@ import psycopg
 import pytest
 from stellar_sdk import Asset, Keypair, TransactionBuilder
 
+from paygate_cli.journal import lineage as lineages
 from tests.chain_env import ChainEnv, chain_environ
+from tests.cli import run_cli
 from tests.devnet_support import DevnetHandle, start_devnet
 from tests.test_relay_admission import admit as admit_relay
 from tests.test_relay_admission import allowed as allowed
@@ -124,6 +126,9 @@ def test_drained_fee_account_halts_admission_and_resumes_only_above_the_resume_f
 
 def test_lanes_below_their_minimum_are_reported(chain: ChainEnv, db: psycopg.Connection) -> None:
     lanes = [lane["public"] for lane in chain.genesis["lanes"][:2]]
+    # The lanes the signing workers register (Engine.for_tick syncs them from the seeds); the gas
+    # monitor reads them from there, with no seed of its own.
+    lineages.sync_lanes(db, lanes)
     first = gas_tick(chain)
     assert first["low_lanes"] == []
     db.execute("UPDATE paygate.relay_config SET lane_min_balance = 10000000000000")
@@ -153,3 +158,38 @@ def test_relay_worker_keeps_broadcasting_under_the_gas_halt(chain: ChainEnv, db:
         chain.devnet.close_ledger()
     assert relay_rows(db)[queued]["status"] == "applied"
     assert "gas" in halts(db)  # still halted: the relay went out under it
+
+
+def test_gas_watches_by_address_and_holds_no_seed(chain: ChainEnv, db: psycopg.Connection) -> None:
+    """Least privilege: the fee account's public address is all the monitor needs; no seed file."""
+    fee = chain.genesis["fee_account"]["public"]
+    lane = chain.genesis["lanes"][0]["public"]
+    lineages.sync_lanes(db, [lane])
+    db.execute("UPDATE paygate.relay_config SET lane_min_balance = 10000000000000")
+    environ = {k: v for k, v in chain.environ.items()
+               if k not in ("PAYGATE_FEE_SECRET_FILE", "PAYGATE_LANE_SECRETS_FILE")}
+    result = run_cli("run-tick", "gas", "--json", environ={**environ, "PAYGATE_FEE_ACCOUNT": fee})
+    assert result.code == 0, result.err
+    details = json.loads(result.out)["run_tick"]["last_details"]
+    assert details["fee_account"] == fee and details["balance"] > 0
+    assert [low["lane"] for low in details["low_lanes"]] == [lane]
+    # Neither the address nor the seed: refused before the first tick, naming the setting.
+    bare = run_cli("run-tick", "gas", "--json", environ=environ)
+    assert bare.code == 78 and "PAYGATE_FEE_ACCOUNT" in bare.err, bare.err
+
+
+def test_a_fee_account_that_is_not_the_fee_seeds_account_is_refused(chain: ChainEnv) -> None:
+    """Two places name the fee account; the signer (built by every signing worker once a tick has
+    chain work) refuses them when they disagree: the gas monitor would watch an account that pays
+    nothing while the real one runs dry."""
+    from paygate_cli.chain.keys import Signer
+    from paygate_cli.errors import ConfigError, ExitCode
+    from paygate_cli.settings import load_settings
+
+    other = chain.genesis["users"][0]["public"]
+    with pytest.raises(ConfigError, match="PAYGATE_FEE_ACCOUNT") as refused:
+        Signer.from_settings(load_settings({**chain.environ, "PAYGATE_FEE_ACCOUNT": other}))
+    assert refused.value.exit_code == ExitCode.CONFIG
+    fee = chain.genesis["fee_account"]["public"]
+    signer = Signer.from_settings(load_settings({**chain.environ, "PAYGATE_FEE_ACCOUNT": fee}))
+    assert signer.fee.public_key == fee

@@ -43,11 +43,11 @@ CATALOGUE_CADENCE = {"funding": 2, "settlement": 2, "subscriptions": 60, "relay"
                      "idempotency_sweep": 3600, "webhooks": 1}
 # Least privilege: the secrets each worker may see. Signing workers get lanes, fee and journal keys;
 # recovery drives a dead owner's lineages through the same engine as the worker (it loads the lane and
-# fee keys with it); gas derives the fee account and the lanes from their seeds.
+# fee keys with it); gas watches the fee account and the lanes by address and holds no seed.
 SIGNING = ["database-url", "fee-secret", "journal-keys", "lane-secrets"]
 WORKER_SECRETS = {w: ["database-url"] for w in ALL_WORKERS} | {
     "funding": SIGNING, "settlement": SIGNING, "relay": SIGNING, "relay_drainer": SIGNING,
-    "recovery": SIGNING, "gas": ["database-url", "fee-secret", "lane-secrets"]}
+    "recovery": SIGNING}
 SECRET_ENV = {"database-url": "PAYGATE_DATABASE_URL_FILE", "fee-secret": "PAYGATE_FEE_SECRET_FILE",
               "lane-secrets": "PAYGATE_LANE_SECRETS_FILE", "journal-keys": "PAYGATE_JOURNAL_KEYS_FILE"}
 

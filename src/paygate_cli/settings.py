@@ -222,6 +222,9 @@ FIELDS: tuple[Field, ...] = (
     Field("network_passphrase", "Standalone Network ; February 2017", _str, "Stellar network passphrase"),
     Field("billing_contract", None, _opt_str, "billing contract id (C…)"),
     Field("usdc_contract", None, _opt_str, "USDC Stellar Asset Contract id (C…)"),
+    Field("fee_account", None, _opt_str,
+          "the fee account's public address (G…): lets the gas monitor and the reconciler run without the "
+          "fee seed; checked against the seed wherever the seed is loaded"),
     Field("journal_active_key_id", None, _opt_str, "key id new envelopes are encrypted with"),
     Field("tx_validity", 60.0, _dur, "maxTime = latest ledger close time + this"),
     Field("base_fee", 100, _parse_int, "inclusion fee per operation of inner transactions (stroops)"),

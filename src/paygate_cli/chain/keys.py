@@ -44,4 +44,25 @@ class Signer:
             lanes[keypair.public_key] = keypair
         if not lanes:
             raise ConfigError(f"{lanes_secret.source} holds no lane seeds")
-        return cls(lanes, _keypair(fee_secret.reveal(), fee_secret.source))
+        fee = _keypair(fee_secret.reveal(), fee_secret.source)
+        if settings.fee_account and settings.fee_account != fee.public_key:
+            # Two places name the fee account: they must agree, or the gas monitor would watch an
+            # account that pays nothing while the real one runs dry.
+            raise ConfigError(f"PAYGATE_FEE_ACCOUNT {settings.fee_account} is not the account of the fee seed "
+                              f"({fee_secret.source}): {fee.public_key}")
+        return cls(lanes, fee)
+
+
+def fee_account_address(settings: Settings) -> str:
+    """The fee account's public address: `fee_account` when set (so a worker that only watches the
+    account needs no seed), else derived from the fee seed."""
+    if settings.fee_account:
+        try:
+            return Keypair.from_public_key(settings.fee_account).public_key
+        except Exception:  # the SDK's own checksum check; any failure is a bad setting
+            raise ConfigError(f"PAYGATE_FEE_ACCOUNT {settings.fee_account[:60]!r} is not a Stellar account "
+                              "address (G…)") from None
+    fee_secret = settings.secret("fee_secret")
+    if fee_secret is None:
+        raise ConfigError("the fee account is not configured: set PAYGATE_FEE_ACCOUNT (or PAYGATE_FEE_SECRET_FILE)")
+    return _keypair(fee_secret.reveal(), fee_secret.source).public_key

@@ -44,6 +44,8 @@ ON CONFLICT (singleton) DO UPDATE SET
     halted = EXCLUDED.halted, low_lanes = EXCLUDED.low_lanes, ledger = EXCLUDED.ledger, checked_at = now()
 """
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
+# The lanes the signing workers have registered (Engine.for_tick syncs them from the lane seeds).
+LANES_SQL = "SELECT address FROM paygate.lanes WHERE status <> 'retired' ORDER BY address"
 AUDIT_SQL = "INSERT INTO paygate.audit_log (actor, action, target, details) VALUES ('gas-monitor', %s, 'gas', %s)"
 
 
@@ -54,13 +56,13 @@ def level_of(headroom: int, warning: int, critical: int) -> str:
 
 
 def tick(ctx: TickContext) -> TickResult:
-    from paygate_cli.chain.keys import Signer
+    from paygate_cli.chain.keys import fee_account_address
     from paygate_cli.chain.relay import xlm_balances
     from paygate_cli.chain.rpc import ChainClient
 
-    signer = Signer.from_settings(ctx.settings)
-    fee_account = signer.fee.public_key
-    lanes = sorted(signer.lanes)
+    # Addresses only: the monitor watches balances and needs no seed (least privilege).
+    fee_account = fee_account_address(ctx.settings)
+    lanes = [lane for (lane,) in ctx.conn.execute(LANES_SQL)]
     chain = ChainClient(ctx.settings, guard_conn=ctx.conn)
     try:
         balances = xlm_balances(chain, [fee_account, *lanes])  # no transaction open (rule 2)

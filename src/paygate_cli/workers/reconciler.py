@@ -257,9 +257,9 @@ def tick(ctx: TickContext) -> TickResult:
         if source_row is not None:
             source = source_row[0]
         else:
-            from paygate_cli.chain.keys import Signer
+            from paygate_cli.chain.keys import fee_account_address
 
-            source = Signer.from_settings(settings).fee.public_key
+            source = fee_account_address(settings)
         balances: dict[str, tuple[int, int | None]] = {}
         unreadable: dict[str, str] = {}
         for account in before:
