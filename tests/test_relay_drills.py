@@ -108,9 +108,11 @@ MARKERS: dict[str, Any] = {
     "relay.after_claim": _claimed,
     "relay.after_allocate": lambda db: lineage_states(db) == ["allocated"],
     "relay.after_sign": lambda db: lineage_states(db) == ["allocated"] and not _installed(db),
-    # The atomic install: the envelope and the relay's pointer to it committed together.
-    "relay.after_anchor": lambda db: lineage_states(db) == ["signed"] and _installed(db) == 1,
-    "relay.after_broadcast": lambda db: lineage_states(db) == ["signed"],  # sent, not yet marked
+    # The atomic install: the envelope and the relay's pointer to it committed together — for both
+    # relays of the tick at once (one synchronous commit), before the first broadcast.
+    "relay.after_anchor": lambda db: lineage_states(db) == ["signed", "signed"] and _installed(db) == 2,
+    # The first sent, neither marked yet (the tick's marks are written together after the sends).
+    "relay.after_broadcast": lambda db: lineage_states(db) == ["signed", "signed"],
     "relay.before_resolve": lambda db: lineage_states(db) == ["sent", "sent"],
     "relay.after_resolve": lambda db: lineage_states(db)[0] == "applied",
     # Killed inside the disposition transaction: the flip rolled back with it.

@@ -5,7 +5,9 @@ drainer supply only what differs. For one unit of work (a deposit phase, a charg
 
     allocate (the caller's tx)  -> lane + lineage, least recently used free lane
     sign_and_send (no tx held)  -> read sequence, build + simulate + sign + fee-bump, encrypt,
-                                   anchor under the row's lease (tx), broadcast, mark sent (tx)
+                                   anchor under the row's lease (tx), broadcast, mark sent (tx);
+                                   or in two halves, prepare + send_prepared, so a tick's anchors
+                                   share one synchronous commit
     drive (a later tick)        -> abandon an unanchored lineage, or resolve() a signed/sent one;
                                    foreign sequence use fences the lane (resolve does it)
     sweep                       -> drive the live lineages no row drives any more, so every lineage
@@ -44,6 +46,14 @@ API (stable: `relay` and `relay_drainer` build on it)
     allocation = engine.allocate_for(job, entitlement=...)    # lease + lane + row pointer | None
     outcome = engine.sign_and_send(job, allocation.lineage_id, allocation.lane, allocation=allocation)
     engine.flush_sent()     # once a tick, before the rows are handed back: the tick's 'sent' marks
+
+    # Group commit (funding and relay): sign_and_send in two halves, so a tick's envelopes share
+    # one synchronous commit. prepare() builds, signs and encrypts (nothing written); send_prepared()
+    # anchors the whole list in ONE transaction, then broadcasts each — never anything before the
+    # commit that journals it:
+    outcome = engine.prepare(job, allocation.lineage_id, allocation.lane, allocation=allocation)
+    #   Prepared(...), or LaneFailed / BuildFailed / Expired as above (nothing to anchor)
+    results = engine.send_prepared([prepared, ...])   # per unit, in order: Sent | LeaseLost (returned)
     engine.finished         # {lineage id: Lineage} whose receipt this engine's CAS wrote this tick
 
     engine.needs_human   # lanes fenced for foreign sequence use / lane failures this tick (exit 3, once)
@@ -65,7 +75,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from paygate_cli.db.connect import assert_not_in_transaction, relaxed_transaction
 from paygate_cli.errors import PaygateError, Unavailable
@@ -175,6 +185,28 @@ class Expired:
 
 
 Outcome = Sent | LaneFailed | BuildFailed | Expired
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A unit built, signed and encrypted by prepare(), not yet anchored (send_prepared does it)."""
+
+    job: Job
+    lineage_id: int
+    lane: str
+    signed: SignedTransaction
+    seq: int
+    key_id: str
+    ciphertext: bytes
+    signed_at_ledger: int
+
+
+def _anchor_verdict(prepared: Prepared, held: int, anchored: int) -> LeaseLost | None:
+    if not held:
+        return LeaseLost(f"lineage {prepared.lineage_id}: lease lost before anchor")
+    if not anchored:
+        return LeaseLost(f"lineage {prepared.lineage_id} was no longer allocated at anchor")
+    return None
 
 # Answers that mean "these bytes will never be accepted". txBAD_SEQ, txTOO_LATE and friends are
 # not in here: they are not proof by themselves (reference/stellar.md §7); resolve decides.
@@ -324,8 +356,21 @@ class Engine:
 
     def sign_and_send(self, job: Job, lineage_id: int, lane: str, *, allocation: Allocation | None = None
                       ) -> Outcome:
-        """`allocation`: what allocate_for() returned just now (its statement checked the lease and
-        read the lane's journal sequence, so neither is read again here)."""
+        """prepare() then send_prepared() for one unit of work; raises LeaseLost. `allocation`: what
+        allocate_for() returned just now (its statement checked the lease and read the lane's journal
+        sequence, so neither is read again here)."""
+        prepared = self.prepare(job, lineage_id, lane, allocation=allocation)
+        if not isinstance(prepared, Prepared):
+            return prepared
+        sent = self.send_prepared([prepared])[0]
+        if isinstance(sent, LeaseLost):
+            raise sent
+        return sent
+
+    def prepare(self, job: Job, lineage_id: int, lane: str, *, allocation: Allocation | None = None
+                ) -> Prepared | LaneFailed | BuildFailed | Expired:
+        """Read the lane's sequence, build + simulate + sign + fee-bump, encrypt: everything before
+        the anchor, no transaction held. Nothing is written for a Prepared until send_prepared()."""
         from paygate_cli.chain.contracts import SimulationFailed, build_signed
 
         settings = self.ctx.settings
@@ -380,22 +425,25 @@ class Engine:
         crashpoint(f"{job.crash}.after_sign")
         key_id, ciphertext = self.keyring.encrypt(signed.envelope_xdr.encode(), lineage_id=lineage_id, source=lane,
                                                   seq=seq)
-        if _fast(job):
-            self._anchor_held(job, lineage_id, signed, seq=seq, key_id=key_id, ciphertext=ciphertext,
-                              signed_at_ledger=latest.sequence)
-        else:
-            with conn.transaction():  # synchronous commit: durable before anything is broadcast
-                if not job.hold(conn):
-                    raise LeaseLost(f"lineage {lineage_id}: lease lost before anchor")
-                if not lineages.anchor(conn, lineage_id, seq=seq, key_id=key_id, envelope=ciphertext,
-                                       inner_hash=signed.inner_hash, outer_hash=signed.outer_hash,
-                                       max_time=signed.max_time, signed_at_ledger=latest.sequence,
-                                       max_ledger=signed.max_ledger):
-                    raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
-                job.on_anchor(conn, lineage_id, signed)
+        return Prepared(job, lineage_id, lane, signed, seq, key_id, ciphertext, latest.sequence)
+
+    def send_prepared(self, batch: list[Prepared]) -> list[Sent | LeaseLost]:
+        """Anchor every prepared envelope under its row's lease, all with ONE synchronous commit (a
+        tick's envelopes share the WAL flush), then broadcast each. Per unit, in order: Sent, or
+        LeaseLost (nothing of that unit anchored, nothing sent; the others go on)."""
+        if not batch:
+            return []
+        anchored = self._anchor_batch(batch)
         # The crash window is closed: the exact bytes are journaled before anything is broadcast.
+        results: list[Sent | LeaseLost] = []
+        for prepared, lost in zip(batch, anchored, strict=True):
+            results.append(lost if lost is not None else self._broadcast(prepared))
+        return results
+
+    def _broadcast(self, prepared: Prepared) -> Sent:
+        job, lineage_id = prepared.job, prepared.lineage_id
         crashpoint(f"{job.crash}.after_anchor")
-        send = self.chain.send(signed.envelope_xdr)
+        send = self.chain.send(prepared.signed.envelope_xdr)
         crashpoint(f"{job.crash}.after_broadcast")
         terminal = send.status == "ERROR" and send.code in TERMINAL_SEND_CODES
         if _fast(job) and not terminal:
@@ -407,9 +455,9 @@ class Engine:
             if len(self._sent) >= 64:
                 self.flush_sent()
         else:
-            with relaxed_transaction(conn):  # re-derivable: a 'signed' lineage is resolved the same way
-                lineages.mark_sent(conn, lineage_id, send.label)
-                job.on_sent(conn, lineage_id, send, terminal)
+            with relaxed_transaction(self.conn):  # re-derivable: a 'signed' lineage is resolved the same way
+                lineages.mark_sent(self.conn, lineage_id, send.label)
+                job.on_sent(self.conn, lineage_id, send, terminal)
         return Sent(lineage_id, send, terminal)
 
     def flush_sent(self) -> None:
@@ -418,27 +466,70 @@ class Engine:
         pending, self._sent = self._sent, []
         lineages.mark_sent_many(self.conn, pending)
 
-    def _anchor_held(self, job: FastJob, lineage_id: int, signed: SignedTransaction, *, seq: int, key_id: str,
-                     ciphertext: bytes, signed_at_ledger: int) -> None:
-        """The anchor as one statement with a synchronous commit: the lease check, allocated ->
-        signed with the envelope, and the path's own install, all or nothing."""
+    def _anchor_batch(self, batch: list[Prepared]) -> list[LeaseLost | None]:
+        """Anchor the batch with one synchronous commit; per unit None (anchored) or LeaseLost.
+        One-statement jobs share a transaction: a lost lease there is a row count, not an error, so
+        one unit's lost row leaves the others anchored. A unit whose own write did not follow its
+        lineage's (paygate.require, PGR01) aborts the shared transaction — nothing of the batch is
+        committed — and the batch is anchored again unit by unit, so the refusal stays that unit's.
+        Rows are locked in the batch's order until the one commit; the shared transaction is short
+        (N single-row statements, no RPC)."""
         import psycopg
 
-        sql = lineages.ANCHOR_HELD_SQL.format(hold=job.hold_sql, install=job.install_sql)
-        params = {**job.params(), "x_id": lineage_id, "x_seq": seq, "x_key_id": key_id, "x_envelope": ciphertext,
-                  "x_inner_hash": signed.inner_hash, "x_outer_hash": signed.outer_hash,
-                  "x_max_time": signed.max_time, "x_signed_at_ledger": signed_at_ledger,
-                  "x_max_ledger": signed.max_ledger}
+        if len(batch) == 1 or not all(_fast(p.job) for p in batch):
+            return [self._anchor_alone(p) for p in batch]
         try:
-            held, anchored, _ok = lineages.one_statement(self.conn, sql, params).fetchone()
+            with self.conn.transaction():  # synchronous commit: durable before anything is broadcast
+                answers = [self.conn.execute(*self._anchor_statement(p)).fetchone() for p in batch]
         except psycopg.Error as exc:
-            if exc.sqlstate == lineages.REQUIRE_FAILED:
-                raise LeaseLost(f"lineage {lineage_id}: the row did not take its envelope (lease lost)") from None
-            raise
-        if not held:
-            raise LeaseLost(f"lineage {lineage_id}: lease lost before anchor")
-        if not anchored:
-            raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
+            # A deadlock or serialization failure (the shared transaction locks several rows, which
+            # a set-based writer such as the observer may lock in another order) also committed
+            # nothing: the same fallback.
+            if exc.sqlstate not in (lineages.REQUIRE_FAILED, "40P01", "40001"):
+                raise
+            return [self._anchor_alone(p) for p in batch]
+        return [_anchor_verdict(p, held, anchored) for p, (held, anchored, _ok) in zip(batch, answers, strict=True)]
+
+    def _anchor_alone(self, prepared: Prepared) -> LeaseLost | None:
+        """One unit's anchor as its own transaction (synchronous commit)."""
+        import psycopg
+
+        job, lineage_id = prepared.job, prepared.lineage_id
+        if _fast(job):
+            try:
+                held, anchored, _ok = lineages.one_statement(self.conn, *self._anchor_statement(prepared)
+                                                             ).fetchone()
+            except psycopg.Error as exc:
+                if exc.sqlstate == lineages.REQUIRE_FAILED:
+                    return LeaseLost(f"lineage {lineage_id}: the row did not take its envelope (lease lost)")
+                raise
+            return _anchor_verdict(prepared, held, anchored)
+        signed = prepared.signed
+        try:
+            with self.conn.transaction():  # synchronous commit: durable before anything is broadcast
+                if not job.hold(self.conn):
+                    raise LeaseLost(f"lineage {lineage_id}: lease lost before anchor")
+                if not lineages.anchor(self.conn, lineage_id, seq=prepared.seq, key_id=prepared.key_id,
+                                       envelope=prepared.ciphertext, inner_hash=signed.inner_hash,
+                                       outer_hash=signed.outer_hash, max_time=signed.max_time,
+                                       signed_at_ledger=prepared.signed_at_ledger, max_ledger=signed.max_ledger):
+                    raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
+                job.on_anchor(self.conn, lineage_id, signed)
+        except LeaseLost as exc:
+            return exc
+        return None
+
+    @staticmethod
+    def _anchor_statement(prepared: Prepared) -> tuple[str, dict[str, Any]]:
+        """The anchor as one statement: the lease check, allocated -> signed with the envelope, and
+        the path's own install, all or nothing."""
+        job, signed = cast(FastJob, prepared.job), prepared.signed
+        sql = lineages.ANCHOR_HELD_SQL.format(hold=job.hold_sql, install=job.install_sql)
+        return sql, {**job.params(), "x_id": prepared.lineage_id, "x_seq": prepared.seq,
+                     "x_key_id": prepared.key_id, "x_envelope": prepared.ciphertext,
+                     "x_inner_hash": signed.inner_hash, "x_outer_hash": signed.outer_hash,
+                     "x_max_time": signed.max_time, "x_signed_at_ledger": prepared.signed_at_ledger,
+                     "x_max_ledger": signed.max_ledger}
 
     def _check_lease(self, job: Job) -> None:
         with relaxed_transaction(self.conn):

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient
-    from paygate_cli.journal.engine import Engine
+    from paygate_cli.journal.engine import Engine, Prepared
     from paygate_cli.journal.keyring import Keyring
 
 # Rows with a transaction in flight first (resolving them frees lanes), then fresh ones in order.
@@ -104,8 +104,13 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
 WHERE p.id = mine.id AND p.status = 'pending' AND p.lease_token = mine.token
 """
 # The flip and the balance increment are one statement: whichever of funding and the observer
-# wins pending -> settled applies the increment; the loser's statement matches no row.
-SETTLE_SQL = """
+# wins pending -> settled applies the increment; the loser's statement matches no row (the observer
+# runs it inside its page transaction). Funding's own settle (SETTLE_RELAXED_SQL) commits relaxed: it
+# records what the credit's receipt proves, so a database crash that loses it leaves the row pending
+# on its applied credit lineage and the next tick settles again. Nothing outside the database acts
+# on it first: a webhook POST follows the webhook claim's synchronous commit, which flushes the WAL
+# past this one.
+SETTLE_TEMPLATE = """
 WITH flipped AS (
     UPDATE paygate.pending_credits
     SET status = 'settled', settled_by = %(by)s, settled_at = now(), lease_token = NULL,
@@ -120,9 +125,12 @@ WITH flipped AS (
 SELECT f.id, f.account, f.amount, c.cached_balance,
        paygate.emit_event('credit.settled', jsonb_build_object(
            'pending_credit_id', f.id, 'account', f.account, 'amount', f.amount::text,
-           'deposit_tx', encode(f.deposit_tx, 'hex'), 'balance', c.cached_balance::text))
+           'deposit_tx', encode(f.deposit_tx, 'hex'), 'balance', c.cached_balance::text)){relaxed}
 FROM flipped f JOIN credited c ON c.address = f.account
 """
+SETTLE_SQL = SETTLE_TEMPLATE.format(relaxed="")
+SETTLE_RELAXED_SQL = SETTLE_TEMPLATE.format(relaxed=", set_config('synchronous_commit', 'off', true)")
+
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
 # A claim is re-derivable (its lease lapses): the statement's own transaction commits relaxed.
 RELAXED = ", set_config('synchronous_commit', 'off', true)"
@@ -189,6 +197,9 @@ class Deps:
     # The tick's fresh deposits' authorisation nonces, read in one getLedgerEntries:
     # deposit id -> (consumed on chain?, latest ledger of that read).
     nonces: dict[int, tuple[bool, int]] = field(default_factory=dict)
+    # Deposit and credit transactions built and signed this tick, anchored together (one
+    # synchronous commit) and broadcast once every row has been advanced (tick).
+    prepared: list[Prepared] = field(default_factory=list)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -258,6 +269,13 @@ def tick(ctx: TickContext) -> TickResult:
     rows.sort(key=lambda r: (r.deposit_lineage_id is None and r.credit_lineage_id is None, r.id))
     result = TickResult()
     outcomes: dict[str, int] = {}
+
+    def count(outcome: str) -> None:
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        result.processed += 1
+        if outcome == "needs_human":
+            result.needs_human += 1
+
     try:
         _read_nonces(deps, rows)
         if orphans:
@@ -276,10 +294,11 @@ def tick(ctx: TickContext) -> TickResult:
                 else:
                     ctx.log.error("deposit %s needs a human: %s", row.id, exc,
                                   extra={"msgid": exc.msgid, "pending_credit_id": row.id})
-            outcomes[outcome] = outcomes.get(outcome, 0) + 1
-            result.processed += 1
-            if outcome == "needs_human":
-                result.needs_human += 1
+            if outcome != "prepared":
+                count(outcome)
+        prepared, deps.prepared = deps.prepared, []
+        for unit, sent in zip(prepared, deps.engine.send_prepared(prepared), strict=True):
+            count("lease_lost" if isinstance(sent, LeaseLost) else f"{unit.job.purpose}_sent")
     except Unavailable:
         _release_all(deps, rows)  # the chain is gone: hand the rows back now, not after the lease
         raise
@@ -433,8 +452,8 @@ def _finished(deps: Deps, lineage_id: int) -> lineages.Lineage:
 
 
 def _settle(deps: Deps, row: Deposit) -> str:
-    # One statement (its own transaction, synchronous commit): the flip, the increment, the event.
-    won = lineages.one_statement(deps.conn, SETTLE_SQL, {"id": row.id, "by": "funding",
+    # One statement (its own transaction, relaxed: SETTLE_SQL): the flip, the increment, the event.
+    won = lineages.one_statement(deps.conn, SETTLE_RELAXED_SQL, {"id": row.id, "by": "funding",
                                                          "deposit_tx": row.deposit_tx}).fetchone()
     if won is None:
         return "settled_elsewhere"  # the observer won the flip and applied the increment
@@ -517,7 +536,7 @@ def _job(deps: Deps, row: Deposit, purpose: str, invocation: Any = None, max_led
 
 def _prepare_and_send(deps: Deps, row: Deposit, purpose: str, entitlement: str, column: str, call: Any,
                       max_ledger: int | None = None) -> str:
-    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed
+    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Prepared
 
     job = _job(deps, row, purpose, call, max_ledger)
     for _ in range(len(deps.signer.lanes)):
@@ -532,7 +551,10 @@ def _prepare_and_send(deps: Deps, row: Deposit, purpose: str, entitlement: str, 
         setattr(row, column, allocation.lineage_id)
         if purpose == "credit":
             row.pending_failure = None
-        outcome = deps.engine.sign_and_send(job, allocation.lineage_id, allocation.lane, allocation=allocation)
+        outcome = deps.engine.prepare(job, allocation.lineage_id, allocation.lane, allocation=allocation)
+        if isinstance(outcome, Prepared):
+            deps.prepared.append(outcome)  # anchored with the tick's others, then broadcast (tick)
+            return "prepared"
         if isinstance(outcome, LaneFailed):
             deps.lane_failures += 1
             continue  # the lane is fenced; the work moves to another lane at once
@@ -544,7 +566,6 @@ def _prepare_and_send(deps: Deps, row: Deposit, purpose: str, entitlement: str, 
                 _finish(deps, row, "failed", outcome.reason, event="credit.failed")
                 return "failed"
             raise NeedsHuman(f"deposit {row.id}: {outcome.reason}", msgid="funding.credit_simulation_failed")
-        return f"{purpose}_sent"
     return "no_free_lane"
 
 

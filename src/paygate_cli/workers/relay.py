@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from paygate_cli.chain.contracts import Invocation, SignedTransaction
     from paygate_cli.chain.rpc import SendOutcome
-    from paygate_cli.journal.engine import Engine
+    from paygate_cli.journal.engine import Engine, Prepared
 
 # Rows with a lineage first (resolving them frees lanes), then fresh ones in admission order. A
 # drained instance finishes what is in flight and takes nothing new. This is the queue's one
@@ -120,11 +120,15 @@ SETTLE_SQL = "SELECT paygate.settle_relay_fee(%s, %s, %s)"
 # The disposition in one statement (its own transaction): the flip, then — only for the flip's winner —
 # the fee settlement and the event. A settlement that finds no open reservation fails require(), and
 # the whole statement, flip included, rolls back: the row re-ticks (as the BEGIN … COMMIT did).
+# Relaxed commit: it records what a receipt proves, so a database crash that loses it leaves the row
+# queued on its applied lineage and the next tick disposes again (the CAS names the lineage). Nothing
+# outside the database acts on it first: a webhook POST follows the webhook claim's synchronous
+# commit, which flushes the WAL past this one.
 DISPOSE_INCLUDED_SQL = """
 WITH flipped AS (""" + FLIP_INCLUDED_SQL.strip() + """)
 SELECT f.id,
        paygate.require(paygate.settle_relay_fee(f.id, %(lineage)s, %(fee)s), 'reservation not open at settlement'),
-       paygate.emit_event(%(event)s, %(payload)s)
+       paygate.emit_event(%(event)s, %(payload)s), set_config('synchronous_commit', 'off', true)
 FROM flipped f
 """
 # Terminal without a fee burned by us: the reservation is released in the same transaction.
@@ -243,6 +247,9 @@ class Deps:
     # Phase-1 nonce reads for the tick's fresh relays, done in one getLedgerEntries:
     # relay id -> (nonces consumed on chain, latest ledger of the read).
     nonces: dict[int, tuple[list[int], int]] = field(default_factory=dict)
+    # Relays built and signed this tick, anchored together (one synchronous commit) and broadcast
+    # once every row has been advanced (_advance_all).
+    prepared: list[Prepared] = field(default_factory=list)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -322,6 +329,15 @@ def _advance_all(deps: Deps, rows: list[Relay], result: TickResult, *, new_work:
 
     ctx = deps.ctx
     outcomes: dict[str, int] = {}
+
+    def count(outcome: str) -> None:
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        result.processed += 1
+        if outcome == "needs_human":
+            result.needs_human += 1
+        elif outcome in ("lease_lost", "settle_failed"):
+            result.failed += 1
+
     for row in rows:
         try:
             outcome = advance(deps, row, new_work=new_work)
@@ -338,12 +354,11 @@ def _advance_all(deps: Deps, rows: list[Relay], result: TickResult, *, new_work:
                 outcome = "lease_lost"
             ctx.log.error("relay %s needs a human: %s", row.id, exc,
                           extra={"msgid": exc.msgid, "relay_id": row.id})
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        result.processed += 1
-        if outcome == "needs_human":
-            result.needs_human += 1
-        elif outcome in ("lease_lost", "settle_failed"):
-            result.failed += 1
+        if outcome != "prepared":
+            count(outcome)
+    prepared, deps.prepared = deps.prepared, []
+    for sent in deps.engine.send_prepared(prepared):
+        count("lease_lost" if isinstance(sent, EngineLeaseLost) else "sent")
     return outcomes
 
 
@@ -390,7 +405,7 @@ def advance(deps: Deps, row: Relay, *, new_work: bool = True) -> str:
 
 def _prepare(deps: Deps, row: Relay) -> str:
     from paygate_cli.chain.relay import BadRelay, nonces_consumed, relay_invocation
-    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Sent
+    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Prepared
 
     settings = deps.ctx.settings
     if not row.allowed:
@@ -422,9 +437,10 @@ def _prepare(deps: Deps, row: Relay) -> str:
     if allocation is None:
         return "no_free_lane"
     row.lineage_id = allocation.lineage_id
-    outcome = deps.engine.sign_and_send(job, allocation.lineage_id, allocation.lane, allocation=allocation)
-    if isinstance(outcome, Sent):
-        return "sent"
+    outcome = deps.engine.prepare(job, allocation.lineage_id, allocation.lane, allocation=allocation)
+    if isinstance(outcome, Prepared):
+        deps.prepared.append(outcome)  # anchored with the tick's others, then broadcast (_advance_all)
+        return "prepared"
     if isinstance(outcome, LaneFailed):
         return "lane_failed"  # the lane is fenced; the next tick allocates another
     if isinstance(outcome, Expired):
