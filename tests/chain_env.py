@@ -63,6 +63,20 @@ def chain_environ(devnet: DevnetHandle, dsn: str, directory: Path, *, lanes: int
     )
 
 
+# What only the workers that start transactions are given. Recovery gets none of it (jobs/: its
+# systemd drop-in and CronJob mount the database URL and the journal keys): it resends journaled
+# bytes and never signs or builds a call.
+FOR_SIGNERS_ONLY = ("PAYGATE_LANE_SECRETS_FILE", "PAYGATE_FEE_SECRET_FILE", "PAYGATE_BILLING_CONTRACT",
+                    "PAYGATE_USDC_CONTRACT", "CREDENTIALS_DIRECTORY")
+
+
+def recovery_environ(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` as recovery is deployed: the database, RPC and the journal keys; no lane or fee seed."""
+    least = {k: v for k, v in environ.items() if k not in FOR_SIGNERS_ONLY}
+    assert "PAYGATE_JOURNAL_KEYS_FILE" in least and not [k for k in least if "SECRET" in k]
+    return least
+
+
 def credentials_type(upgraded: bool) -> xdr.SorobanCredentialsType:
     """The address-credential version a wallet signs with: ADDRESS_V2 (CAP-71, current SDKs) or the
     legacy ADDRESS (v1) that stellar-rpc records without `useUpgradedAuth` and older SDKs produce."""

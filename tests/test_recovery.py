@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.chain_env import chain_environ
+from tests.chain_env import chain_environ, recovery_environ
 from tests.cli import run_cli, spawn
 from tests.devnet_support import start_devnet
 from tests.drill_support import crash_tick
@@ -54,6 +54,17 @@ def test_a_grace_not_above_receipt_timeout_plus_a_tick_is_refused(env: dict[str,
     code, details = recover(env, PAYGATE_RECOVERY_GRACE="2s")  # not above any receipt timeout + tick
     assert code == 78 and "must exceed" in details["err"]
     assert recover(env)[0] == 0
+
+
+def test_recovery_needs_rpc_and_the_journal_keys_and_no_seed(env: dict[str, str]) -> None:
+    least = recovery_environ(env)
+    assert recover(least)[0] == 0  # no lane or fee seed, no contract id: it works
+    without_journal = {k: v for k, v in least.items() if k != "PAYGATE_JOURNAL_KEYS_FILE"}
+    code, details = recover(without_journal)
+    assert code == 78 and "recovery cannot work: missing journal keys (PAYGATE_JOURNAL_KEYS_FILE)" in details["err"]
+    assert "PAYGATE_LANE_SECRETS_FILE" not in details["err"] and "PAYGATE_FEE_SECRET_FILE" not in details["err"]
+    code, details = recover({k: v for k, v in least.items() if k != "PAYGATE_RPC_URL"})
+    assert code == 78 and "missing an RPC endpoint (PAYGATE_RPC_URL)" in details["err"]
 
 
 def test_a_worker_killed_mid_delivery_is_taken_over_after_the_grace(env: dict[str, str], db: psycopg.Connection,

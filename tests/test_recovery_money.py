@@ -1,7 +1,9 @@
 """Recovery on the money paths, against a real devnet: a funding or settlement process killed holding
 its lease is taken over after the grace window through the queue's own routine (the lineage in
 flight is resolved or resent with the same bytes, never replaced), and recovery racing live
-workers on the same rows (real processes) still spends once."""
+workers on the same rows (real processes) still spends once. Recovery always runs here as it is
+deployed: a real process holding no lane or fee seed (only the database, RPC and the journal keys),
+and the engine it drives with refuses to allocate or sign."""
 
 from __future__ import annotations
 
@@ -13,9 +15,16 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.chain_env import ChainEnv, admit_deposit, billing_balance, contract_events, sign_deposit
+from tests.chain_env import (
+    ChainEnv,
+    admit_deposit,
+    billing_balance,
+    contract_events,
+    recovery_environ,
+    sign_deposit,
+)
 from tests.charges_support import admit_charge, charge_chain, check_invariants, fund, run_until_quiet
-from tests.cli import run_cli, spawn
+from tests.cli import run_cli, run_proc, spawn
 from tests.devnet_support import DevnetHandle, start_devnet
 from tests.drill_support import crash_tick
 
@@ -40,7 +49,8 @@ def chain(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> ChainEnv:
 
 
 def recover(chain: ChainEnv) -> dict:
-    result = chain.tick("recovery")
+    """One recovery tick as a real process, deployed least-privilege: no lane or fee seed."""
+    result = run_proc("run-tick", "recovery", "--json", environ=recovery_environ(chain.environ))
     assert result.code == 0, result.err
     return json.loads(result.out)["run_tick"]["last_details"]
 
@@ -89,7 +99,7 @@ def test_recovery_racing_funding_workers_on_the_same_rows_spends_once(chain: Cha
     ids = [deposit(chain, db, user) for user in (0, 1)]
     kill_at(chain, "funding", "funding.after_broadcast")  # both rows leased, their deposits sent
     time.sleep(LAPSE_S)
-    procs = [spawn("run-tick", "recovery", "--every", "0.2s", "--for", "12s", environ=chain.environ),
+    procs = [spawn("run-tick", "recovery", "--every", "0.2s", "--for", "12s", environ=recovery_environ(chain.environ)),
              spawn("run-tick", "funding", "--every", "0.2s", "--for", "12s", environ=chain.environ),
              spawn("run-tick", "funding", "--every", "0.2s", "--for", "12s", environ=chain.environ)]
     deadline = time.monotonic() + 12
@@ -131,3 +141,50 @@ def test_a_settlement_worker_killed_after_anchoring_is_recovered(chain: ChainEnv
     check_invariants(chain, db, [users[0]["public"]])
     assert db.execute("SELECT count(*) FROM paygate.lineages WHERE purpose = 'charge_batch'").fetchone()[0] == 1
     assert run_cli("reconcile-report", "--format", "json", environ=chain.environ).code == 0
+
+
+def test_the_takeover_engine_holds_no_key_and_refuses_to_allocate_or_sign(chain: ChainEnv,
+                                                                          db: psycopg.Connection) -> None:
+    import logging
+
+    from paygate_cli.db.connect import connect
+    from paygate_cli.errors import ConfigError
+    from paygate_cli.journal import lineage as lineages
+    from paygate_cli.journal.engine import Engine, SigningRefused
+    from paygate_cli.settings import load_settings
+    from paygate_cli.ticks.context import TickContext
+
+    lanes = sorted(pair["public"] for pair in chain.genesis["lanes"])
+    lineages.sync_lanes(db, lanes)  # what the signing workers' Engine.for_tick registers
+    db.execute("UPDATE paygate.lanes SET status = 'retired', drained_at = now(), drained_by = 'test' "
+               "WHERE address = %s", (lanes[0],))
+    with db.transaction():  # a lineage some signing worker allocated: a take-over must never sign it
+        lineage_id, lane = lineages.allocate(db, purpose="deposit", entitlement="pending_credit:1:deposit",
+                                             lanes=lanes[1:])
+    settings = load_settings(recovery_environ(chain.environ))
+    with connect(settings, "test-takeover") as conn:
+        ctx = TickContext(conn=conn, settings=settings, worker="recovery", instance_id="test", slot=0, batch=50,
+                          log=logging.getLogger("recovery"))
+        with pytest.raises(ConfigError, match="lane keys are not configured"):
+            Engine.for_tick(ctx)  # the signing engine: recovery is not given what it needs
+        engine = Engine.for_takeover(ctx)
+        try:
+            assert engine.lanes == lanes[1:]  # the registered lanes, not the retired one
+            with pytest.raises(SigningRefused, match="sign_and_send on a take-over engine"):
+                engine.sign_and_send(None, lineage_id, lane)
+            with pytest.raises(SigningRefused, match="prepare on a take-over engine"):
+                engine.prepare(None, lineage_id, lane)
+            with pytest.raises(SigningRefused, match="send_prepared on a take-over engine"):
+                engine.send_prepared([])
+            with pytest.raises(SigningRefused, match="allocate_for"):
+                engine.allocate_for(None, entitlement="pending_credit:2:deposit")
+            with pytest.raises(SigningRefused, match="allocate on"):
+                engine.allocate(purpose="deposit", entitlement="pending_credit:2:deposit")
+            with pytest.raises(SigningRefused, match="the signer"):
+                _ = engine.signer  # whatever else reaches for a key refuses too
+            # It still drives: the allocated lineage was never anchored, so it is abandoned (no key needed).
+            assert engine.drive(None, engine.load(lineage_id)) == "abandoned"
+        finally:
+            engine.chain.close()
+    assert db.execute("SELECT entitlement, state, envelope IS NULL FROM paygate.lineages").fetchall() == [
+        ("pending_credit:1:deposit", "abandoned", True)]

@@ -2,7 +2,8 @@
 lease is taken over after the grace window through the queue's own claim and step (the lineage in
 flight resolved, or resent with the same bytes, never replaced; the reservation settled once), a
 dead owner's late writes match nothing, and recovery racing a live relay worker (real processes)
-sends nothing twice with new bytes and settles or releases each reservation exactly once."""
+sends nothing twice with new bytes and settles or releases each reservation exactly once. Recovery
+runs as deployed: a real process holding no lane or fee seed (the database, RPC, the journal keys)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.chain_env import ChainEnv, chain_environ
-from tests.cli import spawn
+from tests.chain_env import ChainEnv, chain_environ, recovery_environ
+from tests.cli import run_proc, spawn
 from tests.devnet_support import DevnetHandle, start_devnet
 from tests.drill_support import crash_tick
 from tests.relay_support import admit_relay, allow_market, assert_relay_invariants, relay_rows
@@ -47,7 +48,7 @@ def rdb(db: psycopg.Connection, devnet: DevnetHandle) -> psycopg.Connection:
 
 
 def recover(chain: ChainEnv) -> dict:
-    result = chain.tick("recovery")
+    result = run_proc("run-tick", "recovery", "--json", environ=recovery_environ(chain.environ))
     assert result.code == 0, result.err
     return json.loads(result.out)["run_tick"]["last_details"]
 
@@ -110,8 +111,9 @@ def test_recovery_racing_a_live_relay_worker_sends_nothing_twice_and_settles_onc
         "SELECT id, entitlement, inner_hash FROM paygate.lineages WHERE state IN ('signed', 'sent')")}
     assert len(sent_before) == 3
     time.sleep(LAPSE_S)
-    procs = [spawn("run-tick", "recovery", "--every", "0.2s", "--for", "12s", environ=chain.environ),
-             spawn("run-tick", "recovery", "--every", "0.2s", "--for", "12s", environ=chain.environ),
+    least = recovery_environ(chain.environ)
+    procs = [spawn("run-tick", "recovery", "--every", "0.2s", "--for", "12s", environ=least),
+             spawn("run-tick", "recovery", "--every", "0.2s", "--for", "12s", environ=least),
              spawn("run-tick", "relay", "--every", "0.2s", "--for", "12s", environ=chain.environ)]
     deadline = time.monotonic() + 12
     while time.monotonic() < deadline:

@@ -42,12 +42,13 @@ CATALOGUE_CADENCE = {"funding": 2, "settlement": 2, "subscriptions": 60, "relay"
                      "reconciler": 60, "relay_drainer": 10, "relay_expiry": 60, "gas": 300,
                      "idempotency_sweep": 3600, "webhooks": 1}
 # Least privilege: the secrets each worker may see. Signing workers get lanes, fee and journal keys;
-# recovery drives a dead owner's lineages through the same engine as the worker (it loads the lane and
-# fee keys with it); gas watches the fee account and the lanes by address and holds no seed.
+# recovery drives a dead owner's lineages (resolve, or resend the journaled bytes it decrypts) and
+# never signs: the journal keys, no seed; gas watches the fee account and the lanes by address.
 SIGNING = ["database-url", "fee-secret", "journal-keys", "lane-secrets"]
+RESENDING = ["database-url", "journal-keys"]
 WORKER_SECRETS = {w: ["database-url"] for w in ALL_WORKERS} | {
     "funding": SIGNING, "settlement": SIGNING, "relay": SIGNING, "relay_drainer": SIGNING,
-    "recovery": SIGNING}
+    "recovery": RESENDING}
 SECRET_ENV = {"database-url": "PAYGATE_DATABASE_URL_FILE", "fee-secret": "PAYGATE_FEE_SECRET_FILE",
               "lane-secrets": "PAYGATE_LANE_SECRETS_FILE", "journal-keys": "PAYGATE_JOURNAL_KEYS_FILE"}
 
@@ -177,6 +178,15 @@ def test_systemd_cadence_matches_the_catalogue() -> None:
 def test_each_worker_loads_exactly_the_credentials_it_needs() -> None:
     for worker in ALL_WORKERS:
         assert credentials(worker) == WORKER_SECRETS[worker], worker
+
+
+def test_the_secrets_each_worker_gets_are_the_ones_its_registry_entry_requires() -> None:
+    """WORKER_SECRETS is not a second opinion: a worker gets a seed iff run-tick checks it has it."""
+    secret_of = {"lane_keys": "lane-secrets", "fee_key": "fee-secret", "journal_keys": "journal-keys"}
+    for worker in ALL_WORKERS:
+        requires = WORKERS[worker].requires if worker in WORKERS else ()
+        needed = sorted({"database-url"} | {secret_of[r] for r in requires if r in secret_of})
+        assert WORKER_SECRETS[worker] == needed, worker
 
 
 def test_unit_essentials() -> None:

@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, cast
 
 from paygate_cli.db.connect import assert_not_in_transaction, relaxed_transaction
 from paygate_cli.errors import PaygateError, Unavailable
@@ -277,6 +277,18 @@ class Engine:
         signer, keyring = Signer.from_settings(ctx.settings), Keyring.from_settings(ctx.settings)
         lineages.sync_lanes(ctx.conn, list(signer.lanes))
         return cls(ctx, ChainClient(ctx.settings, guard_conn=ctx.conn), signer, keyring)
+
+    @classmethod
+    def for_takeover(cls, ctx: TickContext) -> TakeoverEngine:
+        """What a take-over needs (recovery driving a dead owner's lineage: record what the chain
+        proves, or resend the journaled bytes): the journal keyring to decrypt those bytes and a chain
+        client, and no lane or fee key (least privilege). Its lanes are the ones the signing workers
+        registered; anything that would allocate or sign refuses (SigningRefused)."""
+        from paygate_cli.chain.rpc import ChainClient
+        from paygate_cli.journal.keyring import Keyring
+
+        keyring = Keyring.from_settings(ctx.settings)
+        return TakeoverEngine(ctx, ChainClient(ctx.settings, guard_conn=ctx.conn), keyring)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -627,6 +639,59 @@ class Engine:
 
     def stall_reason(self) -> str | None:
         return stall_reason(self.conn, self.ctx.settings, self.lanes)
+
+
+class SigningRefused(RuntimeError):
+    """A take-over engine was asked to allocate or sign: a bug in its caller (a take-over never starts
+    a transaction), so never a PaygateError a worker could count as an outcome: exit 70."""
+
+
+# The lanes the signing workers registered (Engine.for_tick syncs them from the lane seeds).
+REGISTERED_LANES_SQL = "SELECT address FROM paygate.lanes WHERE status <> 'retired' ORDER BY address"
+
+
+class TakeoverEngine(Engine):
+    """Engine.for_takeover(): drives, sweeps and reports like any engine, and holds no signing key.
+    Allocating or signing refuses before anything is read or written, and so does any other reach
+    for the signer."""
+
+    def __init__(self, ctx: TickContext, chain: ChainClient, keyring: Keyring) -> None:
+        super().__init__(ctx, chain, None, keyring)  # type: ignore[arg-type]  # the signer property takes None
+        self._registered: list[str] | None = None
+
+    @property  # type: ignore[override]
+    def signer(self) -> Signer:
+        self._refuse("the signer")
+
+    @signer.setter
+    def signer(self, value: None) -> None:
+        if value is not None:
+            raise SigningRefused("a take-over engine holds no signer")
+
+    @property
+    def lanes(self) -> list[str]:
+        if self._registered is None:
+            self._registered = [address for (address,) in self.conn.execute(REGISTERED_LANES_SQL)]
+        return list(self._registered)
+
+    def allocate(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("allocate")
+
+    def allocate_for(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("allocate_for")
+
+    def sign_and_send(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("sign_and_send")
+
+    def prepare(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("prepare")
+
+    def send_prepared(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("send_prepared")
+
+    def _refuse(self, what: str) -> NoReturn:
+        raise SigningRefused(f"{what} on a take-over engine (Engine.for_takeover): it holds no lane or fee key and "
+                             "never starts a transaction; a path that signs builds Engine.for_tick")
 
 
 def stall_reason(conn: psycopg.Connection, settings: Any, lanes: list[str]) -> str | None:

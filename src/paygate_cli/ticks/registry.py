@@ -42,6 +42,9 @@ REQUIREMENTS: dict[str, tuple[str, Callable[[Settings], bool]]] = {
 # the billing contract's paths also need its id.
 SIGNS = ("rpc", "lane_keys", "fee_key", "journal_keys", "journal_active_key")
 SENDS_TRANSACTIONS = (*SIGNS, "billing_contract")
+# A worker that only drives lineages already journaled (recovery: record what the chain proves, or
+# resend the same bytes): RPC and the journal keys that decrypt those bytes; no lane or fee seed.
+RESENDS_JOURNALED = ("rpc", "journal_keys", "journal_active_key")
 
 # DESIGN §3 catalogue order. Never renumber: ids are lock keys shared by every running host.
 RESERVED_WORKER_IDS: dict[str, int] = {
@@ -104,7 +107,7 @@ WORKERS: dict[str, WorkerSpec] = {
         WorkerSpec("recovery", cadence=30, batch=50, single_writer=False, concurrency=2,
                    target="paygate_cli.workers.recovery:tick",
                    description="claimed rows whose owner died -> resolved by receipt / lineage rules or released",
-                   requires=SENDS_TRANSACTIONS),
+                   requires=RESENDS_JOURNALED),
         WorkerSpec("reconciler", cadence=60, batch=50, single_writer=True, concurrency=1,
                    target="paygate_cli.workers.reconciler:tick",
                    description="chain vs DB balances (in flight / lagging / unexplained), lanes; paced chain reads",

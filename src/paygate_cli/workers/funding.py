@@ -189,7 +189,7 @@ class Deposit:
 class Deps:
     ctx: TickContext
     chain: ChainClient
-    signer: Signer
+    signer: Signer | None  # None in a take-over (drive_taken_over), which signs nothing
     keyring: Keyring
     engine: Engine
     free_lanes: int = 0  # lanes with nothing in flight: a row needing a new transaction waits for one
@@ -227,11 +227,12 @@ def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) ->
 def drive_taken_over(ctx: TickContext, rows: list[Deposit]) -> dict[str, int]:
     """Recovery's step for rows taken over from a dead owner: drive the lineage in flight through
     the engine (resolve: record what the chain proves, or resend the same bytes), then release the
-    rows to the worker. Never starts a new transaction for an entitlement."""
+    rows to the worker. Never starts a new transaction for an entitlement, so it holds no lane or
+    fee key (Engine.for_takeover: the journal keyring decrypts the bytes it resends)."""
     from paygate_cli.journal.engine import Engine
 
-    engine = Engine.for_tick(ctx)
-    deps = Deps(ctx, engine.chain, engine.signer, engine.keyring, engine)
+    engine = Engine.for_takeover(ctx)
+    deps = Deps(ctx, engine.chain, None, engine.keyring, engine)
     outcomes: dict[str, int] = {}
     try:
         for row in rows:

@@ -9,7 +9,10 @@ still about to write, so such a configuration is refused (78).
 Queues are a table of `Recoverable` entries: webhook deliveries, deposits, charge batches, relays
 and bot jobs. Each entry calls its queue's own routine in its worker module; for
 the money paths that drives the lineage in flight through the phase engine (journal/engine.py:
-resolve, or resend the same bytes) and never starts a new transaction."""
+resolve, or resend the same bytes) and never starts a new transaction. So recovery holds no lane or
+fee seed (least privilege): each routine builds its engine with Engine.for_takeover, which needs
+only the journal keys (to decrypt the bytes it resends) and RPC, and refuses to allocate or sign.
+A deployment gives recovery the database URL, the RPC endpoints and the journal keys, no more."""
 
 from __future__ import annotations
 

@@ -271,10 +271,15 @@ def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) ->
             for r in rows]
 
 
-def _deps(ctx: TickContext) -> tuple[Deps, Any]:
+def _deps(ctx: TickContext, *, takeover: bool = False) -> tuple[Deps, Any]:
     # Heavy imports only now that there is chain work (an idle tick never loads stellar_sdk).
     from paygate_cli.journal.engine import Engine
 
+    if takeover:
+        # Drives the lineage in flight only (advance(new_work=False) never builds a call), so it holds
+        # no lane or fee key, and there is no user authorisation to check against our own accounts.
+        engine = Engine.for_takeover(ctx)
+        return Deps(ctx, engine, set()), engine.chain
     engine = Engine.for_tick(ctx)
     return Deps(ctx, engine, {*engine.signer.lanes, engine.signer.fee.public_key}), engine.chain
 
@@ -283,11 +288,11 @@ def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
     """Recovery's entry: relays whose lease lapsed more than `grace` seconds ago are claimed through
     the worker's own claim and driven by the worker's own step, limited to the lineage in flight
     (resolve it, resend its same bytes, dispose of it: settle or release the reservation once);
-    never a new lineage. The rows are then handed back to the worker."""
+    never a new lineage, so no lane or fee key. The rows are then handed back to the worker."""
     rows = claim(ctx, grace=grace, lapsed_only=True)
     if not rows:
         return {}
-    deps, chain = _deps(ctx)
+    deps, chain = _deps(ctx, takeover=True)
     result = TickResult()
     try:
         outcomes = _advance_all(deps, rows, result, new_work=False)

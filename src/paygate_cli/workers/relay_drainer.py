@@ -189,10 +189,11 @@ def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) ->
             "draining": ctx.draining, "grace": grace, "lapsed_only": lapsed_only})]
 
 
-def _deps(ctx: TickContext) -> tuple[Deps, Any]:
+def _deps(ctx: TickContext, *, takeover: bool = False) -> tuple[Deps, Any]:
     from paygate_cli.journal.engine import Engine
 
-    engine = Engine.for_tick(ctx)
+    # A take-over drives the lineage in flight only: no lane or fee key (Engine.for_takeover).
+    engine = Engine.for_takeover(ctx) if takeover else Engine.for_tick(ctx)
     return Deps(ctx, engine), engine.chain
 
 
@@ -215,12 +216,12 @@ def _advance_all(deps: Deps, rows: list[BotJob], result: TickResult, *, new_work
 def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
     """Recovery's entry: jobs whose lease lapsed more than `grace` seconds ago are claimed through
     the worker's own claim and driven by the worker's own step, limited to the lineage in flight
-    (resolve it, resend its same bytes, record what it proved); never a new lineage. The jobs are
-    then handed back to the worker."""
+    (resolve it, resend its same bytes, record what it proved); never a new lineage, so no lane or
+    fee key. The jobs are then handed back to the worker."""
     rows = claim(ctx, grace=grace, lapsed_only=True)
     if not rows:
         return {}
-    deps, chain = _deps(ctx)
+    deps, chain = _deps(ctx, takeover=True)
     try:
         outcomes = _advance_all(deps, rows, TickResult(), new_work=False)
     finally:

@@ -261,7 +261,7 @@ class Entry:
 class Deps:
     ctx: TickContext
     chain: ChainClient
-    signer: Signer
+    signer: Signer | None  # None in a take-over (take_over), which signs nothing
     keyring: Keyring
     engine: Engine
     outcomes: dict[str, int] = field(default_factory=dict)
@@ -333,8 +333,8 @@ def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
         return {}
     from paygate_cli.journal.engine import Engine
 
-    engine = Engine.for_tick(ctx)
-    deps = Deps(ctx, engine.chain, engine.signer, engine.keyring, engine)
+    engine = Engine.for_takeover(ctx)  # drives and resends only: no lane or fee key
+    deps = Deps(ctx, engine.chain, None, engine.keyring, engine)
     try:
         _drive_open_batches(deps, TickResult(), grace=grace, lapsed_only=True, limit=ctx.batch)
     finally:
@@ -570,7 +570,7 @@ def _drive_open_batches(deps: Deps, result: TickResult, *, grace: float = 0.0, l
     (`lapsed_only`, past its grace) only those whose owner died holding the lease."""
     # One statement, relaxed: a lease taken and lost in a database crash just lapses again.
     batches = deps.conn.execute(CLAIM_OPEN_BATCHES_SQL, {
-        "limit": limit or max(8, len(deps.signer.lanes)), "lease": deps.ctx.settings.settlement_lease,
+        "limit": limit or max(8, len(deps.engine.lanes)), "lease": deps.ctx.settings.settlement_lease,
         "owner": deps.owner, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
     applied: dict[int, uuid.UUID] = {}  # closed together after the loop
     in_flight: dict[int, uuid.UUID] = {}  # leases released together after the loop
