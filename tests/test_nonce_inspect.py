@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from stellar_sdk import Keypair
 
 from paygate_cli.errors import ExitCode
+from paygate_cli.journal import lineage as lineages
 from tests.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
 from tests.cli import run_cli
 from tests.devnet_support import start_devnet
@@ -97,3 +101,33 @@ def test_in_flight_lineage_shows_what_resolve_would_do(chain: ChainEnv, db: psyc
 
 def test_unknown_credit_is_a_usage_error(chain: ChainEnv) -> None:
     assert run_cli("nonce-inspect", "--credit", "999", environ=chain.environ).code == ExitCode.USAGE
+
+
+def test_lane_inspection_reads_the_chain_without_stellar_sdk(chain: ChainEnv, db: psycopg.Connection) -> None:
+    """`nonce-inspect --lane L` with nothing in flight reads the lane's sequence SDK-free (issue 14:
+    a cold command must not pay stellar-sdk's import), in a fresh process, and reads it right."""
+    lane = chain.genesis["lanes"][0]["public"]
+    lineages.sync_lanes(db, [lane])
+    probe = ("import sys, io, contextlib, json\nfrom paygate_cli.__main__ import main\n"
+             "out = io.StringIO()\n"
+             "with contextlib.redirect_stdout(out):\n"
+             f"    code = main(['nonce-inspect', '--json', '--lane', {lane!r}])\n"
+             "print('REPORT', json.dumps(json.loads(out.getvalue())))\n"
+             "print('RESULT', code, *(m in sys.modules for m in ('stellar_sdk', 'requests', 'tenacity')))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=chain.environ,
+                          timeout=60)
+    lines = proc.stdout.strip().splitlines()
+    assert lines and lines[-1].split() == ["RESULT", "0", "False", "False", "False"], proc.stdout + proc.stderr
+    [report] = json.loads(lines[-2].removeprefix("REPORT "))["lanes"]
+    with chain.server() as server:
+        assert report["chain_seq"] == server.load_account(lane).sequence
+    assert report["lane"] == lane and report["finding"] == "no journaled use yet"
+
+
+def test_a_journaled_lane_absent_on_chain_is_not_visible_yet(chain: ChainEnv, db: psycopg.Connection) -> None:
+    """One read endpoint cannot prove a lane missing: 69 "not visible yet", as the workers see it."""
+    ghost = Keypair.random().public_key
+    lineages.sync_lanes(db, [ghost])
+    code, _, text = inspect(chain, "--lane", ghost)
+    assert code == ExitCode.UNAVAILABLE and "not visible on chain yet" in text, text
+    assert "rpc.lane_not_visible" in text and "Traceback" not in text

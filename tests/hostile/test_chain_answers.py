@@ -327,3 +327,56 @@ def test_observer_treats_a_malformed_events_page_as_no_answer(rpc: HostileRpc, d
     rpc.answers["getEvents"] = GOOD_PAGE
     assert run_cli("run-tick", "observer", "--once", "--json", environ=environ).code == ExitCode.OK
     assert db.execute("SELECT cursor FROM paygate.observer_cursor").fetchone()[0] == CURSOR
+
+
+# -- a lane's sequence (chain/accounts.py): the same verdict through urllib (nonce-inspect --lane) and
+# through ChainClient's sessions (the workers) ----------------------------------------------------------
+
+LANE_READ_CORRUPTIONS: list[Any] = [
+    ENTRY_CORRUPTIONS[0], ENTRY_CORRUPTIONS[1], ENTRY_CORRUPTIONS[2], ENTRY_CORRUPTIONS[-1],  # entry XDR
+    {"entries": "many", "latestLedger": 130}, {"entries": entries()["entries"]},  # the answer's shape
+    *WHOLE_ANSWER_CORRUPTIONS,
+    Document({"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "invalid params"}}),
+]
+
+
+def test_lane_sequence_reads_a_good_answer_in_both_carriers(rpc: HostileRpc, dsn: str, db: psycopg.Connection
+                                                            ) -> None:
+    """The harness is honest: the uncorrupted answer is read, so the refusals below are earned."""
+    rpc.answers.update(getLedgerEntries=entries(seq=SEQ))
+    lineages.sync_lanes(db, [LANE.public_key])
+    environ = base_environ(dsn, PAYGATE_RPC_URL=rpc.url, PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT="1",
+                           PAYGATE_RPC_TIMEOUT="2s")
+    result = run_cli("nonce-inspect", "--json", "--lane", LANE.public_key, environ=environ)
+    assert result.code == ExitCode.OK and json.loads(result.out)["lanes"][0]["chain_seq"] == SEQ, result.err
+    chain = chain_for(rpc.url)
+    try:
+        assert chain.account_sequence(LANE.public_key) == SEQ
+    finally:
+        chain.close()
+
+
+@pytest.mark.parametrize("case", range(len(LANE_READ_CORRUPTIONS)))
+def test_a_malformed_lane_read_is_unavailable_never_a_bug(rpc: HostileRpc, dsn: str, db: psycopg.Connection,
+                                                          case: int) -> None:
+    """A lane entry that does not decode, is another account's or has a negative sequence, an answer
+    of the wrong shape, a garbled body or a JSON-RPC error: exit 69 (unknown, ask again later), never
+    a number read from it, never 70; the workers' ChainClient raises the same class with the same msgid."""
+    corruption = LANE_READ_CORRUPTIONS[case]
+    rpc.answers.update(getLedgerEntries=corruption)
+    lineages.sync_lanes(db, [LANE.public_key])
+    environ = base_environ(dsn, PAYGATE_RPC_URL=rpc.url, PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT="1",
+                           PAYGATE_RPC_TIMEOUT="2s")
+    result = run_cli("nonce-inspect", "--json", "--lane", LANE.public_key, environ=environ)
+    assert result.code == ExitCode.UNAVAILABLE, (corruption, result.code, result.err)
+    assert "Traceback" not in result.err + result.out and '"chain_seq"' not in result.out
+    msgid = json.loads(result.err.strip().splitlines()[-1])["msgid"]
+    if case < 4:  # an entry that does not hold together: named as malformed
+        assert msgid == "rpc.malformed", result.err
+    chain = chain_for(rpc.url)
+    try:
+        with pytest.raises(Unavailable) as caught:
+            chain.account_sequence(LANE.public_key)
+    finally:
+        chain.close()
+    assert caught.value.msgid == msgid

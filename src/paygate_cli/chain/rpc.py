@@ -14,6 +14,17 @@ from stellar_sdk.exceptions import BadResponseError, SorobanRpcErrorResponse
 from stellar_sdk.exceptions import ConnectionError as SdkConnectionError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from paygate_cli.chain.accounts import (
+    Endpoint,
+    MalformedAnswer,
+    NoAnswer,
+    decode_account_seq,
+    read_account_sequence,
+    request_body,
+    result_of,
+)
+from paygate_cli.chain.accounts import LaneMissing as LaneMissing  # re-exported: callers catch it from here
+from paygate_cli.chain.accounts import LaneNotVisible as LaneNotVisible
 from paygate_cli.db.connect import assert_not_in_transaction
 from paygate_cli.errors import ConfigError, Unavailable
 
@@ -23,11 +34,6 @@ if TYPE_CHECKING:
     from paygate_cli.settings import Settings
 
 T = TypeVar("T")
-
-
-class MalformedAnswer(ValueError):
-    """An RPC answer that does not hold together (an RPC node is outside paygate): the endpoint's
-    view is unknown, exactly as if no answer had come."""
 
 
 # The answer never came or came garbled: the request may or may not have taken effect.
@@ -59,20 +65,6 @@ def _pin_sdk_models() -> list[Any]:
 
 
 _SDK_MODELS = _pin_sdk_models()
-
-
-class LaneMissing(ConfigError):
-    """A lane's account is proven absent (a quorum of caught-up read hosts): the lane, not the run,
-    is broken. The engine fences it and moves the work to another lane."""
-
-    msgid = "rpc.lane_missing"
-
-
-class LaneNotVisible(Unavailable):
-    """A lane account was "not found" by read nodes that are not proven caught up: a lagging read
-    ("not there yet"), never a configuration error. Retry later (exit 69 if it ends the run)."""
-
-    msgid = "rpc.lane_not_visible"
 
 
 @dataclass(frozen=True)
@@ -136,6 +128,7 @@ class ChainClient:
         self.readers = [server(url) for url in self.read_urls]
         self.passphrase = settings.network_passphrase
         self.guard_conn = guard_conn
+        self._sequence_endpoints: tuple[Endpoint, list[Endpoint]] | None = None
 
     def close(self) -> None:
         for srv in {id(s): s for s in [self.write, *self.readers]}.values():
@@ -185,61 +178,15 @@ class ChainClient:
         return self._first_healthy("getLedgerEntries", lambda s: s.get_ledger_entries(keys))
 
     def account_sequence(self, address: str) -> int:
-        """Ordinary read (allocation). Decisions use probe() instead."""
-        from stellar_sdk import Keypair
-
-        key = xdr.LedgerKey(type=xdr.LedgerEntryType.ACCOUNT, account=xdr.LedgerKeyAccount(
-            account_id=Keypair.from_public_key(address).xdr_account_id()))
-        answer = self.ledger_entries([key])
-        if not answer.entries:
-            return self._account_not_found(address, key)
-        try:
-            return _account_seq(answer.entries[0].xdr, address)
-        except MalformedAnswer as exc:  # the node's answer is unusable: like no answer at all
-            raise Unavailable(f"Stellar RPC answered getLedgerEntries for {address} with {exc}"[:500],
-                              msgid="rpc.malformed") from None
-
-    def _account_not_found(self, address: str, key: xdr.LedgerKey) -> int:
-        """One node said "no such account". A lagging node says that about a brand-new lane (issue 11),
-        so it proves nothing by itself: the lane is missing (78) only when a majority of the distinct
-        read hosts say so from at least the highest ledger any endpoint admits to — read before the
-        entries, and vouched for by two hosts or more (one node cannot tell that it lags, so under the
-        single-endpoint development override a lane is never proven missing). Otherwise the read is
-        "not visible yet" (LaneNotVisible, transient)."""
-        from paygate_cli.settings import rpc_host
-
-        reference, hosts = 0, set()
-        for url, srv in [(self.write_url, self.write), *zip(self.read_urls, self.readers, strict=True)]:
-            try:
-                seen = self._retrying("getLatestLedger", lambda srv=srv: srv.get_latest_ledger(), attempts=2)
-            except (Unavailable, SorobanRpcErrorResponse):
-                continue
-            reference = max(reference, int(seen.sequence))
-            hosts.add(rpc_host(url))
-        absent, views = 0, []
-        for url, srv in zip(self.read_urls, self.readers, strict=True):
-            try:
-                answer = self._retrying("getLedgerEntries", lambda srv=srv: srv.get_ledger_entries([key]), attempts=2)
-            except (Unavailable, SorobanRpcErrorResponse):
-                views.append(f"{rpc_host(url)} did not answer")
-                continue
-            if answer.entries:
-                try:
-                    return _account_seq(answer.entries[0].xdr, address)  # it exists: this node has caught up
-                except MalformedAnswer as exc:
-                    views.append(f"{rpc_host(url)}: {exc}"[:200])
-                    continue
-            if int(answer.latest_ledger) >= reference:
-                absent += 1
-                views.append(f"{rpc_host(url)} at ledger {answer.latest_ledger}: not found")
-            else:
-                views.append(f"{rpc_host(url)} at ledger {answer.latest_ledger}: behind ledger {reference}")
-        seen_by = f"({'; '.join(views)})"
-        if len(hosts) >= 2 and absent >= len(self.read_urls) // 2 + 1:
-            raise LaneMissing(f"lane {address} does not exist on chain: not found by {absent} of "
-                              f"{len(self.read_urls)} read endpoints caught up to ledger {reference} {seen_by}")
-        raise LaneNotVisible(f"lane {address} is not visible on chain yet {seen_by}: the read nodes may lag; "
-                             f"retrying later (if it persists, create the account or remove the lane)"[:500])
+        """Ordinary read (allocation). Decisions use probe() instead. The policy and the decode are
+        chain/accounts.py's (shared with the SDK-free `nonce-inspect --lane`); here they run over
+        this client's pooled sessions, so an allocation pays no new connection."""
+        if self._sequence_endpoints is None:
+            self._sequence_endpoints = (_session_endpoint(self.write_url, self.write),
+                                        [_session_endpoint(u, s) for u, s in zip(self.read_urls, self.readers,
+                                                                                  strict=True)])
+        write, readers = self._sequence_endpoints
+        return read_account_sequence(address, write=write, readers=readers, guard=self._guard)
 
     def simulate(self, tx: Any) -> Any:
         self._guard("simulateTransaction")
@@ -345,7 +292,7 @@ def probe_from_answers(url: str, lane: str, inner_hash_hex: str, entries: Any, t
         listed = entries.entries or []
         if not isinstance(listed, list) or len(listed) > 1:
             raise MalformedAnswer("getLedgerEntries returned more entries than the one key asked for")
-        seq = _account_seq(listed[0].xdr, lane) if listed else None
+        seq = decode_account_seq(listed[0].xdr, lane) if listed else None
     if str(tx.transaction_hash).lower() != inner_hash_hex.lower():
         raise MalformedAnswer(f"getTransaction answered for another hash ({str(tx.transaction_hash)[:70]!r})")
     latest = _ledger_number(tx.latest_ledger, "getTransaction latestLedger")
@@ -373,26 +320,18 @@ def probe_from_answers(url: str, lane: str, inner_hash_hex: str, entries: Any, t
                  oldest_ledger=oldest)
 
 
-def _account_seq(entry_xdr: Any, address: str | None = None) -> int:
-    """The sequence number in an ACCOUNT ledger entry (of `address`, when given)."""
-    from stellar_sdk import Keypair
+def _session_endpoint(url: str, srv: SorobanServer) -> Endpoint:
+    """A JSON-RPC endpoint for chain/accounts.py over the SDK client's session (its timeouts, no
+    proxies from the environment, no silent retries)."""
 
-    try:
-        data = xdr.LedgerEntryData.from_xdr(entry_xdr)
-        account = data.account
-        if data.type != xdr.LedgerEntryType.ACCOUNT or account is None:
-            raise MalformedAnswer(f"ledger entry is a {data.type.name}, not an account")
-        owner = Keypair.from_raw_ed25519_public_key(account.account_id.account_id.ed25519.uint256).public_key
-        seq = int(account.seq_num.sequence_number.int64)
-    except MalformedAnswer:
-        raise
-    except Exception as exc:  # any decode failure of foreign bytes: not an account entry
-        raise MalformedAnswer(f"ledger entry does not decode ({type(exc).__name__})") from None
-    if address is not None and owner != address:
-        raise MalformedAnswer(f"ledger entry is the account {owner}, not {address}")
-    if seq < 0:
-        raise MalformedAnswer(f"account sequence {seq} is negative")
-    return seq
+    def post(method: str, params: dict[str, Any]) -> Any:
+        try:
+            answer = srv._client.post(srv.server_url, json_data=request_body(method, params))
+        except (SdkConnectionError, requests.RequestException) as exc:
+            raise NoAnswer(f"{type(exc).__name__}: {exc}"[:300]) from None
+        return result_of(answer.status_code, answer.text)
+
+    return Endpoint(url, post)
 
 
 def result_code_of(result_xdr: str | None) -> str | None:

@@ -60,17 +60,17 @@ def preview(chain: ChainClient, lineage: lineages.Lineage) -> dict[str, Any]:
                           for p, v in zip(probes, verdicts, strict=True)]}
 
 
-def inspect_lanes(conn: psycopg.Connection, chain_of: Callable[[], ChainClient], lane: str | None
-                  ) -> list[dict[str, Any]]:
+def inspect_lanes(conn: psycopg.Connection, chain_of: Callable[[], ChainClient], lane: str | None,
+                  sequence_of: Callable[[str], int]) -> list[dict[str, Any]]:
+    """`sequence_of`: a lane's sequence on chain (chain/accounts.py, SDK-free); the chain client is
+    built only for a lane with a lineage in flight (its resolution preview probes)."""
     rows = conn.execute(LANES_SQL, {"lane": lane}).fetchall()
     if lane and not rows:
         raise UsageError(f"lane {lane} is not in the journal")
     report = []
-    chain = chain_of() if rows else None
     for address, status, drained_at in rows:
         max_seq, consumed, live_id = conn.execute(LANE_JOURNAL_SQL, {"lane": address}).fetchone()
-        assert chain is not None
-        chain_seq = chain.account_sequence(address)
+        chain_seq = sequence_of(address)
         live = lineages.load(conn, live_id) if live_id else None
         finding = "ok"
         if max_seq is not None and chain_seq > max_seq:
@@ -85,7 +85,7 @@ def inspect_lanes(conn: psycopg.Connection, chain_of: Callable[[], ChainClient],
         report.append({
             "lane": address, "status": status, "drained_at": drained_at, "chain_seq": chain_seq,
             "journal_last_consumed_seq": max_seq, "journal_consumed_count": consumed,
-            "in_flight": live.public() | {"resolution": preview(chain, live)} if live else None,
+            "in_flight": live.public() | {"resolution": preview(chain_of(), live)} if live else None,
             "finding": finding, "needs_human": finding.startswith("gap"),
         })
     return report
@@ -144,9 +144,10 @@ def inspect_relay(conn: psycopg.Connection, chain_of: Callable[[], ChainClient],
 def nonce_inspect(settings: Any, *, lane: str | None = None, credit_id: int | None = None,
                   relay_id: int | None = None) -> dict[str, Any]:
     """The whole command: {"lanes": [...]}, {"credit": {...}} or {"relay": {...}}, plus "needs_human".
-    The chain client (and stellar-sdk with it) is built only once something needs the chain: an
-    unknown lane, deposit or relay is answered from the database alone."""
-    from paygate_cli.db.connect import connect
+    The chain client (and stellar-sdk with it) is built only once something needs more of the chain
+    than a lane's sequence (read SDK-free): an unknown lane, deposit or relay is answered from the
+    database alone, a lane with nothing in flight from the database and one getLedgerEntries."""
+    from paygate_cli.db.connect import assert_not_in_transaction, connect
 
     if sum(x is not None and x != "" for x in (lane, credit_id, relay_id)) > 1:
         raise UsageError("--lane, --credit and --relay are mutually exclusive")
@@ -160,6 +161,11 @@ def nonce_inspect(settings: Any, *, lane: str | None = None, credit_id: int | No
                 clients.append(ChainClient(settings, guard_conn=conn))
             return clients[0]
 
+        def sequence_of(address: str) -> int:
+            from paygate_cli.chain.accounts import lane_sequence
+
+            return lane_sequence(settings, address, guard=lambda what: assert_not_in_transaction(conn, what))
+
         try:
             if relay_id is not None:
                 relay_report = inspect_relay(conn, chain_of, relay_id)
@@ -167,7 +173,7 @@ def nonce_inspect(settings: Any, *, lane: str | None = None, credit_id: int | No
             if credit_id is not None:
                 report = inspect_credit(conn, chain_of, credit_id)
                 return {"credit": report, "needs_human": report["needs_human"]}
-            lanes = inspect_lanes(conn, chain_of, lane)
+            lanes = inspect_lanes(conn, chain_of, lane, sequence_of)
             return {"lanes": lanes, "needs_human": any(r["needs_human"] for r in lanes)}
         finally:
             for client in clients:
