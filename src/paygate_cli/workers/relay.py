@@ -362,8 +362,9 @@ def _advance_all(deps: Deps, rows: list[Relay], result: TickResult, *, new_work:
         if outcome != "prepared":
             count(outcome)
     prepared, deps.prepared = deps.prepared, []
-    for sent in deps.engine.send_prepared(prepared):
-        count("lease_lost" if isinstance(sent, EngineLeaseLost) else "sent")
+    if prepared:  # (a take-over prepares nothing, and its engine refuses to send)
+        for sent in deps.engine.send_prepared(prepared):
+            count("lease_lost" if isinstance(sent, EngineLeaseLost) else "sent")
     return outcomes
 
 
