@@ -103,6 +103,25 @@ def test_settlement_crash_before_the_batch_is_out(chain: ChainEnv, db: psycopg.C
         assert states == ["applied"]
 
 
+def test_a_ticks_batches_are_journaled_together_before_the_first_is_sent(chain: ChainEnv,
+                                                                         db: psycopg.Connection) -> None:
+    """Three batches in one tick (batch size 3, one lane each): the tick anchors all three in one
+    transaction, then broadcasts. Killed right after that commit: all three are journaled ('signed')
+    and the devnet has seen none of them; the same bytes are then sent and land, once each."""
+    from tests.drill_support import crash_tick as crash
+
+    accounts = setup_charges(chain, db)
+    crash(chain.environ, "settlement", "settlement.after_anchor", "--batch", "3")
+    states = db.execute("SELECT id, state FROM paygate.lineages WHERE purpose = 'charge_batch' ORDER BY id").fetchall()
+    assert [state for _, state in states] == ["signed"] * 3
+    assert chain.devnet.state()["queue"] == []  # nothing broadcast before the kill
+    time.sleep(1.2)  # the dead worker's batch leases lapse (1 s, DB time)
+    quiesce_and_check(chain, db, accounts)
+    # The journaled bytes themselves were sent and landed: no batch needed a second lineage.
+    assert db.execute("SELECT id, state FROM paygate.lineages WHERE purpose = 'charge_batch' ORDER BY id"
+                      ).fetchall() == [(lineage_id, "applied") for lineage_id, _ in states]
+
+
 @pytest.mark.parametrize("point", ["settlement.before_resolve", "settlement.after_resolve"])
 def test_settlement_crash_while_resolving(chain: ChainEnv, db: psycopg.Connection, point: str) -> None:
     accounts = setup_charges(chain, db)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from paygate_cli.errors import Unavailable
 from paygate_cli.journal import lineage as lineages
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from paygate_cli.chain.contracts import Invocation, SignedTransaction
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient, SendOutcome
-    from paygate_cli.journal.engine import Engine
+    from paygate_cli.journal.engine import Engine, Prepared
     from paygate_cli.journal.keyring import Keyring
 
 HAS_WORK_SQL = """
@@ -267,6 +267,9 @@ class Deps:
     outcomes: dict[str, int] = field(default_factory=dict)
     # Batches broadcast this tick whose lease on_sent did not release (the engine deferred the mark).
     unreleased: dict[int, uuid.UUID] = field(default_factory=dict)
+    # Batches built and signed this tick, anchored together (one synchronous commit) and broadcast
+    # once the tick has claimed all it will (_send_prepared).
+    prepared: list[Prepared] = field(default_factory=list)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -374,9 +377,10 @@ def tick(ctx: TickContext) -> TickResult:
             if step == "lane_failed" and retries > 0:
                 retries -= 1
                 continue
-            if step != "sent":
+            if step != "prepared":
                 break
             started += 1
+        _send_prepared(deps)
         _release_sent(deps)
     finally:
         deps.chain.close()
@@ -471,9 +475,10 @@ class BatchJob:
 
 
 def _start_batch(deps: Deps, result: TickResult) -> str:
-    """Claim one batch and take it as far as the broadcast: sent | lane_failed | no_free_lane |
-    simulation_failed | lease_lost | empty."""
-    from paygate_cli.journal.engine import BuildFailed, LaneFailed
+    """Claim one batch and take it as far as signed (the tick anchors and broadcasts its batches
+    together: _send_prepared): prepared | lane_failed | no_free_lane | simulation_failed |
+    lease_lost | empty."""
+    from paygate_cli.journal.engine import BuildFailed, LaneFailed, Prepared
 
     ctx = deps.ctx
     batch = max(1, min(int(ctx.batch), 100))
@@ -493,16 +498,17 @@ def _start_batch(deps: Deps, result: TickResult) -> str:
     job = BatchJob(deps, lineage_id, token, rows)
     allocation = _allocation(claimed)
     try:
-        if allocation is None:
-            outcome = deps.engine.sign_and_send(job, lineage_id, lane)
-        else:
-            outcome = deps.engine.sign_and_send(job, lineage_id, lane, allocation=allocation)
+        outcome = deps.engine.prepare(job, lineage_id, lane, allocation=allocation)
     except Unavailable:
         _give_back(deps, lineage_id, token, "the RPC was unavailable before anything was signed and journaled")
+        _give_back_prepared(deps)
         raise
     except LeaseLost:
         deps.count("lease_lost")  # someone else has the batch: not a failure, not an alarm
         return "lease_lost"
+    if isinstance(outcome, Prepared):
+        deps.prepared.append(outcome)
+        return "prepared"
     if isinstance(outcome, LaneFailed):
         deps.count("lane_failed")
         return "lane_failed"
@@ -512,10 +518,37 @@ def _start_batch(deps: Deps, result: TickResult) -> str:
         deps.count("simulation_failed")
         result.failed += 1
         return "simulation_failed"
-    if not job.released:
-        deps.unreleased[lineage_id] = token
-    deps.count("sent")
-    return "sent"
+    raise AssertionError(f"unexpected outcome {outcome!r}")
+
+
+def _send_prepared(deps: Deps) -> None:
+    """Anchor the tick's signed batches in one transaction (one synchronous commit), then broadcast
+    each. A batch whose lease was lost is anchored and sent by no one (someone else has it)."""
+    if not deps.prepared:
+        return
+    try:
+        results = deps.engine.send_prepared(deps.prepared)
+    except Unavailable:
+        _give_back_prepared(deps)
+        raise
+    prepared, deps.prepared = deps.prepared, []
+    for unit, sent in zip(prepared, results, strict=True):
+        job = cast(BatchJob, unit.job)
+        if isinstance(sent, LeaseLost):
+            deps.count("lease_lost")  # someone else has the batch: not a failure, not an alarm
+            continue
+        if not job.released:
+            deps.unreleased[unit.lineage_id] = job.token
+        deps.count("sent")
+
+
+def _give_back_prepared(deps: Deps) -> None:
+    """The RPC went away: hand back now the tick's signed batches that were never anchored (one
+    that was anchored stays journaled and is resolved on a later tick: _give_back leaves it)."""
+    prepared, deps.prepared = deps.prepared, []
+    for unit in prepared:
+        _give_back(deps, unit.lineage_id, cast(BatchJob, unit.job).token,
+                   "the RPC was unavailable before it was anchored and broadcast")
 
 
 def _allocation(claimed: Claim) -> object | None:
