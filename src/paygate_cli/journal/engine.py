@@ -47,10 +47,10 @@ API (stable: `relay` and `relay_drainer` build on it)
     outcome = engine.sign_and_send(job, allocation.lineage_id, allocation.lane, allocation=allocation)
     engine.flush_sent()     # once a tick, before the rows are handed back: the tick's 'sent' marks
 
-    # Group commit (funding and relay): sign_and_send in two halves, so a tick's envelopes share
-    # one synchronous commit. prepare() builds, signs and encrypts (nothing written); send_prepared()
-    # anchors the whole list in ONE transaction, then broadcasts each — never anything before the
-    # commit that journals it:
+    # Group commit (funding, relay, settlement): sign_and_send in two halves, so a tick's envelopes
+    # share one synchronous commit. prepare() builds, signs and encrypts (nothing written);
+    # send_prepared() anchors the whole list in ONE transaction, then broadcasts each — never
+    # anything before the commit that journals it:
     outcome = engine.prepare(job, allocation.lineage_id, allocation.lane, allocation=allocation)
     #   Prepared(...), or LaneFailed / BuildFailed / Expired as above (nothing to anchor)
     results = engine.send_prepared([prepared, ...])   # per unit, in order: Sent | LeaseLost (returned)
