@@ -3,10 +3,11 @@
 A HOT ("heap only tuple") update writes the row's new version on its own page and no index entry at
 all, so its cost does not grow with the indexes, which grow with history. PostgreSQL makes an update
 HOT only when no column it changes is named by any index of the table (keys, expressions, partial
-index predicates) and the page has room for the new version. So each test here fills the table's
-first page completely at the table's own fillfactor (several pages of queued rows), then runs the
-worker's real statement (the SQL constant imported from the worker module) on the oldest rows,
-which sit on that first page.
+index predicates) and the page has room for the new version (the old one stays until the claim
+commits). So each test inserts queued rows of real size (pages filled by inserts up to the table's
+fillfactor), then runs the worker's real statements (the SQL constants imported from the worker
+modules) on the oldest: a full batch of freshly admitted rows, and every row of a first page that
+later admissions filled. On the schema before migration 0016 every one of those updates was non-HOT.
 
 How the HOT count is read (PostgreSQL 15): pg_stat_user_tables.n_tup_hot_upd only moves after the
 backend flushes its pending statistics, which happens when it is idle, at most once a second (or at
@@ -20,7 +21,7 @@ page) shows updated = n and hot_updated < n.
 Settlement's and webhooks' claims are not here: they cannot be HOT. Settlement's records the batch's
 lineage_id and claimed_at on each charge, which take the row out of the claim-order index and into the
 lineage index (both needed); the webhooks claim moves status from pending to delivering, and every
-partial index of webhook_outbox (due, leased, delivered, dead) is keyed by status."""
+partial index of webhook_outbox (due, leased, delivered, dead) names status in its predicate."""
 
 from __future__ import annotations
 
