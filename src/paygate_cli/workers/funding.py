@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # A drained instance takes no new work but still drives what is in flight (a row with a lineage).
 CLAIM_SQL = """
 WITH claimable AS (
-    SELECT id, deposit_lineage_id, credit_lineage_id FROM paygate.pending_credits
+    SELECT ctid, id, deposit_lineage_id, credit_lineage_id FROM paygate.pending_credits
     WHERE status = 'pending'
       AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
            OR lease_expires_at < now() - make_interval(secs => %(grace)s))
@@ -49,7 +49,10 @@ SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(se
     claimed_by = %(owner)s, attempts = p.attempts + 1, updated_at = now()
 FROM claimable LEFT JOIN paygate.lineages x ON x.id = coalesce(claimable.credit_lineage_id,
                                                                claimable.deposit_lineage_id)
-WHERE p.id = claimable.id
+-- Back to the rows by ctid, the version the FOR UPDATE locked (nobody else can move it until
+-- this commits): no primary-key descent per claimed row, so the claim costs the same
+-- however long the table's history (bench/growth.py).
+WHERE p.ctid = claimable.ctid
 RETURNING p.id, p.account, p.amount, p.auth_entry, p.auth_nonce, p.auth_expiration_ledger, p.lease_token,
           p.deposit_lineage_id, p.credit_lineage_id, p.deposit_tx, p.pending_failure, {lineage_columns}
 """

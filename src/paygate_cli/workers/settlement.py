@@ -78,19 +78,19 @@ RELAXED_CTE = "relaxed AS MATERIALIZED (SELECT set_config('synchronous_commit', 
 # (0) from no free lane (> 0, lineage NULL).
 CLAIM_SQL = """
 WITH """ + RELAXED_CTE + """, candidates AS MATERIALIZED (
-    SELECT id, account, created_at FROM paygate.charges
+    SELECT ctid, id, account, created_at FROM paygate.charges
     WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
     ORDER BY created_at, id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), counted AS (
-    SELECT id, row_number() OVER claim_order AS entries, sum(first_of_account) OVER claim_order AS accounts
-    FROM (SELECT id, created_at,
+    SELECT ctid, row_number() OVER claim_order AS entries, sum(first_of_account) OVER claim_order AS accounts
+    FROM (SELECT ctid, id, created_at,
                  (row_number() OVER (PARTITION BY account ORDER BY created_at, id) = 1)::int AS first_of_account
           FROM candidates) c
     WINDOW claim_order AS (ORDER BY created_at, id ROWS UNBOUNDED PRECEDING)
 ), chosen AS MATERIALIZED (
-    SELECT id FROM counted
+    SELECT ctid FROM counted
     WHERE entries <= %(max_entries)s AND entries + accounts <= %(max_write)s
       AND entries + accounts + %(read_only)s <= %(max_keys)s
 ), """ + lineages.free_lane_ctes(only_if="EXISTS (SELECT 1 FROM chosen)") + """, lineage AS (
@@ -101,7 +101,10 @@ WITH """ + RELAXED_CTE + """, candidates AS MATERIALIZED (
     UPDATE paygate.charges c
     SET claimed_at = now(), claimed_by = %(owner)s, lineage_id = lineage.id, updated_at = now()
     FROM lineage
-    WHERE c.id IN (SELECT id FROM chosen)
+    -- Back to the rows by ctid, the version the FOR UPDATE locked (nobody else can move it until
+    -- this commits): no primary-key descent per claimed row, so the claim costs the same
+    -- however long the table's history (bench/growth.py).
+    WHERE c.ctid IN (SELECT ctid FROM chosen)
       AND c.status = 'authorized' AND c.claimed_at IS NULL AND c.lineage_id IS NULL
     RETURNING c.id, c.account, c.amount, c.charge_id, c.created_at, lineage.id AS lineage_id, lineage.lane
 ), batch AS (
