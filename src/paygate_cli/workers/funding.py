@@ -456,7 +456,7 @@ def _finished(deps: Deps, lineage_id: int) -> lineages.Lineage:
 
 
 def _settle(deps: Deps, row: Deposit) -> str:
-    # One statement (its own transaction, relaxed: SETTLE_SQL): the flip, the increment, the event.
+    # One statement (its own transaction, relaxed: SETTLE_RELAXED_SQL): the flip, the increment, the event.
     won = lineages.one_statement(deps.conn, SETTLE_RELAXED_SQL, {"id": row.id, "by": "funding",
                                                          "deposit_tx": row.deposit_tx}).fetchone()
     if won is None:
