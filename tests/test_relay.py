@@ -254,6 +254,28 @@ def test_a_settle_that_fails_rolls_the_disposition_flip_back(chain: ChainEnv, rd
                        ).fetchone()[0] == 0
 
 
+def test_a_settle_failure_in_the_ticks_shared_disposition_stays_that_relays(
+        chain: ChainEnv, rdb: psycopg.Connection) -> None:
+    """A tick disposes of its included relays in one statement; one relay whose settle fails rolls
+    that statement back, and the relays are then disposed of one by one: the other is applied and
+    settled in the same tick, only the failing one stays queued."""
+    users = chain.genesis["users"]
+    broken, fine = (admit_relay(rdb, chain.devnet, user, f"r-shared-{n}") for n, user in enumerate(users[:2]))
+    assert details(chain.tick("relay")) == {"sent": 2}
+    chain.devnet.close_ledger()
+    assert rdb.execute("SELECT paygate.release_relay_fee(%s, 'closed by hand')", (broken,)).fetchone()[0] is True
+    result = chain.tick("relay")
+    assert result.code == 1 and details(result) == {"applied": 1, "settle_failed": 1}, result.err
+    rows = relay_rows(rdb)
+    assert rows[broken]["status"] == "queued" and rows[broken]["fee_charged"] is None
+    assert rows[fine]["status"] == "applied" and rows[fine]["fee_charged"] == chain_fee(chain, rows[fine]["tx_hash"])[1]
+    assert rdb.execute("SELECT relay_id, status FROM paygate.fee_reservations ORDER BY relay_id").fetchall() == [
+        (broken, "released"), (fine, "settled")]
+    assert rdb.execute("SELECT settled FROM paygate.relay_fee_totals").fetchone()[0] == rows[fine]["fee_charged"]
+    assert rdb.execute("SELECT count(*) FROM paygate.webhook_outbox WHERE event_type = 'relay.applied'"
+                       ).fetchone()[0] == 1
+
+
 def test_a_drained_instance_finishes_relays_in_flight_but_claims_nothing_new(
         chain: ChainEnv, rdb: psycopg.Connection) -> None:
     import logging

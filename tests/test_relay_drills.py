@@ -106,8 +106,9 @@ def _installed(db: psycopg.Connection) -> int:
 
 MARKERS: dict[str, Any] = {
     "relay.after_claim": _claimed,
-    "relay.after_allocate": lambda db: lineage_states(db) == ["allocated"],
-    "relay.after_sign": lambda db: lineage_states(db) == ["allocated"] and not _installed(db),
+    # The tick's allocations are one statement: both relays hold a lineage before the first is built.
+    "relay.after_allocate": lambda db: lineage_states(db) == ["allocated", "allocated"],
+    "relay.after_sign": lambda db: lineage_states(db) == ["allocated", "allocated"] and not _installed(db),
     # The atomic install: the envelope and the relay's pointer to it committed together — for both
     # relays of the tick at once (one synchronous commit), before the first broadcast.
     "relay.after_anchor": lambda db: lineage_states(db) == ["signed", "signed"] and _installed(db) == 2,

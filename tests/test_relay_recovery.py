@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.chain_env import ChainEnv, chain_environ, recovery_environ
 from tests.cli import run_proc, spawn
@@ -60,7 +61,7 @@ def lineages_of(db: psycopg.Connection, entitlement: str) -> list[tuple]:
 
 def test_a_relay_worker_killed_after_anchoring_is_recovered_through_its_lineage(
         chain: ChainEnv, rdb: psycopg.Connection) -> None:
-    from paygate_cli.workers.relay import FLIP_INCLUDED_SQL
+    from paygate_cli.workers.relay import DISPOSE_INCLUDED_SQL
 
     users = chain.genesis["users"]
     relay = admit_relay(rdb, chain.devnet, users[0], "r-anchored")
@@ -93,8 +94,9 @@ def test_a_relay_worker_killed_after_anchoring_is_recovered_through_its_lineage(
     assert rdb.execute("SELECT status, fee_charged FROM paygate.fee_reservations WHERE relay_id = %s",
                        (relay,)).fetchone() == ("settled", row["fee_charged"])
     # The dead owner's late disposition, with its old token: matches nothing.
-    assert rdb.execute(FLIP_INCLUDED_SQL, {"status": "applied", "fee": 1, "tx": inner, "reason": None, "id": relay,
-                                           "token": dead_token, "lineage": lineage}).rowcount == 0
+    assert rdb.execute(DISPOSE_INCLUDED_SQL, {
+        "ids": [relay], "tokens": [dead_token], "lineages": [lineage], "statuses": ["applied"], "fees": [1],
+        "txs": [inner], "reasons": [None], "payloads": [Jsonb({})]}).fetchall() == []
     run_until_quiet(chain, rdb)  # the worker starts the fresh one
     assert relay_rows(rdb)[fresh]["status"] == "applied"
     assert lineages_of(rdb, f"relay:{relay}") == [(lineage, "applied", inner)]

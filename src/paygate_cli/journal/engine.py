@@ -37,6 +37,9 @@ API (stable: `relay` and `relay_drainer` build on it)
 
     # 3. On a later tick, for the lineage the row points at:
     state = engine.drive(job, engine.load(lineage_id))   # the lineage's state afterwards
+    #    or for all of a tick's rows at once (their receipts recorded in one statement):
+    states = engine.drive_all([(job, lineage), ...])      # per item: a state, or the LeaseLost /
+                                                          # NeedsHuman that stopped it (returned)
 
     # 4. Once per tick: engine.sweep(ORPHANS_SQL) where ORPHANS_SQL selects `id` of live lineages
     #    (of the path's purposes) that no row of the path holds any more; LIMIT %(limit)s.
@@ -44,6 +47,8 @@ API (stable: `relay` and `relay_drainer` build on it)
     # The one-statement fast path (issue 14; funding and relay use it): a FastJob also gives its
     # lease check and row updates as SQL, and each phase is then ONE statement, no BEGIN/COMMIT:
     allocation = engine.allocate_for(job, entitlement=...)    # lease + lane + row pointer | None
+    allocations = engine.allocate_many(jobs, entitlements)   # the same for a tick's rows (a BatchJob):
+                                                             # per job Allocation | LeaseLost | None
     outcome = engine.sign_and_send(job, allocation.lineage_id, allocation.lane, allocation=allocation)
     engine.flush_sent()     # once a tick, before the rows are handed back: the tick's 'sent' marks
 
@@ -78,7 +83,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, cast
 
 from paygate_cli.db.connect import assert_not_in_transaction, relaxed_transaction
-from paygate_cli.errors import PaygateError, Unavailable
+from paygate_cli.errors import NeedsHuman, PaygateError, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.ticks.crash import crashpoint
 
@@ -151,6 +156,25 @@ class FastJob(Job, Protocol):
     def params(self) -> dict[str, Any]: ...
 
 
+class BatchJob(FastJob, Protocol):
+    """A FastJob whose rows can also be allocated for together (allocate_many): its lease check and
+    row pointer as set-based SQL over the request `req` (journal/lineage.py ALLOCATE_ATTACH_MANY_SQL)."""
+
+    # SELECT <row id> AS row_id … JOIN req … FOR UPDATE: the requested rows whose lease is still ours.
+    # Both may use the path's own named parameters that are the same for every row (the first
+    # job's params()), never a row's own: those come from `req`.
+    hold_many_sql: str
+    # UPDATE … FROM lineage JOIN req USING (entitlement) WHERE <the row, under the lease> RETURNING 1.
+    attach_many_sql: str
+    # UPDATE … FROM anchored JOIN req ON req.lineage_id = anchored.id WHERE … RETURNING 1: what
+    # commits with each envelope (journal/lineage.py ANCHOR_HELD_MANY_SQL).
+    install_many_sql: str
+
+    def row_key(self) -> tuple[int, Any]:
+        """(row id, lease token) as `req` names them."""
+        ...
+
+
 @dataclass(frozen=True)
 class Allocation:
     """A lane allocated by allocate_for(): the lease was checked and the row took the lineage in the
@@ -185,6 +209,8 @@ class Expired:
 
 
 Outcome = Sent | LaneFailed | BuildFailed | Expired
+# What drive_all() left a lineage in: its state, or what stopped it alone (raise it for that row).
+Driven = str | LeaseLost | NeedsHuman
 
 
 @dataclass(frozen=True)
@@ -226,6 +252,12 @@ LATEST_REUSE_SECONDS = 5.0
 
 def _fast(job: Job) -> bool:
     return getattr(job, "hold_sql", None) is not None
+
+
+def _one_statement_batch(batch: list[Prepared]) -> bool:
+    """Whether a batch can be anchored in one statement: every job a BatchJob of the same SQL."""
+    forms = {(getattr(p.job, "hold_many_sql", None), getattr(p.job, "install_many_sql", None)) for p in batch}
+    return len(forms) == 1 and None not in next(iter(forms))
 
 
 def is_lane_failure(message: str) -> bool:
@@ -333,6 +365,50 @@ class Engine:
         if lineage_id is None:
             return None
         return Allocation(int(lineage_id), str(lane), None if journal_seq is None else int(journal_seq))
+
+    def allocate_many(self, jobs: list[BatchJob], entitlements: list[str]) -> list[Allocation | LeaseLost | None]:
+        """allocate_for() for a tick's rows in one statement (one path, one purpose): per job, in
+        order, its Allocation, LeaseLost, or None when no free lane was left for it. A row that did
+        not take its lineage aborts the statement (nothing allocated); the rows are then allocated
+        for one by one, so the failure stays that row's."""
+        import psycopg
+
+        if not jobs:
+            return []
+        first = jobs[0]
+        sql = lineages.ALLOCATE_ATTACH_MANY_SQL.format(hold=first.hold_many_sql, attach=first.attach_many_sql)
+        keys = [job.row_key() for job in jobs]
+        # The path's own parameters (e.g. a lease length) are the same for every row: the first job's.
+        params = {**first.params(), "x_row_ids": [k[0] for k in keys], "x_row_tokens": [k[1] for k in keys],
+                  "x_entitlements": entitlements, "x_lanes": sorted(self.lanes), "x_purpose": first.purpose}
+        try:
+            answers = lineages.one_statement(self.conn, sql, params).fetchall()
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != "lineages_one_live_per_lane":
+                raise
+            return [None] * len(jobs)  # another allocator won a lane: "no free lane this time"
+        except psycopg.errors.SerializationFailure:
+            return [None] * len(jobs)
+        except psycopg.Error as exc:
+            if exc.sqlstate != lineages.REQUIRE_FAILED:
+                raise
+            return [self._allocate_alone(job, entitlement) for job, entitlement in zip(jobs, entitlements, strict=True)]
+        results: list[Allocation | LeaseLost | None] = []
+        for job, (_row, held, lineage_id, lane, journal_seq, _ok, _relaxed) in zip(jobs, answers, strict=True):
+            if not held:
+                results.append(LeaseLost(f"{job.crash}: lease lost"))
+            elif lineage_id is None:
+                results.append(None)
+            else:
+                seq = None if journal_seq is None else int(journal_seq)
+                results.append(Allocation(int(lineage_id), str(lane), seq))
+        return results
+
+    def _allocate_alone(self, job: FastJob, entitlement: str) -> Allocation | LeaseLost | None:
+        try:
+            return self.allocate_for(job, entitlement=entitlement)
+        except LeaseLost as exc:
+            return exc
 
     def load(self, lineage_id: int) -> lineages.Lineage:
         return lineages.load(self.conn, lineage_id)
@@ -480,22 +556,21 @@ class Engine:
 
     def _anchor_batch(self, batch: list[Prepared]) -> list[LeaseLost | None]:
         """Anchor the batch with one synchronous commit; per unit None (anchored) or LeaseLost.
-        One-statement jobs share a transaction: a lost lease there is a row count, not an error, so
-        one unit's lost row leaves the others anchored. A unit whose own write did not follow its
-        lineage's (paygate.require, PGR01) aborts the shared transaction — nothing of the batch is
-        committed — and the batch is anchored again unit by unit, so the refusal stays that unit's.
-        Rows are locked in the batch's order until the one commit; the shared transaction is short
-        (N single-row statements, no RPC)."""
+        A batch of one path's BatchJobs is one statement (ANCHOR_HELD_MANY_SQL): a lost lease there
+        is a unit that did not hold, not an error, so one unit's lost row leaves the others anchored.
+        A unit whose own write did not follow its lineage's (paygate.require, PGR01) aborts the
+        statement — nothing of the batch is committed — and the batch is anchored again unit by
+        unit, so the refusal stays that unit's. Any other batch is anchored unit by unit."""
         import psycopg
 
-        if len(batch) == 1 or not all(_fast(p.job) for p in batch):
+        if len(batch) == 1 or not _one_statement_batch(batch):
             return [self._anchor_alone(p) for p in batch]
         try:
-            with self.conn.transaction():  # synchronous commit: durable before anything is broadcast
-                answers = [self.conn.execute(*self._anchor_statement(p)).fetchone() for p in batch]
+            # One statement, its own transaction: synchronous commit, durable before anything is broadcast.
+            answers = lineages.one_statement(self.conn, *self._anchor_many_statement(batch)).fetchall()
         except psycopg.Error as exc:
-            # A deadlock or serialization failure (the shared transaction locks several rows, which
-            # a set-based writer such as the observer may lock in another order) also committed
+            # A deadlock or serialization failure (the statement locks several rows, which another
+            # set-based writer such as the observer may lock in another order) also committed
             # nothing: the same fallback.
             if exc.sqlstate not in (lineages.REQUIRE_FAILED, "40P01", "40001"):
                 raise
@@ -543,6 +618,21 @@ class Engine:
                      "x_max_time": signed.max_time, "x_signed_at_ledger": prepared.signed_at_ledger,
                      "x_max_ledger": signed.max_ledger}
 
+    @staticmethod
+    def _anchor_many_statement(batch: list[Prepared]) -> tuple[str, dict[str, Any]]:
+        """The batch's anchors as one statement (ANCHOR_HELD_MANY_SQL)."""
+        first = cast(BatchJob, batch[0].job)
+        sql = lineages.ANCHOR_HELD_MANY_SQL.format(hold=first.hold_many_sql, install=first.install_many_sql)
+        keys = [cast(BatchJob, p.job).row_key() for p in batch]
+        return sql, {**first.params(), "x_row_ids": [k[0] for k in keys], "x_row_tokens": [k[1] for k in keys],
+                     "x_ids": [p.lineage_id for p in batch], "x_seqs": [p.seq for p in batch],
+                     "x_key_ids": [p.key_id for p in batch], "x_envelopes": [p.ciphertext for p in batch],
+                     "x_inner_hashes": [p.signed.inner_hash for p in batch],
+                     "x_outer_hashes": [p.signed.outer_hash for p in batch],
+                     "x_max_times": [p.signed.max_time for p in batch],
+                     "x_signed_at_ledgers": [p.signed_at_ledger for p in batch],
+                     "x_max_ledgers": [p.signed.max_ledger for p in batch]}
+
     def _check_lease(self, job: Job) -> None:
         with relaxed_transaction(self.conn):
             if not job.hold(self.conn):
@@ -580,6 +670,35 @@ class Engine:
     def drive(self, job: Job | None, lineage: lineages.Lineage) -> str:
         """Move a lineage towards a terminal state; return its state afterwards. `job` None: no row
         holds this lineage any more (sweep), so there is nothing to guard or hand back."""
+        state = self.drive_all([(job, lineage)])[0]
+        if isinstance(state, Exception):
+            raise state
+        return state
+
+    def drive_all(self, items: list[tuple[Job | None, lineages.Lineage]]) -> list[Driven]:
+        """drive() each lineage, in order; per lineage its state afterwards, or what stopped that
+        lineage alone (its row's lease lost, or a finding for a human such as a tampered envelope),
+        for the path to raise where it handles that row. The receipts the chain proved are recorded
+        together, in one statement after the last probe and before anything is returned: a path
+        acts on a receipt (settles, disposes, frees the lane for its next allocation) only once the
+        journal holds it. What stops the whole tick (the RPC unavailable) is raised."""
+        from paygate_cli.journal.resolve import record_receipts
+
+        receipts: list[Any] = []
+        resolved: list[str] = []  # crash-point prefixes of the lineages resolve() looked at
+        states: list[Driven] = []
+        for job, lineage in items:
+            try:
+                states.append(self._drive_one(job, lineage, receipts, resolved))
+            except (LeaseLost, NeedsHuman) as exc:
+                states.append(exc)
+        for written in record_receipts(self.conn, receipts):
+            self.finished[written.id] = written
+        for prefix in resolved:
+            crashpoint(f"{prefix}.after_resolve")
+        return states
+
+    def _drive_one(self, job: Job | None, lineage: lineages.Lineage, receipts: list[Any], resolved: list[str]) -> str:
         from paygate_cli.journal.resolve import resolve
 
         conn = self.conn
@@ -597,14 +716,12 @@ class Engine:
             return lineage.state
         prefix = job.crash if job is not None else "journal.sweep"
         crashpoint(f"{prefix}.before_resolve")
-        resolution = resolve(conn, self.chain, self.keyring, lineage)
+        resolution = resolve(conn, self.chain, self.keyring, lineage, receipts=receipts)
         self._note(lineage.lane, resolution.probes)
         if resolution.state in ("applied", "failed") and lineage.source_seq is not None:
-            # A receipt proves the lane's sequence reached this one (the journal now says so too).
+            # A receipt proves the lane's sequence reached this one (the journal will say so too).
             self._seen_seq[lineage.lane] = max(self._seen_seq.get(lineage.lane, 0), lineage.source_seq)
-        if resolution.written is not None:
-            self.finished[lineage.id] = resolution.written
-        crashpoint(f"{prefix}.after_resolve")
+        resolved.append(prefix)
         self._report(lineage, resolution)
         return resolution.state
 
@@ -629,10 +746,8 @@ class Engine:
         e.g. the observer winning the credit race): a lineage left `sent` pins its lane for ever.
         Resolve is a CAS and a resend repeats the same bytes, so two sweepers racing are harmless."""
         ids = [int(r[0]) for r in self.conn.execute(orphans_sql, {"limit": limit}).fetchall()]
-        for lineage_id in ids:
-            lineage = self.load(lineage_id)
-            if lineage.live:
-                self.drive(None, lineage)
+        live = [lineage for lineage in map(self.load, ids) if lineage.live]
+        self.drive_all([(None, lineage) for lineage in live])
         return len(ids)
 
     # -- liveness --------------------------------------------------------------------------------
@@ -679,6 +794,9 @@ class TakeoverEngine(Engine):
 
     def allocate_for(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("allocate_for")
+
+    def allocate_many(self, *args: Any, **kwargs: Any) -> NoReturn:
+        self._refuse("allocate_many")
 
     def sign_and_send(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("sign_and_send")

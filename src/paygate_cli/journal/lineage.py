@@ -21,17 +21,18 @@ INSERT INTO paygate.lanes (address) SELECT unnest(%s::text[]) ON CONFLICT (addre
 # one, so no lane is everyone's first choice (a bad lane first in address order would take every
 # allocation). SKIP LOCKED spreads concurrent allocators over lanes; the partial unique index on
 # live lineages is the real guard.
-def free_lane_ctes(*, lanes_param: str = "lanes", only_if: str = "true") -> str:
+def free_lane_ctes(*, lanes_param: str = "lanes", only_if: str = "true", limit: str = "1") -> str:
     """The `lane` and `used` CTEs every allocation shares (the one rule for picking a lane), for a
     statement that goes on to insert the lineage from `lane`. `only_if`: a condition that must hold
-    for any lane to be taken (e.g. the statement found rows to allocate for)."""
+    for any lane to be taken (e.g. the statement found rows to allocate for); `limit`: how many
+    lanes at most (an SQL expression)."""
     return """lane AS (
     SELECT l.address FROM paygate.lanes l
     WHERE """ + only_if + """ AND l.status = 'active' AND l.address = ANY(%(""" + lanes_param + """)s)
       AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
                       WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent'))
     ORDER BY l.last_allocated_at NULLS FIRST, l.address
-    LIMIT 1
+    LIMIT """ + limit + """
     FOR UPDATE OF l SKIP LOCKED
 ), used AS (
     UPDATE paygate.lanes SET last_allocated_at = clock_timestamp() FROM lane WHERE lanes.address = lane.address
@@ -119,6 +120,38 @@ SELECT (SELECT count(*) FROM held), n.id, n.lane,
 FROM (SELECT 1) AS one LEFT JOIN lineage n ON true
 """
 
+# The same for a tick's rows at once (journal/engine.py allocate_many): as many free lanes as rows
+# whose lease still holds, paired with them in request order; each row takes its lineage. The path
+# supplies `{hold}` — the ids of the requested rows (`req`: row_id, row_token, entitlement, n) whose
+# lease is still its own, locked FOR UPDATE — and `{attach}`, an UPDATE … FROM lineage JOIN req
+# USING (entitlement) … RETURNING 1. One row per request, in order: whether its lease held, and its
+# lineage and lane (NULL: no free lane left for it).
+ALLOCATE_ATTACH_MANY_SQL = """
+WITH req AS (
+    SELECT * FROM unnest(%(x_row_ids)s::bigint[], %(x_row_tokens)s::uuid[], %(x_entitlements)s::text[])
+                  WITH ORDINALITY AS q(row_id, row_token, entitlement, n)
+), held AS ({hold}),
+wanted AS (
+    SELECT req.entitlement, row_number() OVER (ORDER BY req.n) AS k FROM req JOIN held USING (row_id)
+),
+""" + free_lane_ctes(lanes_param="x_lanes", only_if="EXISTS (SELECT 1 FROM held)",
+                     limit="(SELECT count(*) FROM held)") + """, paired AS (
+    SELECT w.entitlement, lane.address FROM (SELECT address, row_number() OVER () AS k FROM lane) lane
+    JOIN wanted w USING (k)
+), lineage AS (
+    INSERT INTO paygate.lineages (purpose, entitlement, lane)
+    SELECT %(x_purpose)s, entitlement, address FROM paired
+    RETURNING id, lane, entitlement
+), attached AS ({attach})
+SELECT req.row_id, held.row_id IS NOT NULL, n.id, n.lane,
+       """ + last_consumed_seq_sql("n.lane") + """,
+       paygate.require((SELECT count(*) FROM attached) = (SELECT count(*) FROM lineage),
+                       'a row did not take its new lineage'),
+       set_config('synchronous_commit', 'off', true)
+FROM req LEFT JOIN held USING (row_id) LEFT JOIN lineage n USING (entitlement)
+ORDER BY req.n
+"""
+
 # Anchor: hold, allocated -> signed with the encrypted envelope, the row's own part. Synchronous
 # commit (the default): durable before anything is broadcast (DESIGN rule 3).
 ANCHOR_HELD_SQL = """
@@ -134,6 +167,34 @@ anchored AS (
 SELECT (SELECT count(*) FROM held), (SELECT count(*) FROM anchored),
        paygate.require((SELECT count(*) FROM installed) = (SELECT count(*) FROM anchored),
                        'the row did not take its envelope')
+"""
+# The same for a tick's envelopes at once (journal/engine.py send_prepared): one statement, one
+# synchronous commit. `{hold}` as for ALLOCATE_ATTACH_MANY_SQL (over `req`: row_id, row_token,
+# lineage_id, …); `{install}` an UPDATE … FROM anchored JOIN req ON req.lineage_id = anchored.id …
+# RETURNING 1. One row per unit, in order: whether its lease held, whether its lineage was anchored.
+ANCHOR_HELD_MANY_SQL = """
+WITH req AS (
+    SELECT * FROM unnest(%(x_row_ids)s::bigint[], %(x_row_tokens)s::uuid[], %(x_ids)s::bigint[], %(x_seqs)s::bigint[],
+                         %(x_key_ids)s::text[], %(x_envelopes)s::bytea[], %(x_inner_hashes)s::bytea[],
+                         %(x_outer_hashes)s::bytea[], %(x_max_times)s::bigint[], %(x_signed_at_ledgers)s::bigint[],
+                         %(x_max_ledgers)s::bigint[])
+                  WITH ORDINALITY AS q(row_id, row_token, lineage_id, seq, key_id, envelope, inner_hash, outer_hash,
+                                       max_time, signed_at_ledger, max_ledger, n)
+), held AS ({hold}),
+anchored AS (
+    UPDATE paygate.lineages x
+    SET state = 'signed', source_seq = q.seq, key_id = q.key_id, envelope = q.envelope, inner_hash = q.inner_hash,
+        outer_hash = q.outer_hash, max_time = q.max_time, signed_at_ledger = q.signed_at_ledger,
+        max_ledger = q.max_ledger, signed_at = now()
+    FROM req q
+    WHERE x.id = q.lineage_id AND x.state = 'allocated' AND q.row_id IN (SELECT row_id FROM held)
+    RETURNING x.id, x.inner_hash
+), installed AS ({install})
+SELECT held.row_id IS NOT NULL, a.id IS NOT NULL,
+       paygate.require((SELECT count(*) FROM installed) = (SELECT count(*) FROM anchored),
+                       'a row did not take its envelope')
+FROM req LEFT JOIN held USING (row_id) LEFT JOIN anchored a ON a.id = req.lineage_id
+ORDER BY req.n
 """
 # A path with nothing of its own to write at anchor. (`{attach}` and `{install}` return a row per
 # row they wrote: UPDATE … RETURNING 1.)
@@ -151,8 +212,18 @@ WHERE x.id = m.id AND x.state IN ('signed', 'sent')
 RETURNING set_config('synchronous_commit', 'off', true)
 """
 
-# A receipt recorded from the chain (re-derivable: the chain keeps it), relaxed, one statement.
-FINISH_RELAXED_SQL = FINISH_SQL.rstrip() + "\nRETURNING set_config('synchronous_commit', 'off', true)\n"
+# Receipts recorded from the chain (re-derivable: the chain keeps them), relaxed, a tick's in one
+# statement (journal/resolve.py record_receipts). Each row is the same CAS as FINISH_SQL; the ids
+# whose CAS won come back.
+FINISH_RECEIPTS_SQL = """
+UPDATE paygate.lineages x
+SET state = r.state, ledger = r.ledger, fee_charged = r.fee, result_code = r.code, resolution = r.resolution,
+    resolved_at = now()
+FROM unnest(%(ids)s::bigint[], %(states)s::text[], %(ledgers)s::bigint[], %(fees)s::bigint[], %(codes)s::text[],
+            %(resolutions)s::text[]) AS r(id, state, ledger, fee, code, resolution)
+WHERE x.id = r.id AND x.state IN ('signed', 'sent')
+RETURNING x.id, set_config('synchronous_commit', 'off', true)
+"""
 
 # Exactly the SQLSTATE paygate.require() raises (migration 0014).
 REQUIRE_FAILED = "PGR01"
@@ -293,11 +364,16 @@ def mark_sent_many(conn: psycopg.Connection, sent: list[tuple[int, str]]) -> int
                                                      "statuses": [status for _, status in sent]}).rowcount
 
 
-def finish_relaxed(conn: psycopg.Connection, lineage_id: int, state: str, *, ledger: int | None = None,
-                   fee: int | None = None, code: str | None = None, resolution: str) -> bool:
-    """finish() of a receipt in one relaxed statement."""
-    return one_statement(conn, FINISH_RELAXED_SQL, {"id": lineage_id, "state": state, "ledger": ledger, "fee": fee,
-                                                    "code": code, "resolution": resolution}).rowcount == 1
+def finish_receipts(conn: psycopg.Connection, receipts: list[dict[str, Any]]) -> set[int]:
+    """finish() of several receipts (dicts of id, state, ledger, fee, code, resolution) in one
+    relaxed statement; the ids whose CAS won. Sorted by id, so two writers of overlapping sets
+    tend to lock in the same order (a deadlock, should one still happen, is the caller's to retry
+    one by one: journal/resolve.py record_receipts)."""
+    if not receipts:
+        return set()
+    ordered = sorted(receipts, key=lambda r: r["id"])
+    params = {f"{k}s": [r[k] for r in ordered] for k in ("id", "state", "ledger", "fee", "code", "resolution")}
+    return {int(row[0]) for row in one_statement(conn, FINISH_RECEIPTS_SQL, params).fetchall()}
 
 
 def finish(conn: psycopg.Connection, lineage_id: int, state: str, *, ledger: int | None = None,

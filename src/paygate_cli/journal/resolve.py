@@ -62,6 +62,39 @@ def decide(verdicts: list[str]) -> str:
     return "pending" if counts["pending"] else "wait"
 
 
+@dataclass(frozen=True)
+class Receipt:
+    """What a quorum of read endpoints proved about a lineage that landed: applied or failed, in
+    which ledger, for which fee. Recorded by record_receipts()."""
+
+    lineage: Lineage
+    state: str  # applied | failed
+    ledger: int | None
+    fee: int | None
+    code: str | None
+    resolution: str
+
+    def written(self) -> Lineage:
+        """The lineage as the receipt's CAS records it."""
+        return replace(self.lineage, state=self.state, ledger=self.ledger, fee_charged=self.fee,
+                       result_code=self.code, resolution=self.resolution)
+
+
+def record_receipts(conn: psycopg.Connection, receipts: list[Receipt]) -> list[Lineage]:
+    """Record receipts (a tick's, in one relaxed statement: the chain keeps them, so a lost commit
+    is read again); the lineages whose CAS this call won, as written. A deadlock with another
+    writer of the same lineages rolled the statement back: they are recorded one by one instead."""
+    import psycopg
+
+    rows = [{"id": r.lineage.id, "state": r.state, "ledger": r.ledger, "fee": r.fee, "code": r.code,
+             "resolution": r.resolution} for r in receipts]
+    try:
+        won = lineages.finish_receipts(conn, rows)
+    except psycopg.errors.DeadlockDetected:
+        won = set().union(*(lineages.finish_receipts(conn, [row]) for row in rows))
+    return [r.written() for r in receipts if r.lineage.id in won]
+
+
 @dataclass
 class Resolution:
     state: str  # the lineage's state after this call
@@ -71,11 +104,15 @@ class Resolution:
     evidence: dict[str, Any] = field(default_factory=dict)
     probes: list[Probe] = field(default_factory=list)  # what the read endpoints answered (engine reuses them)
     written: Lineage | None = None  # the lineage as this call's own CAS recorded its receipt
+    receipt: Receipt | None = None  # applied / failed: what the chain proved (recorded, or left to the caller)
 
 
-def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, lineage: Lineage) -> Resolution:
+def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, lineage: Lineage, *,
+            receipts: list[Receipt] | None = None) -> Resolution:
     """Advance one live, signed lineage as far as the chain proves. `conn` must be outside a
-    transaction (the chain client refuses otherwise); each terminal write is its own CAS."""
+    transaction (the chain client refuses otherwise); each terminal write is its own CAS.
+    `receipts`: a receipt (applied / failed) is appended there instead of recorded now, for the
+    caller to record with others in one statement (record_receipts) before it acts on any of them."""
     if not lineage.live or lineage.state == "allocated":
         return Resolution(lineage.state)
     assert lineage.inner_hash is not None
@@ -92,15 +129,16 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
     evidence = {"verdicts": dict(zip(chain.read_urls, verdicts, strict=True)), "decision": decision}
     if decision in ("applied", "failed"):
         probe = next(p for p, v in zip(probes, verdicts, strict=True) if v == decision)
-        # A receipt: the chain keeps it, so it can be read again (relaxed, one statement).
-        resolution = f"receipt {probe.tx_status} in ledger {probe.tx_ledger}"
-        written = lineages.finish_relaxed(conn, lineage.id, decision, ledger=probe.tx_ledger, fee=probe.fee_charged,
-                                          code=probe.result_code, resolution=resolution)
+        receipt = Receipt(lineage, decision, probe.tx_ledger, probe.fee_charged, probe.result_code,
+                          f"receipt {probe.tx_status} in ledger {probe.tx_ledger}")
         # What this CAS wrote, so the caller need not read the row back (None: someone else's did).
-        after = replace(lineage, state=decision, ledger=probe.tx_ledger, fee_charged=probe.fee_charged,
-                        result_code=probe.result_code, resolution=resolution) if written else None
+        written = None
+        if receipts is None:
+            written = next(iter(record_receipts(conn, [receipt])), None)
+        else:
+            receipts.append(receipt)
         return Resolution(decision, verdicts, evidence={**evidence, "ledger": probe.tx_ledger}, probes=probes,
-                          written=after)
+                          written=written, receipt=receipt)
     if decision in ("expired", "superseded"):
         foreign = False
         if decision == "superseded":

@@ -24,11 +24,13 @@ from paygate_cli.ticks.context import TickContext, TickResult
 from paygate_cli.ticks.crash import crashpoint
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import psycopg
 
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient
-    from paygate_cli.journal.engine import Engine, Prepared
+    from paygate_cli.journal.engine import Allocation, Driven, Engine, Job, Prepared
     from paygate_cli.journal.keyring import Keyring
 
 # Rows with a transaction in flight first (resolving them frees lanes), then fresh ones in order.
@@ -84,10 +86,41 @@ SET credit_lineage_id = lineage.id, deposit_tx = %(row_deposit_tx)s, pending_fai
 FROM lineage WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
 RETURNING 1
 """
+# The same for a tick's rows (engine.allocate_many, over its request `req`). The credit's deposit
+# hash is its applied deposit lineage's (what the single-row form is given); a row where that is
+# not so takes nothing, the statement's require() fails, and each row is allocated for alone.
+HOLD_MANY_SQL = """
+SELECT p.id AS row_id FROM paygate.pending_credits p JOIN req ON p.id = req.row_id
+WHERE p.status = 'pending' AND p.lease_token = req.row_token FOR UPDATE OF p
+"""
+ATTACH_DEPOSIT_MANY_SQL = """
+UPDATE paygate.pending_credits p
+SET deposit_lineage_id = lineage.id, updated_at = now(),
+    lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
+FROM lineage JOIN req USING (entitlement)
+WHERE p.id = req.row_id AND p.status = 'pending' AND p.lease_token = req.row_token
+RETURNING 1
+"""
+ATTACH_CREDIT_MANY_SQL = """
+UPDATE paygate.pending_credits p
+SET credit_lineage_id = lineage.id, deposit_tx = d.inner_hash, pending_failure = NULL, updated_at = now(),
+    lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
+FROM lineage JOIN req USING (entitlement), paygate.lineages d
+WHERE p.id = req.row_id AND p.status = 'pending' AND p.lease_token = req.row_token
+  AND d.id = p.deposit_lineage_id AND d.state = 'applied' AND d.inner_hash = coalesce(p.deposit_tx, d.inner_hash)
+RETURNING 1
+"""
 RENEW_AT_ANCHOR_SQL = """
 UPDATE paygate.pending_credits p
 SET lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
 FROM anchored WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
+RETURNING 1
+"""
+RENEW_AT_ANCHOR_MANY_SQL = """
+UPDATE paygate.pending_credits p
+SET lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
+FROM anchored JOIN req ON req.lineage_id = anchored.id
+WHERE p.id = req.row_id AND p.status = 'pending' AND p.lease_token = req.row_token
 RETURNING 1
 """
 SET_PENDING_FAILURE_SQL = """
@@ -203,6 +236,10 @@ class Deps:
     # Deposit and credit transactions built and signed this tick, anchored together (one
     # synchronous commit) and broadcast once every row has been advanced (tick).
     prepared: list[Prepared] = field(default_factory=list)
+    ready: list[Ready] = field(default_factory=list)  # phases that may start a new lineage this tick
+    # The states _drive_in_flight left the tick's lineages in (lineage id -> state, or what stopped
+    # that row), read by advance().
+    driven: dict[int, Driven] = field(default_factory=dict)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -275,6 +312,8 @@ def tick(ctx: TickContext) -> TickResult:
     outcomes: dict[str, int] = {}
 
     def count(outcome: str) -> None:
+        if outcome in ("prepared", "ready"):
+            return  # counted when sent (or when its allocation says otherwise)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
         result.processed += 1
         if outcome == "needs_human":
@@ -285,21 +324,18 @@ def tick(ctx: TickContext) -> TickResult:
         if orphans:
             outcomes["orphans_driven"] = deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(deps.signer.lanes)))
             deps.free_lanes = lineages.free_lane_count(ctx.conn, list(deps.signer.lanes))
+        _drive_in_flight(deps, rows)
         for row in rows:
-            try:
-                outcome = advance(deps, row)
-            except LeaseLost:
-                # Someone else has the row (our lease lapsed): not an error, not an alarm.
-                outcome = "lease_lost"
-            except NeedsHuman as exc:
-                outcome = "needs_human"
-                if not _finish(deps, row, "needs_human", str(exc), event="credit.needs_human"):
-                    outcome = "lease_lost"  # the row is someone else's now: their call, no false alarm
-                else:
-                    ctx.log.error("deposit %s needs a human: %s", row.id, exc,
-                                  extra={"msgid": exc.msgid, "pending_credit_id": row.id})
-            if outcome != "prepared":
-                count(outcome)
+            count(_step(deps, row, advance, row))
+        # The phases ready for a new lineage: their lanes in one statement per purpose, then each
+        # built and signed.
+        ready, deps.ready = deps.ready, []
+        for purpose in ("deposit", "credit"):
+            group = [r for r in ready if r.job.purpose == purpose]
+            allocations = deps.engine.allocate_many([r.job for r in group], [r.entitlement for r in group]) \
+                if group else []
+            for item, allocation in zip(group, allocations, strict=True):
+                count(_step(deps, item.job.row, _prepare_and_send, item, allocation))
         prepared, deps.prepared = deps.prepared, []
         for unit, sent in zip(prepared, deps.engine.send_prepared(prepared), strict=True):
             count("lease_lost" if isinstance(sent, LeaseLost) else f"{unit.job.purpose}_sent")
@@ -318,6 +354,20 @@ def tick(ctx: TickContext) -> TickResult:
         result.stalled = deps.engine.stall_reason()
     result.details = outcomes
     return result
+
+
+def _step(deps: Deps, row: Deposit, advance_row: Callable[..., str], *args: Any) -> str:
+    """One step of one row, mapping what it raised to an outcome."""
+    try:
+        return advance_row(deps, *args)
+    except LeaseLost:
+        return "lease_lost"  # someone else has the row (our lease lapsed): not an error, not an alarm
+    except NeedsHuman as exc:
+        if not _finish(deps, row, "needs_human", str(exc), event="credit.needs_human"):
+            return "lease_lost"  # the row is someone else's now: their call, no false alarm
+        deps.ctx.log.error("deposit %s needs a human: %s", row.id, exc,
+                           extra={"msgid": exc.msgid, "pending_credit_id": row.id})
+        return "needs_human"
 
 
 def _read_nonces(deps: Deps, rows: list[Deposit]) -> None:
@@ -415,8 +465,7 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
     from paygate_cli.chain.contracts import sac_transfer
 
     call = sac_transfer(settings.usdc_contract, row.account, settings.billing_contract, row.amount, auth.entry)
-    return _prepare_and_send(deps, row, "deposit", row.entitlement_deposit, "deposit_lineage_id", call,
-                             max_ledger=row.auth_expiration_ledger)
+    return _ready(deps, _job(deps, row, "deposit", call, row.auth_expiration_ledger), row.entitlement_deposit)
 
 
 # -- the credit: the billing contract records the deposit for the account ------------------------
@@ -448,7 +497,7 @@ def _credit_phase(deps: Deps, row: Deposit) -> str:
     def call_for(lane: str) -> Any:
         return billing_credit(settings.billing_contract, lane, row.account, row.amount, row.deposit_tx)
 
-    return _prepare_and_send(deps, row, "credit", row.entitlement_credit, "credit_lineage_id", call_for)
+    return _ready(deps, _job(deps, row, "credit", call_for), row.entitlement_credit)
 
 
 def _finished(deps: Deps, lineage_id: int) -> lineages.Lineage:
@@ -499,6 +548,17 @@ class FundingJob:
     def attach_sql(self) -> str:
         return ATTACH_DEPOSIT_SQL if self.purpose == "deposit" else ATTACH_CREDIT_SQL
 
+    # (BatchJob) the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
+    hold_many_sql = HOLD_MANY_SQL
+    install_many_sql = RENEW_AT_ANCHOR_MANY_SQL
+
+    @property
+    def attach_many_sql(self) -> str:
+        return ATTACH_DEPOSIT_MANY_SQL if self.purpose == "deposit" else ATTACH_CREDIT_MANY_SQL
+
+    def row_key(self) -> tuple[int, Any]:
+        return self.row.id, self.row.token
+
     def params(self) -> dict[str, Any]:
         return {"row_id": self.row.id, "row_token": self.row.token, "row_lease": self.deps.ctx.settings.funding_lease,
                 "row_deposit_tx": self.row.deposit_tx}
@@ -524,9 +584,26 @@ class FundingJob:
         pass
 
 
+def _drive_in_flight(deps: Deps, rows: list[Deposit]) -> None:
+    """Drive the lineage each row has in flight (its deposit's, else its credit's), all at once: their
+    receipts are recorded in one statement, and the lanes they free are free before any row
+    allocates. advance() then reads each state from deps.driven."""
+    items: list[tuple[Job | None, lineages.Lineage]] = []
+    for row in rows:
+        purpose = "deposit" if row.deposit_tx is None else "credit"
+        lineage_id = row.deposit_lineage_id if purpose == "deposit" else row.credit_lineage_id
+        if lineage_id is not None:
+            items.append((_job(deps, row, purpose), row.lineage_for(deps.conn, lineage_id)))
+    states = deps.engine.drive_all(items)
+    deps.driven = {lineage.id: state for (_, lineage), state in zip(items, states, strict=True)}
+
+
 def _drive(deps: Deps, row: Deposit, lineage: lineages.Lineage, purpose: str) -> str:
-    """Move a lineage towards a terminal state; return its state afterwards."""
-    state = deps.engine.drive(_job(deps, row, purpose), lineage)
+    """Move a lineage towards a terminal state (or take the state _drive_in_flight left it in);
+    return its state afterwards."""
+    state = deps.driven.pop(lineage.id, None) or deps.engine.drive(_job(deps, row, purpose), lineage)
+    if isinstance(state, Exception):
+        raise state  # that row's alone (its lease lost, a finding for a human)
     if state not in lineages.LIVE_STATES and lineage.live:
         deps.free_lanes += 1
     return state
@@ -538,22 +615,40 @@ def _job(deps: Deps, row: Deposit, purpose: str, invocation: Any = None, max_led
     return FundingJob(deps, row, purpose, column, invocation, max_ledger)
 
 
-def _prepare_and_send(deps: Deps, row: Deposit, purpose: str, entitlement: str, column: str, call: Any,
-                      max_ledger: int | None = None) -> str:
+@dataclass
+class Ready:
+    """A phase that may start a new lineage this tick (allocated for with the tick's others)."""
+
+    job: FundingJob
+    entitlement: str
+
+
+def _ready(deps: Deps, job: FundingJob, entitlement: str) -> str:
+    deps.free_lanes -= 1  # spoken for: no more rows queue than there are lanes to give them
+    deps.ready.append(Ready(job, entitlement))
+    return "ready"
+
+
+def _prepare_and_send(deps: Deps, item: Ready, first: Allocation | LeaseLost | None) -> str:
+    """Build, sign and encrypt on the lane allocate_many() gave (the lease, the lane and the row's
+    pointer were one statement; relaxed: the anchor's synchronous commit flushes it before any
+    send); the anchor and the broadcast follow with the tick's others (tick). A lane that fails for
+    a lane reason is fenced and the work moves to another lane at once (allocate_for)."""
     from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Prepared
 
-    job = _job(deps, row, purpose, call, max_ledger)
-    for _ in range(len(deps.signer.lanes)):
-        # One statement: the lease first (a worker that lost its row must not reach the entitlement's
-        # live-lineage index, exit 70, or write anything), the lane, the row's pointer. Relaxed: the
-        # anchor's synchronous commit flushes it before any send.
-        allocation = deps.engine.allocate_for(job, entitlement=entitlement)
+    job, row = item.job, item.job.row
+    allocation = first
+    for attempt in range(len(deps.signer.lanes)):
+        if attempt:
+            allocation = deps.engine.allocate_for(job, entitlement=item.entitlement)
+            deps.free_lanes -= 1
+        if isinstance(allocation, LeaseLost):
+            raise allocation
         if allocation is None:
             deps.free_lanes = 0
             return "no_free_lane"
-        deps.free_lanes -= 1
-        setattr(row, column, allocation.lineage_id)
-        if purpose == "credit":
+        setattr(row, job.column, allocation.lineage_id)
+        if job.purpose == "credit":
             row.pending_failure = None
         outcome = deps.engine.prepare(job, allocation.lineage_id, allocation.lane, allocation=allocation)
         if isinstance(outcome, Prepared):
@@ -566,7 +661,7 @@ def _prepare_and_send(deps: Deps, row: Deposit, purpose: str, entitlement: str, 
             _finish(deps, row, "expired", outcome.reason + " before it could be used", event="credit.expired")
             return "expired"
         if isinstance(outcome, BuildFailed):
-            if purpose == "deposit":
+            if job.purpose == "deposit":
                 _finish(deps, row, "failed", outcome.reason, event="credit.failed")
                 return "failed"
             raise NeedsHuman(f"deposit {row.id}: {outcome.reason}", msgid="funding.credit_simulation_failed")

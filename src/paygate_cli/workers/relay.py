@@ -14,9 +14,10 @@ lapses):
 - Phase 3 (no tx): broadcast (engine); on a later tick the lineage's receipt decides the
   disposition: applied or failed on chain -> settle the actual feeCharged; proven dead -> a new
   lineage (the authorisation may still be good) or, at a terminal, the reservation is released.
-  The disposition is one transaction: the status flip (a CAS on status + lease token + lineage)
-  and the settlement of the reservation and the accumulator; only the flip's winner settles, and a
-  settle that finds nothing to settle rolls the flip back, so the row re-ticks."""
+  The disposition is one transaction (a tick's relays share one statement): the status flip (a CAS
+  on status + lease token + lineage) and the settlement of the reservation and the accumulator;
+  only the flip's winner settles, and a settle that finds nothing to settle rolls the flip back, so
+  the row re-ticks."""
 
 from __future__ import annotations
 
@@ -31,11 +32,14 @@ from paygate_cli.ticks.context import TickContext, TickResult
 from paygate_cli.ticks.crash import crashpoint
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import psycopg
 
     from paygate_cli.chain.contracts import Invocation, SignedTransaction
     from paygate_cli.chain.rpc import SendOutcome
-    from paygate_cli.journal.engine import Engine, Prepared
+    from paygate_cli.journal.engine import Allocation, Driven, Engine, Prepared
+    from paygate_cli.journal.engine import LeaseLost as EngineLeaseLost
 
 # Rows with a lineage first (resolving them frees lanes), then fresh ones in admission order. A
 # drained instance finishes what is in flight and takes nothing new. This is the queue's one
@@ -88,10 +92,26 @@ UPDATE paygate.relays r SET lineage_id = lineage.id, updated_at = now()
 FROM lineage WHERE r.id = %(row_id)s AND r.status = 'queued' AND r.lease_token = %(row_token)s
 RETURNING 1
 """
+HOLD_MANY_SQL = """
+SELECT r.id AS row_id FROM paygate.relays r JOIN req ON r.id = req.row_id
+WHERE r.status = 'queued' AND r.lease_token = req.row_token FOR UPDATE OF r
+"""
+ATTACH_MANY_SQL = """
+UPDATE paygate.relays r SET lineage_id = lineage.id, updated_at = now()
+FROM lineage JOIN req USING (entitlement)
+WHERE r.id = req.row_id AND r.status = 'queued' AND r.lease_token = req.row_token
+RETURNING 1
+"""
 INSTALL_ANCHORED_SQL = """
 UPDATE paygate.relays r SET tx_hash = %(x_inner_hash)s, updated_at = now()
 FROM anchored
 WHERE r.id = %(row_id)s AND r.status = 'queued' AND r.lease_token = %(row_token)s AND r.lineage_id = anchored.id
+RETURNING 1
+"""
+INSTALL_ANCHORED_MANY_SQL = """
+UPDATE paygate.relays r SET tx_hash = anchored.inner_hash, updated_at = now()
+FROM anchored JOIN req ON req.lineage_id = anchored.id
+WHERE r.id = req.row_id AND r.status = 'queued' AND r.lease_token = req.row_token AND r.lineage_id = anchored.id
 RETURNING 1
 """
 # A dead lineage is remembered and the pointer cleared: only then may a new one be prepared.
@@ -110,29 +130,31 @@ UPDATE paygate.relays r SET lease_token = NULL, lease_expires_at = NULL, updated
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
 WHERE r.id = mine.id AND r.status = 'queued' AND r.lease_token = mine.token
 """
-# The disposition flip for a lineage included on chain: the CAS names the lineage whose receipt it
-# settles, so a stale tick (another lineage, another lease) matches nothing.
-FLIP_INCLUDED_SQL = """
-UPDATE paygate.relays
-SET status = %(status)s, fee_charged = %(fee)s, tx_hash = %(tx)s, reason = %(reason)s, finished_at = now(),
-    lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
-RETURNING id
-"""
-SETTLE_SQL = "SELECT paygate.settle_relay_fee(%s, %s, %s)"
-# The disposition in one statement (its own transaction): the flip, then — only for the flip's winner —
-# the fee settlement and the event. A settlement that finds no open reservation fails require(), and
-# the whole statement, flip included, rolls back: the row re-ticks (as the BEGIN … COMMIT did).
+# The disposition of a tick's relays whose lineage was included on chain, in one statement (its own
+# transaction): the status flip — a CAS on status + lease token + the lineage whose receipt it
+# settles, so a stale tick (another lineage, another lease) matches nothing — then, only for the
+# flip's winners, the fee settlement and the event. A settlement that finds no open reservation
+# fails require(), and the whole statement, flips included, rolls back: the relays are then disposed
+# of one by one (the same statement, one row each), so the refusal stays that row's, which re-ticks.
 # Relaxed commit: it records what a receipt proves, so a database crash that loses it leaves the row
-# queued on its applied lineage and the next tick disposes again (the CAS names the lineage). Nothing
-# outside the database acts on it first: a webhook POST follows the webhook claim's synchronous
-# commit, which flushes the WAL past this one.
+# queued on its applied lineage and the next tick disposes again. Nothing outside the database acts
+# on it first: a webhook POST follows the webhook claim's synchronous commit, which flushes the WAL
+# past this one.
 DISPOSE_INCLUDED_SQL = """
-WITH flipped AS (""" + FLIP_INCLUDED_SQL.strip() + """)
+WITH flipped AS (
+    UPDATE paygate.relays r
+    SET status = d.status, fee_charged = d.fee, tx_hash = d.tx, reason = d.reason, finished_at = now(),
+        lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(lineages)s::bigint[], %(statuses)s::text[],
+                %(fees)s::bigint[], %(txs)s::bytea[], %(reasons)s::text[], %(payloads)s::jsonb[])
+         AS d(id, token, lineage, status, fee, tx, reason, payload)
+    WHERE r.id = d.id AND r.status = 'queued' AND r.lease_token = d.token AND r.lineage_id = d.lineage
+    RETURNING r.id, d.lineage, d.fee, d.status, d.payload
+)
 SELECT f.id,
-       paygate.require(paygate.settle_relay_fee(f.id, %(lineage)s, %(fee)s), 'reservation not open at settlement'),
-       paygate.emit_event(%(event)s, %(payload)s), set_config('synchronous_commit', 'off', true)
-FROM flipped f
+       paygate.require(paygate.settle_relay_fee(f.id, f.lineage, f.fee), 'reservation not open at settlement'),
+       paygate.emit_event('relay.' || f.status, f.payload), set_config('synchronous_commit', 'off', true)
+FROM flipped f ORDER BY f.id
 """
 # Terminal without a fee burned by us: the reservation is released in the same transaction.
 FINISH_SQL = """
@@ -183,10 +205,6 @@ class LeaseLost(PaygateError):
     msgid = "relay.lease_lost"
 
 
-class SettleFailed(PaygateError):
-    msgid = "relay.settle_failed"
-
-
 class RelayJob:
     """What the journal engine needs from the relay path (journal.engine.Job)."""
 
@@ -210,9 +228,16 @@ class RelayJob:
     hold_sql = HOLD_ROW_SQL
     attach_sql = ATTACH_SQL
     install_sql = INSTALL_ANCHORED_SQL
+    # (BatchJob) the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
+    hold_many_sql = HOLD_MANY_SQL
+    attach_many_sql = ATTACH_MANY_SQL
+    install_many_sql = INSTALL_ANCHORED_MANY_SQL
 
     def params(self) -> dict[str, Any]:
         return {"row_id": self.row.id, "row_token": self.row.token}
+
+    def row_key(self) -> tuple[int, Any]:
+        return self.row.id, self.row.token
 
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
         conn.execute(DROP_LINEAGE_SQL, {"id": self.row.id, "token": self.row.token, "lineage": lineage_id})
@@ -253,6 +278,11 @@ class Deps:
     # Relays built and signed this tick, anchored together (one synchronous commit) and broadcast
     # once every row has been advanced (_advance_all).
     prepared: list[Prepared] = field(default_factory=list)
+    # The states drive_all() left the tick's lineages in (relay id -> state, or what stopped that
+    # row), and the relays whose lineage was included on chain, disposed of together.
+    driven: dict[int, Driven] = field(default_factory=dict)
+    included: list[tuple[Relay, lineages.Lineage]] = field(default_factory=list)
+    ready: list[RelayJob] = field(default_factory=list)  # relays that may take a new lineage this tick
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -346,14 +376,15 @@ def _advance_all(deps: Deps, rows: list[Relay], result: TickResult, *, new_work:
         elif outcome in ("lease_lost", "settle_failed"):
             result.failed += 1
 
-    for row in rows:
+    # The lineages in flight first, all at once: their receipts are recorded in one statement.
+    driving = [row for row in rows if row.lineage_id is not None]
+    states = deps.engine.drive_all([(RelayJob(row, None), _lineage_of(deps, row)) for row in driving])
+    deps.driven = {row.id: state for row, state in zip(driving, states, strict=True)}
+    def step(row: Relay, advance_row: Callable[..., str], *args: Any) -> None:
         try:
-            outcome = advance(deps, row, new_work=new_work)
+            outcome = advance_row(deps, *args)
         except (LeaseLost, EngineLeaseLost):
             outcome = "lease_lost"
-        except SettleFailed as exc:
-            outcome = "settle_failed"  # the flip rolled back: the row re-ticks
-            ctx.log.error(str(exc), extra={"msgid": exc.msgid, "relay_id": row.id})
         except NeedsHuman as exc:
             outcome = "needs_human"
             try:
@@ -362,8 +393,18 @@ def _advance_all(deps: Deps, rows: list[Relay], result: TickResult, *, new_work:
                 outcome = "lease_lost"
             ctx.log.error("relay %s needs a human: %s", row.id, exc,
                           extra={"msgid": exc.msgid, "relay_id": row.id})
-        if outcome != "prepared":
+        if outcome not in ("prepared", "included", "ready"):
             count(outcome)
+
+    for row in rows:
+        step(row, advance, row, new_work)
+    for outcome in _dispose_all(deps):
+        count(outcome)
+    # The relays ready for a new lineage: their lanes in one statement, then each built and signed.
+    ready, deps.ready = deps.ready, []
+    allocations = deps.engine.allocate_many(list(ready), [job.row.entitlement for job in ready]) if ready else []
+    for job, allocation in zip(ready, allocations, strict=True):
+        step(job.row, _prepare, job, allocation)
     prepared, deps.prepared = deps.prepared, []
     if prepared:  # (a take-over prepares nothing, and its engine refuses to send)
         for sent in deps.engine.send_prepared(prepared):
@@ -387,16 +428,28 @@ def _release_all(deps: Deps, rows: list[Relay]) -> None:
                            {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
 
 
-def advance(deps: Deps, row: Relay, *, new_work: bool = True) -> str:
+def _lineage_of(deps: Deps, row: Relay) -> lineages.Lineage:
+    """The lineage the row points at: as the claim read it, unless the row moved on since."""
+    assert row.lineage_id is not None
+    if row.lineage is not None and row.lineage.id == row.lineage_id:
+        return row.lineage
+    return deps.engine.load(row.lineage_id)
+
+
+def advance(deps: Deps, row: Relay, new_work: bool = True) -> str:
     """Everything the journal and the chain allow for one relay now; returns what happened.
     `new_work=False` (recovery) stops before a new lineage: only the one in flight is driven."""
+
     engine = deps.engine
     if row.lineage_id is not None:
-        lineage = row.lineage if row.lineage is not None and row.lineage.id == row.lineage_id \
-            else engine.load(row.lineage_id)
-        state = engine.drive(RelayJob(row, None), lineage)
+        lineage = _lineage_of(deps, row)
+        state = deps.driven.pop(row.id, None) or engine.drive(RelayJob(row, None), lineage)
+        if isinstance(state, Exception):
+            raise state  # that row's alone (its lease lost, a finding for a human)
         if state in ("applied", "failed"):
-            return _dispose_included(deps, row, engine.finished.get(lineage.id) or engine.load(lineage.id))
+            # Disposed of with the tick's others (_dispose_all), once every row has been advanced.
+            deps.included.append((row, engine.finished.get(lineage.id) or engine.load(lineage.id)))
+            return "included"
         if state in lineages.LIVE_STATES:
             return "waiting"  # in flight: the same bytes were resent; a ledger decides
         # Proven dead (expired / superseded / abandoned): nothing of it can land. Forget it (an
@@ -409,12 +462,13 @@ def advance(deps: Deps, row: Relay, *, new_work: bool = True) -> str:
         return _finish(deps, row, "rejected", row.pending_failure)
     if not new_work:
         return "released"  # nothing in flight: the worker prepares its next lineage
-    return _prepare(deps, row)
+    return _ready(deps, row)
 
 
-def _prepare(deps: Deps, row: Relay) -> str:
+def _ready(deps: Deps, row: Relay) -> str:
+    """Phase 1's checks of a relay with no lineage in flight; "ready" when it may take a new lineage
+    (queued in deps.ready, allocated for with the tick's others), else its terminal outcome."""
     from paygate_cli.chain.relay import BadRelay, nonces_consumed, relay_invocation
-    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Prepared
 
     settings = deps.ctx.settings
     if not row.allowed:
@@ -439,16 +493,26 @@ def _prepare(deps: Deps, row: Relay) -> str:
         # The earliest ledger a new transaction could apply in is latest + 1: past the authorisation.
         return _finish(deps, row, "expired", f"authorisation expired at ledger {row.auth_expiration_ledger} "
                        f"(latest {latest}) before it could be used")
-    job = RelayJob(row, invocation)
-    # One statement: the lease, the lane, the row's pointer (relaxed: the anchor's synchronous commit
-    # flushes it before any send). LeaseLost when the row is someone else's now.
-    allocation = deps.engine.allocate_for(job, entitlement=row.entitlement)
+    deps.ready.append(RelayJob(row, invocation))
+    return "ready"
+
+
+def _prepare(deps: Deps, job: RelayJob, allocation: Allocation | EngineLeaseLost | None) -> str:
+    """Phase 2a for a relay allocate_many() gave a lane (one statement for the tick's rows: the
+    lease, the lane, the row's pointer; relaxed, the anchor's synchronous commit flushes it before
+    any send): simulate, sign, fee-bump, encrypt. The anchor and the broadcast follow with the
+    tick's others (_advance_all)."""
+    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Prepared
+
+    row = job.row
     if allocation is None:
         return "no_free_lane"
+    if isinstance(allocation, Exception):
+        raise allocation  # the row is someone else's now
     row.lineage_id = allocation.lineage_id
     outcome = deps.engine.prepare(job, allocation.lineage_id, allocation.lane, allocation=allocation)
     if isinstance(outcome, Prepared):
-        deps.prepared.append(outcome)  # anchored with the tick's others, then broadcast (_advance_all)
+        deps.prepared.append(outcome)
         return "prepared"
     if isinstance(outcome, LaneFailed):
         return "lane_failed"  # the lane is fenced; the next tick allocates another
@@ -458,34 +522,70 @@ def _prepare(deps: Deps, row: Relay) -> str:
     return _finish(deps, row, "rejected", f"the call cannot work as signed: {outcome.reason}")
 
 
-def _dispose_included(deps: Deps, row: Relay, lineage: lineages.Lineage) -> str:
-    """The disposition CAS for a lineage included on chain: fees were burned whether the call
-    succeeded or failed, so the actual feeCharged is settled either way."""
+def _dispose_all(deps: Deps) -> list[str]:
+    """The disposition CAS of every relay whose lineage was included on chain this tick (fees were
+    burned whether the call succeeded or failed, so the actual feeCharged is settled either way), in
+    one statement; one outcome per relay. A refusal or a deadlock rolled the whole statement back:
+    each relay is then disposed of alone."""
+    import psycopg
+
+    included, deps.included = deps.included, []
+    if not included:
+        return []
+    crashpoint("relay.in_disposition")  # killed here: nothing of the disposition is written
+    dispositions = [_disposition(row, lineage) for row, lineage in included]
+    try:
+        won = _dispose(deps, dispositions)
+    except psycopg.Error as exc:
+        if exc.sqlstate not in (lineages.REQUIRE_FAILED, "40P01", "40001"):
+            raise
+        return [_dispose_alone(deps, d) for d in dispositions]
+    return [_disposed(deps, d, d["id"] in won) for d in dispositions]
+
+
+def _disposition(row: Relay, lineage: lineages.Lineage) -> dict[str, Any]:
     status = "applied" if lineage.state == "applied" else "failed"
     fee = int(lineage.fee_charged or 0)
     reason = None if status == "applied" else f"relayed call failed on chain ({lineage.result_code})"
+    tx = lineage.inner_hash
+    return {"id": row.id, "token": row.token, "lineage": lineage.id, "status": status, "fee": fee, "tx": tx,
+            "reason": reason, "ledger": lineage.ledger, "reserved": row.max_fee, "payload": Jsonb({
+                "relay_id": row.id, "account": row.account, "contract": row.contract, "function": row.function,
+                "tx_hash": tx.hex() if tx else None, "ledger": lineage.ledger, "fee_charged": fee,
+                "reserved_fee": row.max_fee, "reason": reason})}
+
+
+def _dispose(deps: Deps, dispositions: list[dict[str, Any]]) -> set[int]:
+    """DISPOSE_INCLUDED_SQL for these dispositions; the relay ids whose flip this statement won."""
+    columns = {"ids": "id", "tokens": "token", "lineages": "lineage", "statuses": "status", "fees": "fee",
+               "txs": "tx", "reasons": "reason", "payloads": "payload"}
+    params = {array: [d[key] for d in dispositions] for array, key in columns.items()}
+    return {int(r[0]) for r in lineages.one_statement(deps.conn, DISPOSE_INCLUDED_SQL, params).fetchall()}
+
+
+def _dispose_alone(deps: Deps, disposition: dict[str, Any]) -> str:
     import psycopg
 
-    crashpoint("relay.in_disposition")  # killed here: nothing of the disposition is written
-    payload = Jsonb({
-        "relay_id": row.id, "account": row.account, "contract": row.contract, "function": row.function,
-        "tx_hash": lineage.inner_hash.hex() if lineage.inner_hash else None, "ledger": lineage.ledger,
-        "fee_charged": fee, "reserved_fee": row.max_fee, "reason": reason})
     try:
-        won = lineages.one_statement(deps.conn, DISPOSE_INCLUDED_SQL, {
-            "status": status, "fee": fee, "tx": lineage.inner_hash, "reason": reason, "id": row.id,
-            "token": row.token, "lineage": lineage.id, "event": f"relay.{status}", "payload": payload}).fetchone()
+        won = _dispose(deps, [disposition])
     except psycopg.Error as exc:
         if exc.sqlstate != lineages.REQUIRE_FAILED:
             raise
         # Nothing to settle: the reservation was closed by someone else. The flip rolled back with
         # the statement: the row re-ticks rather than record a relay whose fee is unaccounted.
-        raise SettleFailed(f"relay {row.id}: reservation not open at settlement") from None
-    if won is None:
+        deps.ctx.log.error("relay %s: reservation not open at settlement", disposition["id"],
+                           extra={"msgid": "relay.settle_failed", "relay_id": disposition["id"]})
+        return "settle_failed"
+    return _disposed(deps, disposition, disposition["id"] in won)
+
+
+def _disposed(deps: Deps, d: dict[str, Any], won: bool) -> str:
+    if not won:
         return "settled_elsewhere"
-    deps.ctx.log.info("relay %s %s on chain in ledger %s; fee %s of %s reserved settled", row.id, status,
-                      lineage.ledger, fee, row.max_fee, extra={"msgid": f"relay.{status}", "relay_id": row.id})
-    return status
+    deps.ctx.log.info("relay %s %s on chain in ledger %s; fee %s of %s reserved settled", d["id"], d["status"],
+                      d["ledger"], d["fee"], d["reserved"],
+                      extra={"msgid": f"relay.{d['status']}", "relay_id": d["id"]})
+    return str(d["status"])
 
 
 def _finish(deps: Deps, row: Relay, status: str, reason: str, *, release: bool = True) -> str:

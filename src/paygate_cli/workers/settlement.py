@@ -611,12 +611,18 @@ def _drive_open_batches(deps: Deps, result: TickResult, *, grace: float = 0.0, l
     applied: dict[int, uuid.UUID] = {}  # closed together after the loop
     in_flight: dict[int, uuid.UUID] = {}  # leases released together after the loop
     try:
-        for row in batches:
-            token, lineage = row[0], lineages.Lineage(*row[1:])
-            try:
-                outcome = _drive(deps, lineage, token, result)
-            except LeaseLost:
+        taken = [(row[0], lineages.Lineage(*row[1:])) for row in batches]
+        # Driving never builds a transaction, so the batch's rows are not needed here (the engine only
+        # resolves or abandons the lineage; on_abandon and the dead path act on the rows by lineage).
+        # All at once: the receipts are recorded in one statement.
+        states = deps.engine.drive_all([(BatchJob(deps, lineage.id, token, []), lineage) for token, lineage in taken])
+        for (token, lineage), state in zip(taken, states, strict=True):
+            if isinstance(state, LeaseLost):
                 outcome = "lease_lost"  # someone else has the batch: not a failure, not an alarm
+            elif isinstance(state, Exception):
+                raise state  # a finding for a human (exit 3)
+            else:
+                outcome = _driven(deps, lineage, token, state)
             if outcome == "applied":
                 applied[lineage.id] = token
             elif outcome == "in_flight":
@@ -637,15 +643,12 @@ def _drive_open_batches(deps: Deps, result: TickResult, *, grace: float = 0.0, l
                 deps.count("lease_lost", lost)
 
 
-def _drive(deps: Deps, lineage: lineages.Lineage, token: uuid.UUID, result: TickResult) -> str:
+def _driven(deps: Deps, lineage: lineages.Lineage, token: uuid.UUID, state: str) -> str:
+    """What the state the engine left a batch's lineage in means for the batch."""
     lineage_id = lineage.id
-    # Driving never builds a transaction, so the batch's rows are not needed here (the engine only
-    # resolves or abandons the lineage; on_abandon and the dead path act on the rows by lineage).
-    job = BatchJob(deps, lineage_id, token, [])
     if lineage.state == "allocated":
-        # Never anchored: the engine abandons it and job.on_abandon hands the rows back (no attempt used).
-        return deps.engine.drive(job, lineage)
-    state = deps.engine.drive(job, lineage)
+        # Never anchored: the engine abandoned it and job.on_abandon handed the rows back (no attempt used).
+        return state
     if state in ("allocated", "signed", "sent"):
         return "in_flight"  # its lease is released with the others' (_drive_open_batches)
     if state == "applied":
