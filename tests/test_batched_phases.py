@@ -140,3 +140,29 @@ def test_a_ticks_receipts_are_recorded_together_and_a_lost_cas_is_left_alone(db:
                                      ("applied", 9, 77, "theirs"),
                                      ("failed", 11, 250, "receipt FAILED in ledger 11")]
     assert rows[0][4] == rows[2][4]  # one statement wrote both
+
+
+def test_a_ticks_deposits_settle_together_with_each_events_own_running_balance(db: psycopg.Connection) -> None:
+    """Funding settles a tick's deposits in one statement: one increment per account, each deposit's
+    event carrying the balance right after its own credit, and a deposit whose hash does not match
+    left pending."""
+    from paygate_cli.workers.funding import SETTLE_SQL
+
+    db.execute("INSERT INTO paygate.webhook_endpoints (url, secret) VALUES ('http://127.0.0.1:9/h', "
+               "'0123456789abcdef0123')")
+    a, b = Keypair.random().public_key, Keypair.random().public_key
+    db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 5), (%s, 0)", (a, b))
+    ids = []
+    for n, (account, amount) in enumerate([(a, 100), (b, 40), (a, 250), (a, 7)], start=1):
+        ids.append(db.execute(
+            "INSERT INTO paygate.pending_credits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger, "
+            "idempotency_key, deposit_tx) VALUES (%s, %s, 'e', %s, 99, %s, %s) RETURNING id",
+            (account, amount, n, f"k{n}", bytes([n]) * 32)).fetchone()[0])
+    txs = [bytes([1]) * 32, bytes([2]) * 32, bytes([3]) * 32, bytes([9]) * 32]  # the last names another hash
+    won = db.execute(SETTLE_SQL, {"ids": ids, "by": "funding", "deposit_txs": txs}).fetchall()
+    assert sorted(r[0] for r in won) == ids[:3]
+    assert dict(db.execute("SELECT address, cached_balance FROM paygate.accounts")) == {a: 355, b: 40}
+    events = {int(p["pending_credit_id"]): p["balance"] for (p,) in db.execute(
+        "SELECT payload FROM paygate.webhook_outbox WHERE event_type = 'credit.settled'")}
+    assert events == {ids[0]: "105", ids[1]: "40", ids[2]: "355"}
+    assert db.execute("SELECT status FROM paygate.pending_credits WHERE id = %s", (ids[3],)).fetchone() == ("pending",)

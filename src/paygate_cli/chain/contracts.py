@@ -122,7 +122,7 @@ def _verifies(public_key: bytes, payload: bytes, signature: bytes) -> bool:
 def nonce_key(account: str, nonce: int) -> xdr.LedgerKey:
     """Where the host records a consumed authorisation nonce (CAP-46-11)."""
     return xdr.LedgerKey(type=xdr.LedgerEntryType.CONTRACT_DATA, contract_data=xdr.LedgerKeyContractData(
-        contract=Address(account).to_xdr_sc_address(),
+        contract=_sc_address(account),
         key=xdr.SCVal(type=xdr.SCValType.SCV_LEDGER_KEY_NONCE, nonce_key=xdr.SCNonceKey(nonce=xdr.Int64(nonce))),
         durability=xdr.ContractDataDurability.TEMPORARY))
 
@@ -143,13 +143,18 @@ class Invocation:
 
 def sac_transfer(usdc: str, source: str, destination: str, amount: int,
                  auth: xdr.SorobanAuthorizationEntry) -> Invocation:
-    return Invocation(usdc, "transfer", [scval.to_address(source), scval.to_address(destination),
+    return Invocation(usdc, "transfer", [_address_val(source), _address_val(destination),
                                          scval.to_int128(amount)], [auth])
 
 
 def billing_credit(billing: str, operator: str, account: str, amount: int, deposit_tx: bytes) -> Invocation:
-    return Invocation(billing, "credit", [scval.to_address(operator), scval.to_address(account),
+    return Invocation(billing, "credit", [_address_val(operator), _address_val(account),
                                           scval.to_int128(amount), scval.to_bytes(deposit_tx)], [])
+
+
+def _address_val(address: str) -> xdr.SCVal:
+    """scval.to_address, from the remembered SCAddress (_sc_address)."""
+    return xdr.SCVal(type=xdr.SCValType.SCV_ADDRESS, address=_sc_address(address))
 
 
 @dataclass(frozen=True)
@@ -287,9 +292,12 @@ def _muxed_bytes(public_key: str) -> bytes:
     return _muxed(public_key).to_xdr_bytes()
 
 
-@functools.lru_cache(maxsize=64)
-def _sc_address(contract: str) -> xdr.SCAddress:
-    return Address(contract).to_xdr_sc_address()
+@functools.lru_cache(maxsize=4096)
+def _sc_address(address: str) -> xdr.SCAddress:
+    """An account's or contract's SCAddress, remembered: the strkey check decodes base32 in pure
+    Python, and the same accounts and contracts recur in every call. Only ever packed, never
+    modified, so one object can serve every invocation."""
+    return Address(address).to_xdr_sc_address()
 
 
 def assemble(tx: Any, simulation: Any) -> None:

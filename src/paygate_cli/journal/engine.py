@@ -47,10 +47,11 @@ API (stable: `relay` and `relay_drainer` build on it)
     # The one-statement fast path (issue 14; funding and relay use it): a FastJob also gives its
     # lease check and row updates as SQL, and each phase is then ONE statement, no BEGIN/COMMIT:
     allocation = engine.allocate_for(job, entitlement=...)    # lease + lane + row pointer | None
-    allocations = engine.allocate_many(jobs, entitlements)   # the same for a tick's rows (a BatchJob):
+    allocations = engine.allocate_many(jobs, entitlements)   # the same for a tick's rows (a SetBasedJob):
                                                              # per job Allocation | LeaseLost | None
     outcome = engine.sign_and_send(job, allocation.lineage_id, allocation.lane, allocation=allocation)
-    engine.flush_sent()     # once a tick, before the rows are handed back: the tick's 'sent' marks
+    engine.flush_sent((release_sql, params))  # once a tick: the tick's 'sent' marks, then the
+                                              # path's release of its rows, in one statement
 
     # Group commit (funding, relay, settlement): sign_and_send in two halves, so a tick's envelopes
     # share one synchronous commit. prepare() builds, signs and encrypts (nothing written);
@@ -79,6 +80,7 @@ Crash points (PAYGATE_CRASH_AT), with `job.crash` as prefix: `.after_allocate`, 
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, cast
 
@@ -156,7 +158,7 @@ class FastJob(Job, Protocol):
     def params(self) -> dict[str, Any]: ...
 
 
-class BatchJob(FastJob, Protocol):
+class SetBasedJob(FastJob, Protocol):
     """A FastJob whose rows can also be allocated for together (allocate_many): its lease check and
     row pointer as set-based SQL over the request `req` (journal/lineage.py ALLOCATE_ATTACH_MANY_SQL)."""
 
@@ -254,8 +256,12 @@ def _fast(job: Job) -> bool:
     return getattr(job, "hold_sql", None) is not None
 
 
+# Connection -> the lane set Engine.for_tick registered through it.
+_SYNCED_LANES: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
 def _one_statement_batch(batch: list[Prepared]) -> bool:
-    """Whether a batch can be anchored in one statement: every job a BatchJob of the same SQL."""
+    """Whether a batch can be anchored in one statement: every job a SetBasedJob of the same SQL."""
     forms = {(getattr(p.job, "hold_many_sql", None), getattr(p.job, "install_many_sql", None)) for p in batch}
     return len(forms) == 1 and None not in next(iter(forms))
 
@@ -296,6 +302,7 @@ class Engine:
         # reads them from here instead of loading the row again.
         self.finished: dict[int, lineages.Lineage] = {}
         self._sent: list[tuple[int, str]] = []  # broadcasts whose 'sent' mark flush_sent() writes
+        self.broadcasts = 0  # transactions this engine broadcast (first sends; resends are resolve's)
 
     @classmethod
     def for_tick(cls, ctx: TickContext) -> Engine:
@@ -307,7 +314,12 @@ class Engine:
         from paygate_cli.journal.keyring import Keyring
 
         signer, keyring = Signer.from_settings(ctx.settings), Keyring.from_settings(ctx.settings)
-        lineages.sync_lanes(ctx.conn, list(signer.lanes))
+        # Once per connection (a `run-tick --every` loop keeps its own across ticks), not per tick:
+        # lanes are never deleted, only drained or retired, so a registered lane stays registered.
+        lanes = frozenset(signer.lanes)
+        if _SYNCED_LANES.get(ctx.conn) != lanes:
+            lineages.sync_lanes(ctx.conn, list(lanes))
+            _SYNCED_LANES[ctx.conn] = lanes
         return cls(ctx, ChainClient(ctx.settings, guard_conn=ctx.conn), signer, keyring)
 
     @classmethod
@@ -366,7 +378,7 @@ class Engine:
             return None
         return Allocation(int(lineage_id), str(lane), None if journal_seq is None else int(journal_seq))
 
-    def allocate_many(self, jobs: list[BatchJob], entitlements: list[str]) -> list[Allocation | LeaseLost | None]:
+    def allocate_many(self, jobs: list[SetBasedJob], entitlements: list[str]) -> list[Allocation | LeaseLost | None]:
         """allocate_for() for a tick's rows in one statement (one path, one purpose): per job, in
         order, its Allocation, LeaseLost, or None when no free lane was left for it. A row that did
         not take its lineage aborts the statement (nothing allocated); the rows are then allocated
@@ -532,6 +544,7 @@ class Engine:
         job, lineage_id = prepared.job, prepared.lineage_id
         crashpoint(f"{job.crash}.after_anchor")
         send = self.chain.send(prepared.signed.envelope_xdr)
+        self.broadcasts += 1
         crashpoint(f"{job.crash}.after_broadcast")
         terminal = send.status == "ERROR" and send.code in TERMINAL_SEND_CODES
         if _fast(job) and not terminal:
@@ -548,15 +561,16 @@ class Engine:
                 job.on_sent(self.conn, lineage_id, send, terminal)
         return Sent(lineage_id, send, terminal)
 
-    def flush_sent(self) -> None:
+    def flush_sent(self, then: tuple[str, dict[str, Any]] | None = None) -> None:
         """Record the broadcasts sign_and_send left pending (a path calls it once a tick, before it
-        hands its rows back)."""
+        hands its rows back). `then`: the path's own relaxed statement (its lease release), written
+        in the same statement right after the marks."""
         pending, self._sent = self._sent, []
-        lineages.mark_sent_many(self.conn, pending)
+        lineages.mark_sent_many(self.conn, pending, then)
 
     def _anchor_batch(self, batch: list[Prepared]) -> list[LeaseLost | None]:
         """Anchor the batch with one synchronous commit; per unit None (anchored) or LeaseLost.
-        A batch of one path's BatchJobs is one statement (ANCHOR_HELD_MANY_SQL): a lost lease there
+        A batch of one path's SetBasedJobs is one statement (ANCHOR_HELD_MANY_SQL): a lost lease there
         is a unit that did not hold, not an error, so one unit's lost row leaves the others anchored.
         A unit whose own write did not follow its lineage's (paygate.require, PGR01) aborts the
         statement — nothing of the batch is committed — and the batch is anchored again unit by
@@ -621,9 +635,9 @@ class Engine:
     @staticmethod
     def _anchor_many_statement(batch: list[Prepared]) -> tuple[str, dict[str, Any]]:
         """The batch's anchors as one statement (ANCHOR_HELD_MANY_SQL)."""
-        first = cast(BatchJob, batch[0].job)
+        first = cast(SetBasedJob, batch[0].job)
         sql = lineages.ANCHOR_HELD_MANY_SQL.format(hold=first.hold_many_sql, install=first.install_many_sql)
-        keys = [cast(BatchJob, p.job).row_key() for p in batch]
+        keys = [cast(SetBasedJob, p.job).row_key() for p in batch]
         return sql, {**first.params(), "x_row_ids": [k[0] for k in keys], "x_row_tokens": [k[1] for k in keys],
                      "x_ids": [p.lineage_id for p in batch], "x_seqs": [p.seq for p in batch],
                      "x_key_ids": [p.key_id for p in batch], "x_envelopes": [p.ciphertext for p in batch],
@@ -753,6 +767,8 @@ class Engine:
     # -- liveness --------------------------------------------------------------------------------
 
     def stall_reason(self) -> str | None:
+        if self.broadcasts:
+            return None  # this tick broadcast work: it moves, whatever still waits for a lane
         return stall_reason(self.conn, self.ctx.settings, self.lanes)
 
 

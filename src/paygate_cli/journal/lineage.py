@@ -45,12 +45,12 @@ SELECT %(purpose)s, %(entitlement)s, lane.address FROM lane
 RETURNING id, lane
 """
 
-FREE_LANES_SQL = """
-SELECT count(*) FROM paygate.lanes l
-WHERE l.status = 'active' AND l.address = ANY(%s)
-  AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
-                  WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent'))
-"""
+# How many of `lanes` are free now (an SQL expression: a path may read it with something of its own).
+FREE_LANES_EXPR = """(SELECT count(*) FROM paygate.lanes l
+ WHERE l.status = 'active' AND l.address = ANY(%(lanes)s)
+   AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
+                   WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent')))"""
+FREE_LANES_SQL = "SELECT " + FREE_LANES_EXPR
 
 
 
@@ -203,14 +203,16 @@ NO_INSTALL = "SELECT 1 FROM anchored"
 # What the broadcast answered: re-derivable (a 'signed' lineage is resolved the same way), so relaxed.
 MARK_SENT_RELAXED_SQL = MARK_SENT_SQL.rstrip() + "\nRETURNING set_config('synchronous_commit', 'off', true)\n"
 
-# The tick's broadcasts recorded together (journal/engine.py flush_sent): one statement a tick.
-MARK_SENT_MANY_SQL = """
+# The tick's broadcasts recorded together (journal/engine.py flush_sent): one statement a tick, or
+# a CTE in front of the path's own end-of-tick statement (MARK_SENT_BEFORE).
+MARK_SENT_MANY = """
 UPDATE paygate.lineages x
 SET state = 'sent', send_count = x.send_count + 1, last_send_status = m.status, sent_at = coalesce(x.sent_at, now())
-FROM unnest(%(ids)s::bigint[], %(statuses)s::text[]) AS m(id, status)
+FROM unnest(%(x_sent_ids)s::bigint[], %(x_sent_statuses)s::text[]) AS m(id, status)
 WHERE x.id = m.id AND x.state IN ('signed', 'sent')
-RETURNING set_config('synchronous_commit', 'off', true)
 """
+MARK_SENT_MANY_SQL = MARK_SENT_MANY.rstrip() + "\nRETURNING set_config('synchronous_commit', 'off', true)\n"
+MARK_SENT_BEFORE = "WITH marked_sent AS (" + MARK_SENT_MANY.strip() + " RETURNING 1)\n"
 
 # Receipts recorded from the chain (re-derivable: the chain keeps them), relaxed, a tick's in one
 # statement (journal/resolve.py record_receipts). Each row is the same CAS as FINISH_SQL; the ids
@@ -321,7 +323,7 @@ def allocate(conn: psycopg.Connection, *, purpose: str, entitlement: str, lanes:
 
 
 def free_lane_count(conn: psycopg.Connection, lanes: list[str]) -> int:
-    return int(conn.execute(FREE_LANES_SQL, (sorted(lanes),)).fetchone()[0])
+    return int(conn.execute(FREE_LANES_SQL, {"lanes": sorted(lanes)}).fetchone()[0])
 
 
 def next_sequence(conn: psycopg.Connection, lane: str, chain_seq: int) -> int:
@@ -356,12 +358,17 @@ def mark_sent_relaxed(conn: psycopg.Connection, lineage_id: int, status: str) ->
     return one_statement(conn, MARK_SENT_RELAXED_SQL, {"id": lineage_id, "status": status}).rowcount == 1
 
 
-def mark_sent_many(conn: psycopg.Connection, sent: list[tuple[int, str]]) -> int:
-    """mark_sent for several lineages in one relaxed statement."""
-    if not sent:
-        return 0
-    return one_statement(conn, MARK_SENT_MANY_SQL, {"ids": [i for i, _ in sent],
-                                                     "statuses": [status for _, status in sent]}).rowcount
+def mark_sent_many(conn: psycopg.Connection, sent: list[tuple[int, str]],
+                   then: tuple[str, dict[str, Any]] | None = None) -> None:
+    """mark_sent for several lineages in one relaxed statement. `then`: the caller's own relaxed
+    statement (no WITH clause of its own), run as the same statement after the marks."""
+    params = {"x_sent_ids": [i for i, _ in sent], "x_sent_statuses": [status for _, status in sent]}
+    if then is None:
+        if sent:
+            one_statement(conn, MARK_SENT_MANY_SQL, params)
+        return
+    sql, own = then
+    one_statement(conn, (MARK_SENT_BEFORE + sql) if sent else sql, {**own, **params})
 
 
 def finish_receipts(conn: psycopg.Connection, receipts: list[dict[str, Any]]) -> set[int]:

@@ -139,30 +139,39 @@ UPDATE paygate.pending_credits p SET lease_token = NULL, lease_expires_at = NULL
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
 WHERE p.id = mine.id AND p.status = 'pending' AND p.lease_token = mine.token
 """
-# The flip and the balance increment are one statement: whichever of funding and the observer
-# wins pending -> settled applies the increment; the loser's statement matches no row (the observer
-# runs it inside its page transaction). Funding's own settle (SETTLE_RELAXED_SQL) commits relaxed: it
-# records what the credit's receipt proves, so a database crash that loses it leaves the row pending
-# on its applied credit lineage and the next tick settles again. Nothing outside the database acts
-# on it first: a webhook POST follows the webhook claim's synchronous commit, which flushes the WAL
-# past this one.
+# The flip and the balance increment are one statement (for a tick's deposits, or the observer's
+# one): whichever of funding and the observer wins pending -> settled applies the increment; the
+# loser's statement matches no row (the observer runs it inside its page transaction). Funding's
+# own settle (SETTLE_RELAXED_SQL) commits relaxed: it records what the credit's receipt proves, so
+# a database crash that loses it leaves the row pending on its applied credit lineage and the next
+# tick settles again. Nothing outside the database acts on it first: a webhook POST follows the
+# webhook claim's synchronous commit, which flushes the WAL past this one.
 SETTLE_TEMPLATE = """
 WITH flipped AS (
-    UPDATE paygate.pending_credits
+    UPDATE paygate.pending_credits p
     SET status = 'settled', settled_by = %(by)s, settled_at = now(), lease_token = NULL,
         lease_expires_at = NULL, updated_at = now()
-    WHERE id = %(id)s AND status = 'pending' AND deposit_tx = %(deposit_tx)s
-    RETURNING id, account, amount, deposit_tx
+    FROM unnest(%(ids)s::bigint[], %(deposit_txs)s::bytea[]) AS s(id, deposit_tx)
+    WHERE p.id = s.id AND p.status = 'pending' AND p.deposit_tx = s.deposit_tx
+    RETURNING p.id, p.account, p.amount, p.deposit_tx
 ), credited AS (
-    UPDATE paygate.accounts a SET cached_balance = a.cached_balance + f.amount, updated_at = now()
-    FROM flipped f WHERE a.address = f.account
+    -- One increment per account (an UPDATE … FROM applies one matching row per target row).
+    UPDATE paygate.accounts a SET cached_balance = a.cached_balance + t.amount, updated_at = now()
+    FROM (SELECT account, sum(amount) AS amount FROM flipped GROUP BY account) t WHERE a.address = t.account
     RETURNING a.address, a.cached_balance
+), settled AS (
+    -- Each deposit's balance right after its own credit: the account's new balance less what this
+    -- statement credited it after that deposit (by id).
+    SELECT f.id, f.account, f.amount, f.deposit_tx,
+           c.cached_balance - (sum(f.amount) OVER (PARTITION BY f.account ORDER BY f.id DESC) - f.amount) AS balance
+    FROM flipped f JOIN credited c ON c.address = f.account
+    ORDER BY f.id
 )
-SELECT f.id, f.account, f.amount, c.cached_balance,
+SELECT s.id, s.account, s.amount, s.balance,
        paygate.emit_event('credit.settled', jsonb_build_object(
-           'pending_credit_id', f.id, 'account', f.account, 'amount', f.amount::text,
-           'deposit_tx', encode(f.deposit_tx, 'hex'), 'balance', c.cached_balance::text)){relaxed}
-FROM flipped f JOIN credited c ON c.address = f.account
+           'pending_credit_id', s.id, 'account', s.account, 'amount', s.amount::text,
+           'deposit_tx', encode(s.deposit_tx, 'hex'), 'balance', s.balance::text)){relaxed}
+FROM settled s
 """
 SETTLE_SQL = SETTLE_TEMPLATE.format(relaxed="")
 SETTLE_RELAXED_SQL = SETTLE_TEMPLATE.format(relaxed=", set_config('synchronous_commit', 'off', true)")
@@ -187,6 +196,8 @@ WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose IN ('deposit', 'c
 ORDER BY x.id
 LIMIT %(limit)s
 """
+# A tick's first look once it has work: how many lanes are free, and whether orphans wait.
+FREE_LANES_AND_ORPHANS_SQL = "SELECT " + lineages.FREE_LANES_EXPR + ", EXISTS (" + ORPHANS_SQL + ")"
 
 
 @dataclass
@@ -237,6 +248,7 @@ class Deps:
     # synchronous commit) and broadcast once every row has been advanced (tick).
     prepared: list[Prepared] = field(default_factory=list)
     ready: list[Ready] = field(default_factory=list)  # phases that may start a new lineage this tick
+    settling: list[Deposit] = field(default_factory=list)  # deposits whose credit applied this tick
     # The states _drive_in_flight left the tick's lineages in (lineage id -> state, or what stopped
     # that row), read by advance().
     driven: dict[int, Driven] = field(default_factory=dict)
@@ -295,8 +307,7 @@ def drive_taken_over(ctx: TickContext, rows: list[Deposit]) -> dict[str, int]:
 
 def tick(ctx: TickContext) -> TickResult:
     rows = claim(ctx)
-    orphans = ctx.conn.execute(ORPHANS_SQL, {"limit": 1}).fetchone() is not None
-    if not rows and not orphans:
+    if not rows and ctx.conn.execute(ORPHANS_SQL, {"limit": 1}).fetchone() is None:
         return TickResult()
     if rows:
         crashpoint("funding.after_claim")
@@ -305,14 +316,16 @@ def tick(ctx: TickContext) -> TickResult:
 
     engine = Engine.for_tick(ctx)
     deps = Deps(ctx, engine.chain, engine.signer, engine.keyring, engine)
-    deps.free_lanes = lineages.free_lane_count(ctx.conn, list(deps.signer.lanes))
+    free, orphans = ctx.conn.execute(FREE_LANES_AND_ORPHANS_SQL, {"lanes": sorted(deps.signer.lanes),
+                                                                 "limit": 1}).fetchone()
+    deps.free_lanes = int(free)
     # Rows with a transaction in flight first: resolving them frees lanes for the new ones.
     rows.sort(key=lambda r: (r.deposit_lineage_id is None and r.credit_lineage_id is None, r.id))
     result = TickResult()
     outcomes: dict[str, int] = {}
 
     def count(outcome: str) -> None:
-        if outcome in ("prepared", "ready"):
+        if outcome in ("prepared", "ready", "settling"):
             return  # counted when sent (or when its allocation says otherwise)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
         result.processed += 1
@@ -327,10 +340,12 @@ def tick(ctx: TickContext) -> TickResult:
         _drive_in_flight(deps, rows)
         for row in rows:
             count(_step(deps, row, advance, row))
+        for outcome in _settle_all(deps):
+            count(outcome)
         # The phases ready for a new lineage: their lanes in one statement per purpose, then each
         # built and signed.
         ready, deps.ready = deps.ready, []
-        for purpose in ("deposit", "credit"):
+        for purpose in ("credit", "deposit"):  # finishing a deposit before starting another
             group = [r for r in ready if r.job.purpose == purpose]
             allocations = deps.engine.allocate_many([r.job for r in group], [r.entitlement for r in group]) \
                 if group else []
@@ -392,10 +407,10 @@ def _read_nonces(deps: Deps, rows: list[Deposit]) -> None:
 
 
 def _release_all(deps: Deps, rows: list[Deposit]) -> None:
-    deps.engine.flush_sent()  # the tick's 'sent' marks, before the rows are handed back
-    # Relaxed, one statement: a lease left in place only lapses (the rows wait a lease, no more).
-    lineages.one_statement(deps.conn, RELEASE_SQL + RELEASE_RELAXED,
-                           {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
+    # The tick's 'sent' marks, then the rows handed back, in one statement. Relaxed: a lease left in
+    # place only lapses (the rows wait a lease, no more).
+    deps.engine.flush_sent((RELEASE_SQL + RELEASE_RELAXED,
+                            {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]}))
 
 
 def advance(deps: Deps, row: Deposit) -> str:
@@ -478,8 +493,8 @@ def _credit_phase(deps: Deps, row: Deposit) -> str:
         lineage = row.lineage_for(deps.conn, row.credit_lineage_id)
         state = _drive(deps, row, lineage, "credit")
         if state == "applied":
-            crashpoint("funding.before_settle")
-            return _settle(deps, row)
+            deps.settling.append(row)  # settled with the tick's others (_settle_all)
+            return "settling"
         if state == "failed":
             code = _finished(deps, lineage.id).result_code
             # The contract dedups on the deposit hash; a credit of ours failing is not explained.
@@ -504,15 +519,25 @@ def _finished(deps: Deps, lineage_id: int) -> lineages.Lineage:
     return deps.engine.finished.get(lineage_id) or lineages.load(deps.conn, lineage_id)
 
 
-def _settle(deps: Deps, row: Deposit) -> str:
-    # One statement (its own transaction, relaxed: SETTLE_RELAXED_SQL): the flip, the increment, the event.
-    won = lineages.one_statement(deps.conn, SETTLE_RELAXED_SQL, {"id": row.id, "by": "funding",
-                                                         "deposit_tx": row.deposit_tx}).fetchone()
-    if won is None:
-        return "settled_elsewhere"  # the observer won the flip and applied the increment
-    deps.ctx.log.info("deposit %s settled: %s credited %s", row.id, row.account, row.amount,
-                      extra={"msgid": "funding.settled", "pending_credit_id": row.id})
-    return "settled"
+def _settle_all(deps: Deps) -> list[str]:
+    """Settle every deposit whose credit applied this tick, in one statement (its own transaction,
+    relaxed: SETTLE_RELAXED_SQL): the flips, the increments, the events. One outcome per deposit."""
+    settling, deps.settling = deps.settling, []
+    if not settling:
+        return []
+    crashpoint("funding.before_settle")
+    won = {int(r[0]) for r in lineages.one_statement(deps.conn, SETTLE_RELAXED_SQL, {
+        "ids": [row.id for row in settling], "by": "funding",
+        "deposit_txs": [row.deposit_tx for row in settling]}).fetchall()}
+    outcomes = []
+    for row in settling:
+        if row.id not in won:
+            outcomes.append("settled_elsewhere")  # the observer won the flip and applied the increment
+            continue
+        deps.ctx.log.info("deposit %s settled: %s credited %s", row.id, row.account, row.amount,
+                          extra={"msgid": "funding.settled", "pending_credit_id": row.id})
+        outcomes.append("settled")
+    return outcomes
 
 
 # -- shared steps: the engine does the safety-critical sequence; funding says what it means ---------
@@ -548,7 +573,7 @@ class FundingJob:
     def attach_sql(self) -> str:
         return ATTACH_DEPOSIT_SQL if self.purpose == "deposit" else ATTACH_CREDIT_SQL
 
-    # (BatchJob) the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
+    # (SetBasedJob) the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
     hold_many_sql = HOLD_MANY_SQL
     install_many_sql = RENEW_AT_ANCHOR_MANY_SQL
 

@@ -323,7 +323,7 @@ def _apply_credit(conn: psycopg.Connection, stats: PageStats, ev: Any) -> tuple[
     if account != ev.account or int(amount) != ev.amount:
         return target, None, (f"credit: deposit {pending_id} is {amount} for {account}, the event says {ev.amount} "
                               f"for {ev.account} (amount/account mismatch)")
-    won = conn.execute(FUNDING_SETTLE_SQL, {"id": pending_id, "by": "observer", "deposit_tx": ev.ref}).fetchone()
+    won = conn.execute(FUNDING_SETTLE_SQL, {"ids": [pending_id], "by": "observer", "deposit_txs": [ev.ref]}).fetchone()
     if won is not None:
         stats.credited += 1
         return target, "credited", None

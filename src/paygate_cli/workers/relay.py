@@ -228,7 +228,7 @@ class RelayJob:
     hold_sql = HOLD_ROW_SQL
     attach_sql = ATTACH_SQL
     install_sql = INSTALL_ANCHORED_SQL
-    # (BatchJob) the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
+    # (SetBasedJob) the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
     hold_many_sql = HOLD_MANY_SQL
     attach_many_sql = ATTACH_MANY_SQL
     install_many_sql = INSTALL_ANCHORED_MANY_SQL
@@ -422,10 +422,10 @@ def _read_nonces(deps: Deps, fresh: list[Relay]) -> None:
 
 
 def _release_all(deps: Deps, rows: list[Relay]) -> None:
-    deps.engine.flush_sent()  # the tick's 'sent' marks, before the rows are handed back
-    # Relaxed, one statement: a lease left in place only lapses (the rows wait a lease, no more).
-    lineages.one_statement(deps.conn, RELEASE_SQL + RELEASE_RELAXED,
-                           {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
+    # The tick's 'sent' marks, then the rows handed back, in one statement. Relaxed: a lease left in
+    # place only lapses (the rows wait a lease, no more).
+    deps.engine.flush_sent((RELEASE_SQL + RELEASE_RELAXED,
+                            {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]}))
 
 
 def _lineage_of(deps: Deps, row: Relay) -> lineages.Lineage:

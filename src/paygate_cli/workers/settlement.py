@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, cast
 
 from paygate_cli.errors import Unavailable
 from paygate_cli.journal import lineage as lineages
-from paygate_cli.journal.engine import LeaseLost
+from paygate_cli.journal.engine import Allocation, LeaseLost
 from paygate_cli.ticks.context import TickContext, TickResult
 from paygate_cli.ticks.crash import crashpoint
 
@@ -499,7 +499,9 @@ def _start_batch(deps: Deps, result: TickResult) -> str:
     crashpoint("settlement.after_claim")
     result.processed += len(rows)
     job = BatchJob(deps, lineage_id, token, rows)
-    allocation = _allocation(claimed)
+    # Allocated just now: the claim statement opened the batch's lease and read the lane's journal
+    # sequence, so the engine need not check the one or read the other again.
+    allocation = Allocation(lineage_id, lane, claimed.journal_seq)
     try:
         outcome = deps.engine.prepare(job, lineage_id, lane, allocation=allocation)
     except Unavailable:
@@ -554,23 +556,10 @@ def _give_back_prepared(deps: Deps) -> None:
                    "the RPC was unavailable before it was anchored and broadcast")
 
 
-def _allocation(claimed: Claim) -> object | None:
-    """What the engine's one-statement path takes as "allocated just now", where the engine offers it
-    (journal/engine.py Allocation): the claim statement opened the batch's lease and read the lane's
-    journal sequence, so the engine need not check the one or read the other again."""
-    try:
-        from paygate_cli.journal.engine import Allocation  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return Allocation(claimed.lineage_id, claimed.lane, claimed.journal_seq)
-
-
 def _release_sent(deps: Deps) -> None:
     """The engine's deferred 'sent' marks, then the leases of the tick's broadcast batches, released
     together (relaxed, one statement each). Skipped, a lease only lapses: the batch waits a lease."""
-    flush = getattr(deps.engine, "flush_sent", None)
-    if flush is not None:
-        flush()
+    deps.engine.flush_sent()
     if deps.unreleased:
         deps.conn.execute(RELEASE_SENT_LEASES_SQL, {"lineages": list(deps.unreleased),
                                                     "tokens": list(deps.unreleased.values())})
