@@ -305,6 +305,22 @@ def test_every_lane_fenced_makes_funding_stall_not_succeed(chain: ChainEnv, db: 
                       "LIMIT 1").fetchone()[0] == "stalled"
 
 
+def test_more_deposits_than_lanes_is_a_backlog_not_a_stall(chain: ChainEnv, db: psycopg.Connection) -> None:
+    """Two lanes, four deposits: the tick sends two and the other two wait for a lane. Work moved, so
+    the tick succeeds (no stall) — and the waiting ones go out as the lanes free up."""
+    ids = [admit(chain, db, user=n) for n in range(4)]
+    code, doc, err = tick_json(chain, "funding")
+    assert code == 0, err
+    assert doc["run_tick"]["last_details"] == {"deposit_sent": 2, "no_free_lane": 2}
+    for _ in range(12):
+        chain.devnet.close_ledger()
+        code, _, err = tick_json(chain, "funding")
+        assert code == 0, err
+        if db.execute("SELECT count(*) FROM paygate.pending_credits WHERE status = 'pending'").fetchone()[0] == 0:
+            break
+    assert [row_of(db, i)["status"] for i in ids] == ["settled"] * 4
+
+
 def test_a_leaked_lane_makes_settlement_stall_but_momentary_busy_does_not(chain: ChainEnv, db: psycopg.Connection
                                                                           ) -> None:
     users = chain.genesis["users"]
