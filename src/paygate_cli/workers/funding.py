@@ -347,8 +347,9 @@ def tick(ctx: TickContext) -> TickResult:
         ready, deps.ready = deps.ready, []
         for purpose in ("credit", "deposit"):  # finishing a deposit before starting another
             group = [r for r in ready if r.job.purpose == purpose]
-            allocations = deps.engine.allocate_many([r.job for r in group], [r.entitlement for r in group]) \
-                if group else []
+            if not group:
+                continue
+            allocations = deps.engine.allocate_many([r.job for r in group], [r.entitlement for r in group])
             for item, allocation in zip(group, allocations, strict=True):
                 count(_step(deps, item.job.row, _prepare_and_send, item, allocation))
         prepared, deps.prepared = deps.prepared, []

@@ -376,10 +376,6 @@ def _advance_all(deps: Deps, rows: list[Relay], result: TickResult, *, new_work:
         elif outcome in ("lease_lost", "settle_failed"):
             result.failed += 1
 
-    # The lineages in flight first, all at once: their receipts are recorded in one statement.
-    driving = [row for row in rows if row.lineage_id is not None]
-    states = deps.engine.drive_all([(RelayJob(row, None), _lineage_of(deps, row)) for row in driving])
-    deps.driven = {row.id: state for row, state in zip(driving, states, strict=True)}
     def step(row: Relay, advance_row: Callable[..., str], *args: Any) -> None:
         try:
             outcome = advance_row(deps, *args)
@@ -396,15 +392,20 @@ def _advance_all(deps: Deps, rows: list[Relay], result: TickResult, *, new_work:
         if outcome not in ("prepared", "included", "ready"):
             count(outcome)
 
+    # The lineages in flight first, all at once: their receipts are recorded in one statement.
+    driving = [row for row in rows if row.lineage_id is not None]
+    states = deps.engine.drive_all([(RelayJob(row, None), _lineage_of(deps, row)) for row in driving])
+    deps.driven = {row.id: state for row, state in zip(driving, states, strict=True)}
     for row in rows:
         step(row, advance, row, new_work)
     for outcome in _dispose_all(deps):
         count(outcome)
     # The relays ready for a new lineage: their lanes in one statement, then each built and signed.
     ready, deps.ready = deps.ready, []
-    allocations = deps.engine.allocate_many(list(ready), [job.row.entitlement for job in ready]) if ready else []
-    for job, allocation in zip(ready, allocations, strict=True):
-        step(job.row, _prepare, job, allocation)
+    if ready:
+        allocations = deps.engine.allocate_many(list(ready), [job.row.entitlement for job in ready])
+        for job, allocation in zip(ready, allocations, strict=True):
+            step(job.row, _prepare, job, allocation)
     prepared, deps.prepared = deps.prepared, []
     if prepared:  # (a take-over prepares nothing, and its engine refuses to send)
         for sent in deps.engine.send_prepared(prepared):
