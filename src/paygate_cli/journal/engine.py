@@ -379,10 +379,11 @@ class Engine:
         return Allocation(int(lineage_id), str(lane), None if journal_seq is None else int(journal_seq))
 
     def allocate_many(self, jobs: list[SetBasedJob], entitlements: list[str]) -> list[Allocation | LeaseLost | None]:
-        """allocate_for() for a tick's rows in one statement (one path, one purpose): per job, in
-        order, its Allocation, LeaseLost, or None when no free lane was left for it. A row that did
-        not take its lineage aborts the statement (nothing allocated); the rows are then allocated
-        for one by one, so the failure stays that row's."""
+        """allocate_for() for a tick's rows in one statement (one path: the jobs share their SQL; each
+        lineage takes its own job's purpose): per job, in order, its Allocation, LeaseLost, or None
+        when no free lane was left for it; lanes go to the jobs in order. A row that did not take its
+        lineage aborts the statement (nothing allocated); the rows are then allocated for one by one,
+        so the failure stays that row's."""
         import psycopg
 
         if not jobs:
@@ -392,7 +393,8 @@ class Engine:
         keys = [job.row_key() for job in jobs]
         # The path's own parameters (e.g. a lease length) are the same for every row: the first job's.
         params = {**first.params(), "x_row_ids": [k[0] for k in keys], "x_row_tokens": [k[1] for k in keys],
-                  "x_entitlements": entitlements, "x_lanes": sorted(self.lanes), "x_purpose": first.purpose}
+                  "x_entitlements": entitlements, "x_purposes": [job.purpose for job in jobs],
+                  "x_lanes": sorted(self.lanes)}
         try:
             answers = lineages.one_statement(self.conn, sql, params).fetchall()
         except psycopg.errors.UniqueViolation as exc:

@@ -121,27 +121,29 @@ FROM (SELECT 1) AS one LEFT JOIN lineage n ON true
 """
 
 # The same for a tick's rows at once (journal/engine.py allocate_many): as many free lanes as rows
-# whose lease still holds, paired with them in request order; each row takes its lineage. The path
-# supplies `{hold}` — the ids of the requested rows (`req`: row_id, row_token, entitlement, n) whose
-# lease is still its own, locked FOR UPDATE — and `{attach}`, an UPDATE … FROM lineage JOIN req
-# USING (entitlement) … RETURNING 1. One row per request, in order: whether its lease held, and its
+# whose lease still holds, paired with them in request order; each row takes its lineage (of the
+# row's own purpose). The path supplies `{hold}` — the ids of the requested rows (`req`: row_id,
+# row_token, entitlement, purpose, n) whose lease is still its own, locked FOR UPDATE — and
+# `{attach}`, an UPDATE … FROM lineage JOIN req USING (entitlement) … RETURNING 1 (`lineage`: id,
+# purpose, lane, entitlement). One row per request, in order: whether its lease held, and its
 # lineage and lane (NULL: no free lane left for it).
 ALLOCATE_ATTACH_MANY_SQL = """
 WITH req AS (
-    SELECT * FROM unnest(%(x_row_ids)s::bigint[], %(x_row_tokens)s::uuid[], %(x_entitlements)s::text[])
-                  WITH ORDINALITY AS q(row_id, row_token, entitlement, n)
+    SELECT * FROM unnest(%(x_row_ids)s::bigint[], %(x_row_tokens)s::uuid[], %(x_entitlements)s::text[],
+                         %(x_purposes)s::text[])
+                  WITH ORDINALITY AS q(row_id, row_token, entitlement, purpose, n)
 ), held AS ({hold}),
 wanted AS (
-    SELECT req.entitlement, row_number() OVER (ORDER BY req.n) AS k FROM req JOIN held USING (row_id)
+    SELECT req.entitlement, req.purpose, row_number() OVER (ORDER BY req.n) AS k FROM req JOIN held USING (row_id)
 ),
 """ + free_lane_ctes(lanes_param="x_lanes", only_if="EXISTS (SELECT 1 FROM held)",
                      limit="(SELECT count(*) FROM held)") + """, paired AS (
-    SELECT w.entitlement, lane.address FROM (SELECT address, row_number() OVER () AS k FROM lane) lane
+    SELECT w.entitlement, w.purpose, lane.address FROM (SELECT address, row_number() OVER () AS k FROM lane) lane
     JOIN wanted w USING (k)
 ), lineage AS (
     INSERT INTO paygate.lineages (purpose, entitlement, lane)
-    SELECT %(x_purpose)s, entitlement, address FROM paired
-    RETURNING id, lane, entitlement
+    SELECT purpose, entitlement, address FROM paired
+    RETURNING id, purpose, lane, entitlement
 ), attached AS ({attach})
 SELECT req.row_id, held.row_id IS NOT NULL, n.id, n.lane,
        """ + last_consumed_seq_sql("n.lane") + """,

@@ -86,28 +86,30 @@ SET credit_lineage_id = lineage.id, deposit_tx = %(row_deposit_tx)s, pending_fai
 FROM lineage WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
 RETURNING 1
 """
-# The same for a tick's rows (engine.allocate_many, over its request `req`). The credit's deposit
-# hash is its applied deposit lineage's (what the single-row form is given); a row where that is
-# not so takes nothing, the statement's require() fails, and each row is allocated for alone.
+# The same for a tick's rows (engine.allocate_many, over its request `req`), deposits and credits in
+# one statement: each row takes the lineage of its own phase. A credit's deposit hash is its applied
+# deposit lineage's (what the single-row form is given); a row where that is not so takes nothing,
+# the statement's require() fails, and each row is allocated for alone.
 HOLD_MANY_SQL = """
 SELECT p.id AS row_id FROM paygate.pending_credits p JOIN req ON p.id = req.row_id
 WHERE p.status = 'pending' AND p.lease_token = req.row_token FOR UPDATE OF p
 """
-ATTACH_DEPOSIT_MANY_SQL = """
+ATTACH_MANY_SQL = """
 UPDATE paygate.pending_credits p
-SET deposit_lineage_id = lineage.id, updated_at = now(),
+SET deposit_lineage_id = CASE lineage.purpose WHEN 'deposit' THEN lineage.id ELSE p.deposit_lineage_id END,
+    credit_lineage_id = CASE lineage.purpose WHEN 'credit' THEN lineage.id ELSE p.credit_lineage_id END,
+    deposit_tx = CASE lineage.purpose WHEN 'credit'
+                 THEN (SELECT d.inner_hash FROM paygate.lineages d WHERE d.id = p.deposit_lineage_id)
+                 ELSE p.deposit_tx END,
+    pending_failure = CASE lineage.purpose WHEN 'credit' THEN NULL ELSE p.pending_failure END,
+    updated_at = now(),
     lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
 FROM lineage JOIN req USING (entitlement)
 WHERE p.id = req.row_id AND p.status = 'pending' AND p.lease_token = req.row_token
-RETURNING 1
-"""
-ATTACH_CREDIT_MANY_SQL = """
-UPDATE paygate.pending_credits p
-SET credit_lineage_id = lineage.id, deposit_tx = d.inner_hash, pending_failure = NULL, updated_at = now(),
-    lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
-FROM lineage JOIN req USING (entitlement), paygate.lineages d
-WHERE p.id = req.row_id AND p.status = 'pending' AND p.lease_token = req.row_token
-  AND d.id = p.deposit_lineage_id AND d.state = 'applied' AND d.inner_hash = coalesce(p.deposit_tx, d.inner_hash)
+  AND (lineage.purpose = 'deposit'
+       OR EXISTS (SELECT 1 FROM paygate.lineages d
+                  WHERE d.id = p.deposit_lineage_id AND d.state = 'applied'
+                    AND d.inner_hash = coalesce(p.deposit_tx, d.inner_hash)))
 RETURNING 1
 """
 RENEW_AT_ANCHOR_SQL = """
@@ -342,15 +344,13 @@ def tick(ctx: TickContext) -> TickResult:
             count(_step(deps, row, advance, row))
         for outcome in _settle_all(deps):
             count(outcome)
-        # The phases ready for a new lineage: their lanes in one statement per purpose, then each
-        # built and signed.
-        ready, deps.ready = deps.ready, []
-        for purpose in ("credit", "deposit"):  # finishing a deposit before starting another
-            group = [r for r in ready if r.job.purpose == purpose]
-            if not group:
-                continue
-            allocations = deps.engine.allocate_many([r.job for r in group], [r.entitlement for r in group])
-            for item, allocation in zip(group, allocations, strict=True):
+        # The phases ready for a new lineage: their lanes in one statement (credits first: finishing a
+        # deposit before starting another), then each built and signed.
+        ready = sorted(deps.ready, key=lambda r: r.job.purpose != "credit")
+        deps.ready = []
+        if ready:
+            allocations = deps.engine.allocate_many([r.job for r in ready], [r.entitlement for r in ready])
+            for item, allocation in zip(ready, allocations, strict=True):
                 count(_step(deps, item.job.row, _prepare_and_send, item, allocation))
         prepared, deps.prepared = deps.prepared, []
         for unit, sent in zip(prepared, deps.engine.send_prepared(prepared), strict=True):
@@ -576,11 +576,8 @@ class FundingJob:
 
     # (SetBasedJob) the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
     hold_many_sql = HOLD_MANY_SQL
+    attach_many_sql = ATTACH_MANY_SQL
     install_many_sql = RENEW_AT_ANCHOR_MANY_SQL
-
-    @property
-    def attach_many_sql(self) -> str:
-        return ATTACH_DEPOSIT_MANY_SQL if self.purpose == "deposit" else ATTACH_CREDIT_MANY_SQL
 
     def row_key(self) -> tuple[int, Any]:
         return self.row.id, self.row.token
