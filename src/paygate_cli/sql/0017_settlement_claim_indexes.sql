@@ -16,9 +16,3 @@ ALTER TABLE paygate.charges DROP CONSTRAINT charges_subscription_id_period_start
 -- never deleted, so the foreign key needs no index on this side. Each claimed charge paid for an
 -- entry in it.
 DROP INDEX paygate.charges_account;
-
--- charges_open (created_at) WHERE status = 'authorized' held the very rows charges_open_account
--- holds: every query over the open charges (queue depths, the reconcile report, the observer's
--- unexplained check, the has-work check) reads that set, or the claim-order index's, either way.
--- Each claimed charge paid for an entry in both.
-DROP INDEX paygate.charges_open;
