@@ -16,3 +16,12 @@ ALTER TABLE paygate.charges DROP CONSTRAINT charges_subscription_id_period_start
 -- never deleted, so the foreign key needs no index on this side. Each claimed charge paid for an
 -- entry in it.
 DROP INDEX paygate.charges_account;
+
+-- Room on each page of charges for the next version of its rows. A charge is rewritten twice (claimed,
+-- then settled or failed), and neither can be HOT (each changes an indexed column: 0016 left charges
+-- at 100% for that reason), but where the page has room the new version stays on it: no free-space-
+-- map search, no other heap page touched. Measured (bench/growth.py, 10 k vs 5 M history rows): the
+-- claim's buffers grew 1.25x without it, 1.20x with it; the observer's settle of a page touched 9%
+-- fewer. The price: the hot table's heap is ~40% larger for the same rows (retention moves terminal
+-- charges out after its window, so that is bounded). Applies to pages filled from now on.
+ALTER TABLE paygate.charges SET (fillfactor = 70);
