@@ -159,8 +159,9 @@ class FastJob(Job, Protocol):
 
 
 class SetBasedJob(FastJob, Protocol):
-    """A FastJob whose rows can also be allocated for together (allocate_many): its lease check and
-    row pointer as set-based SQL over the request `req` (journal/lineage.py ALLOCATE_ATTACH_MANY_SQL)."""
+    """A FastJob whose rows can also be allocated for and anchored together (allocate_many,
+    send_prepared): its lease check and row updates as set-based SQL over the request `req`
+    (journal/lineage.py ALLOCATE_ATTACH_MANY_SQL, ANCHOR_HELD_MANY_SQL)."""
 
     # SELECT <row id> AS row_id … JOIN req … FOR UPDATE: the requested rows whose lease is still ours.
     # Both may use the path's own named parameters that are the same for every row (the first
