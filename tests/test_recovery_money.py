@@ -178,6 +178,8 @@ def test_the_takeover_engine_holds_no_key_and_refuses_to_allocate_or_sign(chain:
                 engine.send_prepared([])
             with pytest.raises(SigningRefused, match="allocate_for"):
                 engine.allocate_for(None, entitlement="pending_credit:2:deposit")
+            with pytest.raises(SigningRefused, match="allocate_many"):
+                engine.allocate_many([], [])
             with pytest.raises(SigningRefused, match="allocate on"):
                 engine.allocate(purpose="deposit", entitlement="pending_credit:2:deposit")
             with pytest.raises(SigningRefused, match="the signer"):
