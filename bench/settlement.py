@@ -224,7 +224,6 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
     from stellar_sdk import Keypair, scval
 
     from paygate_cli.chain.charges import EventsPage, RawEvent
-    from paygate_cli.db.connect import relaxed_transaction
     from paygate_cli.journal import lineage as lineages
     from paygate_cli.workers import observer, settlement
 
@@ -232,7 +231,6 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
     pg.wrap(psycopg.Connection, "wait")
     log = __import__("logging").getLogger("bench")
     # Mirror the engine that is installed: the one-statement phases where it has them (FastJob).
-    fast_engine = hasattr(lineages, "ANCHOR_HELD_SQL")
     settle_s = observe_s = cpu = server = observe_cpu = observe_server = 0.0
     batches = 0
     with psycopg.connect(dsn, autocommit=True) as db:
@@ -254,40 +252,33 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
             pg.enabled = True
             started, cpu_started, server_started = time.perf_counter(), time.process_time(), _server_cpu()
             open_batches: dict[int, list[Any]] = {}
-            sent = []
+            claimed_now: list[tuple[int, uuid.UUID]] = []
             for _ in range(lanes):
                 token = uuid.uuid4()
                 got = settlement.claim(db, lanes=lane_keys, owner="bench", token=token, batch=48, lease=30)
                 if got.lineage_id is None or got.lane is None:
                     break
-                lineage_id, lane = got.lineage_id, got.lane
-                anchor = {"seq": seq, "key_id": "k", "envelope": os.urandom(600), "inner_hash": os.urandom(32),
-                          "outer_hash": os.urandom(32), "max_time": 2**40, "signed_at_ledger": ledger}
-                if fast_engine:  # the engine's one-statement anchor; the claim was the lease check
-                    seq = max(seq, got.journal_seq or 0) + 1
-                    anchor["seq"] = seq
-                    lineages.one_statement(db, lineages.ANCHOR_HELD_SQL.format(
-                        hold=settlement.HOLD_BATCH_ROW_SQL, install=settlement.RENEW_BATCH_AT_ANCHOR_SQL), {
-                        "batch_lineage": lineage_id, "batch_token": token, "batch_lease": 30,
-                        "x_id": lineage_id, "x_max_ledger": None, **{f"x_{k}": v for k, v in anchor.items()}})
-                    sent.append((lineage_id, token))
-                else:
-                    hold = {"lineage": lineage_id, "token": token, "lease": 30}
-                    with relaxed_transaction(db):  # the engine's lease check before chain work
-                        db.execute(settlement.HOLD_BATCH_SQL, hold)
-                    seq = lineages.next_sequence(db, lane, seq)
-                    anchor["seq"] = seq
-                    with db.transaction():  # the engine's anchor: lease guard + CAS (journal/engine.py)
-                        db.execute(settlement.HOLD_BATCH_SQL, hold)
-                        lineages.anchor(db, lineage_id, **anchor)
-                    with relaxed_transaction(db):  # the engine's mark-sent + the batch's on_sent
-                        lineages.mark_sent(db, lineage_id, "PENDING")
-                        db.execute(settlement.RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": token})
-                open_batches[lineage_id] = got.rows
-            if sent:  # the engine's deferred marks, then the tick's lease release (workers/settlement.py)
-                lineages.mark_sent_many(db, [(lineage_id, "PENDING") for lineage_id, _ in sent])
-                db.execute(settlement.RELEASE_SENT_LEASES_SQL, {"lineages": [i for i, _ in sent],
-                                                                 "tokens": [t for _, t in sent]})
+                seq = max(seq, got.journal_seq or 0) + 1  # the claim read the lane's journal sequence
+                claimed_now.append((got.lineage_id, token))
+                open_batches[got.lineage_id] = got.rows
+            if claimed_now:
+                # The engine's anchor of the tick's batches: one statement (one synchronous commit),
+                # the claims having been the lease check; then its deferred 'sent' marks with the
+                # tick's lease release (workers/settlement.py).
+                n = len(claimed_now)
+                lineages.one_statement(db, lineages.ANCHOR_HELD_MANY_SQL.format(
+                    hold=settlement.HOLD_BATCHES_SQL, install=settlement.RENEW_BATCHES_AT_ANCHOR_SQL), {
+                    "batch_lease": 30, "x_row_ids": [i for i, _ in claimed_now],
+                    "x_row_tokens": [t for _, t in claimed_now], "x_ids": [i for i, _ in claimed_now],
+                    "x_seqs": [seq + k for k in range(n)], "x_key_ids": ["k"] * n,
+                    "x_envelopes": [os.urandom(600) for _ in range(n)],
+                    "x_inner_hashes": [os.urandom(32) for _ in range(n)],
+                    "x_outer_hashes": [os.urandom(32) for _ in range(n)], "x_max_times": [2**40] * n,
+                    "x_signed_at_ledgers": [ledger] * n, "x_max_ledgers": [None] * n})
+                seq += n
+                lineages.mark_sent_many(db, [(lineage_id, "PENDING") for lineage_id, _ in claimed_now])
+                db.execute(settlement.RELEASE_SENT_LEASES_SQL, {"lineages": [i for i, _ in claimed_now],
+                                                                 "tokens": [t for _, t in claimed_now]})
             if not open_batches:
                 pg.enabled = False
                 settle_s += time.perf_counter() - started

@@ -114,6 +114,9 @@ def test_a_ticks_batches_are_journaled_together_before_the_first_is_sent(chain: 
     crash(chain.environ, "settlement", "settlement.after_anchor", "--batch", "3")
     states = db.execute("SELECT id, state FROM paygate.lineages WHERE purpose = 'charge_batch' ORDER BY id").fetchall()
     assert [state for _, state in states] == ["signed"] * 3
+    # One transaction wrote all three envelopes: one synchronous commit for the tick.
+    assert db.execute("SELECT count(DISTINCT xmin::text) FROM paygate.lineages WHERE purpose = 'charge_batch'"
+                      ).fetchone()[0] == 1
     assert chain.devnet.state()["queue"] == []  # nothing broadcast before the kill
     time.sleep(1.2)  # the dead worker's batch leases lapse (1 s, DB time)
     quiesce_and_check(chain, db, accounts)

@@ -167,7 +167,8 @@ class SetBasedJob(FastJob, Protocol):
     # Both may use the path's own named parameters that are the same for every row (the first
     # job's params()), never a row's own: those come from `req`.
     hold_many_sql: str
-    # UPDATE … FROM lineage JOIN req USING (entitlement) WHERE <the row, under the lease> RETURNING 1.
+    # UPDATE … FROM lineage JOIN req USING (entitlement) WHERE <the row, under the lease> RETURNING 1
+    # (allocate_many only: a path that allocates otherwise, as settlement's claim does, has none).
     attach_many_sql: str
     # UPDATE … FROM anchored JOIN req ON req.lineage_id = anchored.id WHERE … RETURNING 1: what
     # commits with each envelope (journal/lineage.py ANCHOR_HELD_MANY_SQL).

@@ -170,6 +170,19 @@ FROM anchored
 WHERE b.lineage_id = %(batch_lineage)s AND b.lease_token = %(batch_token)s AND b.closed_at IS NULL
 RETURNING 1
 """
+# The same for a tick's batches, anchored in one statement (journal/lineage.py ANCHOR_HELD_MANY_SQL;
+# the request `req` names each batch by its lineage and lease token).
+HOLD_BATCHES_SQL = """
+SELECT b.lineage_id AS row_id FROM paygate.charge_batches b JOIN req ON b.lineage_id = req.row_id
+WHERE b.lease_token = req.row_token AND b.closed_at IS NULL FOR UPDATE OF b
+"""
+RENEW_BATCHES_AT_ANCHOR_SQL = """
+UPDATE paygate.charge_batches b
+SET lease_expires_at = greatest(b.lease_expires_at, now() + make_interval(secs => %(batch_lease)s))
+FROM anchored JOIN req ON req.lineage_id = anchored.id
+WHERE b.lineage_id = req.row_id AND b.lease_token = req.row_token AND b.closed_at IS NULL
+RETURNING 1
+"""
 # Leases released together, relaxed, one statement: the tick's broadcast batches where the engine
 # defers the 'sent' marks (flush_sent; on_sent is not called for an ordinary answer), after the
 # flush; and the batches a take-over found still in flight.
@@ -428,14 +441,20 @@ class BatchJob:
         return conn.execute(HOLD_BATCH_SQL, {"lineage": self.lineage_id, "token": self.token,
                                              "lease": self.deps.ctx.settings.settlement_lease}).fetchone() is not None
 
-    # The engine's one-statement phases, where it offers them (FastJob); hold() as SQL. No attach_sql:
-    # the claim allocates (CLAIM_SQL), so the engine's allocate_for is never used for a batch.
+    # The engine's one-statement phases (FastJob); hold() as SQL, and the set-based form the engine
+    # anchors a tick's batches with in one statement (SetBasedJob). No attach SQL: the claim
+    # allocates (CLAIM_SQL), so the engine's allocate_for / allocate_many never see a batch.
     hold_sql = HOLD_BATCH_ROW_SQL
     install_sql = RENEW_BATCH_AT_ANCHOR_SQL
+    hold_many_sql = HOLD_BATCHES_SQL
+    install_many_sql = RENEW_BATCHES_AT_ANCHOR_SQL
 
     def params(self) -> dict[str, object]:
         return {"batch_lineage": self.lineage_id, "batch_token": self.token,
                 "batch_lease": self.deps.ctx.settings.settlement_lease}
+
+    def row_key(self) -> tuple[int, uuid.UUID]:
+        return self.lineage_id, self.token
 
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
         # Never signed (or never anchored): its rows go back without counting an attempt.
