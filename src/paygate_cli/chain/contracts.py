@@ -72,43 +72,52 @@ def _check_deposit_auth(entry_b64: str, *, account: str, amount: int, usdc: str,
     creds = entry.credentials.address_v2 or entry.credentials.address
     if creds is None:
         raise BadAuthorization("auth entry must carry address credentials signed by the depositor")
-    signer = Address.from_xdr_sc_address(creds.address).address
-    if signer != account:
-        raise BadAuthorization(f"auth entry is signed for {signer}, not the depositing account {account}")
+    # Compared as XDR values (the expected ones remembered per process, _sc_address), not as strkeys:
+    # a strkey is only encoded to name what differs.
+    try:
+        depositor = _sc_address(account)
+    except ValueError:
+        raise BadAuthorization(f"the depositing account {account!r} is not a Stellar address") from None
+    if creds.address != depositor:
+        raise BadAuthorization(f"auth entry is signed for {_strkey(creds.address)}, "
+                               f"not the depositing account {account}")
     function = entry.root_invocation.function
     if function.contract_fn is None:
         raise BadAuthorization("auth entry does not authorise a contract call")
-    contract = Address.from_xdr_sc_address(function.contract_fn.contract_address).address
-    if contract != usdc:
+    if function.contract_fn.contract_address != _sc_address(usdc):
+        contract = _strkey(function.contract_fn.contract_address)
         raise BadAuthorization(f"auth entry authorises contract {contract}, not the USDC contract {usdc}")
     if function.contract_fn.function_name.sc_symbol != b"transfer":
         raise BadAuthorization("auth entry does not authorise transfer")
     if entry.root_invocation.sub_invocations:
         raise BadAuthorization("auth entry authorises more than the transfer")
-    try:
-        args = [scval.to_native(a) for a in function.contract_fn.args]
-        src, dst, value = args
-        src, dst = src.address, dst.address
-    except (ValueError, TypeError, AttributeError):
-        raise BadAuthorization("auth entry's transfer arguments are not (from, to, amount)") from None
-    if src != account or dst != billing:
-        raise BadAuthorization(f"auth entry transfers {src} -> {dst}, not {account} -> the billing contract")
+    args = function.contract_fn.args
+    if len(args) != 3 or any(a.type != xdr.SCValType.SCV_ADDRESS for a in args[:2]) \
+            or args[2].type != xdr.SCValType.SCV_I128:
+        raise BadAuthorization("auth entry's transfer arguments are not (from, to, amount)")
+    if args[0].address != depositor or args[1].address != _sc_address(billing):
+        raise BadAuthorization(f"auth entry transfers {_strkey(args[0].address)} -> {_strkey(args[1].address)}, "
+                               f"not {account} -> the billing contract")
+    value = scval.from_int128(args[2])
     if value != amount:
         raise BadAuthorization(f"auth entry is for amount {value}, the deposit is for {amount}")
     expiration = int(creds.signature_expiration_ledger.uint32)
+    # Only an account (G…) signs with an ed25519 key; a contract address can never match.
+    depositor_key = depositor.account_id.account_id.ed25519.uint256 if depositor.account_id else None
     try:
         payload = authorization_payload_hash(build_authorization_preimage(entry, expiration, passphrase))
         signatures = scval.to_native(creds.signature)
-        valid = any(
-            Keypair.from_raw_ed25519_public_key(sig["public_key"]).public_key == account
-            and _verifies(sig["public_key"], payload, sig["signature"])
-            for sig in signatures
-        )
+        valid = any(sig["public_key"] == depositor_key and _verifies(sig["public_key"], payload, sig["signature"])
+                    for sig in signatures)
     except (ValueError, TypeError, KeyError):
         raise BadAuthorization("auth entry's signature is not Vec<Map{public_key, signature}>") from None
     if not valid:
         raise BadAuthorization("auth entry's signature does not verify for this network and account")
     return DepositAuth(entry_b64, int(creds.nonce.int64), expiration)
+
+
+def _strkey(address: xdr.SCAddress) -> str:
+    return Address.from_xdr_sc_address(address).address
 
 
 def _verifies(public_key: bytes, payload: bytes, signature: bytes) -> bool:
@@ -184,13 +193,23 @@ def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq
     transaction is packed once after assembly, and hash, signature and fee bump reuse those bytes."""
     network_id = _network_id(chain.passphrase)
     tx = invoke_transaction(lane.public_key, seq, call, max_time=max_time, base_fee=base_fee, max_ledger=max_ledger)
-    unsigned = xdr.TransactionEnvelope(type=xdr.EnvelopeType.ENVELOPE_TYPE_TX,
-                                       v1=xdr.TransactionV1Envelope(tx=tx, signatures=[]))
-    simulation = chain.simulate(unsigned.to_xdr())
+    unsigned_bytes = tx.to_xdr_bytes()
+    # The unsigned envelope: ENVELOPE_TYPE_TX | tx | an empty signature array.
+    simulation = chain.simulate(base64.b64encode(_TX_TYPE + unsigned_bytes + _NO_SIGNATURES).decode())
     if simulation.error:
         raise SimulationFailed(f"simulation of {call.function} failed: {simulation.error}"[:500])
+    auth_before = len(tx.operations[0].body.invoke_host_function_op.auth)
     resource_fee = assemble_xdr(tx, simulation)
-    tx_bytes = tx.to_xdr_bytes()  # packed once: the hash, the signature and the fee bump reuse these bytes
+    if len(tx.operations[0].body.invoke_host_function_op.auth) == auth_before:
+        # Assembly changed only the fee and the extension: patch those into the bytes packed for the
+        # simulation (source account | fee | ... | ext) instead of packing the operation again.
+        fee_at = len(_muxed_bytes(lane.public_key))
+        tx_bytes = b"".join([unsigned_bytes[:fee_at], _U32.pack(tx.fee.uint32),
+                             unsigned_bytes[fee_at + 4:-len(_EXT_V0)], _EXT_SOROBAN,
+                             base64.b64decode(simulation.transaction_data)])
+    else:  # the simulation's auth entries were added to the operation: pack it all again
+        tx_bytes = tx.to_xdr_bytes()
+    # Packed once more at most: the hash, the signature and the fee bump reuse these bytes.
     inner_hash = hashlib.sha256(network_id + _TX_TYPE + tx_bytes).digest()
     signature = lane.sign_decorated(inner_hash).to_xdr_object().to_xdr_bytes()
     envelope_xdr, outer_hash, fee = _fee_bump_bytes(
@@ -272,6 +291,8 @@ def _fee_bump_bytes(tx_bytes: bytes, signatures: list[bytes], *, inner_fee: int,
 _I64 = struct.Struct(">q")
 _U32 = struct.Struct(">I")
 _EXT_V0 = _U32.pack(0)
+_EXT_SOROBAN = _U32.pack(1)  # TransactionExt v1: SorobanTransactionData follows
+_NO_SIGNATURES = _U32.pack(0)
 _TX_TYPE = xdr.EnvelopeType.ENVELOPE_TYPE_TX.to_xdr_bytes()
 _NO_MEMO = xdr.Memo(xdr.MemoType.MEMO_NONE)
 _FEE_BUMP_TYPE = xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP.to_xdr_bytes()
