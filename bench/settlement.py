@@ -26,6 +26,9 @@ Two baselines on the same cluster, same run:
 - a bare floor: the same rows (a copy of paygate.charges, same indexes and checks) claimed and
   completed with two set-based statements per batch (claim under SKIP LOCKED stamping the batch;
   complete) and nothing else, on one connection like paygate's run.
+And concurrently, as both are deployed: pgqueuer's 5 dequeue tasks against paygate's settlement
+SQL in --processes processes (default 2; settlement has 4 concurrency slots), each on its own
+connection and sharing the lanes, and the bare floor on as many connections.
 
     .venv/bin/python bench/settlement.py [--charges 10000] [--lanes 8] [--top 12]
 """
@@ -212,27 +215,78 @@ def _top(profile: cProfile.Profile, charges: int, top: int) -> list[tuple[str, f
     return rows[:top]
 
 
-def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
-    """paygate's claim-and-record work with the chain taken out, on its own database: the settlement
-    worker's own SQL per batch (claim + allocate, the engine's lease check, anchor and mark-sent
-    transactions, then the next tick's take-over, receipt and close), timed apart from the
-    observer's apply_page on real encoded events (the completion). The chain's steps (sequence read,
-    signing, broadcast, receipt) are replaced by their results."""
-    import os
-    import uuid
+class SettleRounds:
+    """The settlement worker's own SQL for one round, with the chain taken out (its steps replaced by
+    their results): claim a batch per free lane (claim + allocate), the engine's anchor of them (one
+    statement, one synchronous commit, the claims having been the lease check) and its deferred
+    'sent' marks with the lease release; then the next tick's take-over of released batches (with
+    their lineages), their receipts' CAS (one statement, as Engine.drive_all records them) and the
+    close. One per connection: each settlement process of a concurrent run has its own."""
 
-    from stellar_sdk import Keypair, scval
+    def __init__(self, db: psycopg.Connection, lane_keys: list[str], owner: str) -> None:
+        self.db, self.lane_keys, self.owner = db, lane_keys, owner
+        row = db.execute("SELECT ledger FROM paygate.observer_cursor").fetchone()
+        self.ledger, self.seq = (row[0] if row else 0) + 1000, 1 << 32
+        self.batches = 0
 
-    from paygate_cli.chain.charges import EventsPage, RawEvent
+    def claim_and_anchor(self) -> dict[int, list[Any]]:
+        """Claim and anchor up to one batch per lane: {lineage: its rows}."""
+        import os
+        import uuid
+
+        from paygate_cli.journal import lineage as lineages
+        from paygate_cli.workers import settlement
+
+        claimed: dict[int, tuple[uuid.UUID, list[Any]]] = {}
+        for _ in self.lane_keys:
+            token = uuid.uuid4()
+            got = settlement.claim(self.db, lanes=self.lane_keys, owner=self.owner, token=token, batch=48, lease=30)
+            if got.lineage_id is None or got.lane is None:
+                break
+            self.seq = max(self.seq, got.journal_seq or 0) + 1  # the claim read the lane's journal sequence
+            claimed[got.lineage_id] = (token, got.rows)
+        if not claimed:
+            return {}
+        ids, tokens, n = list(claimed), [t for t, _ in claimed.values()], len(claimed)
+        lineages.one_statement(self.db, lineages.ANCHOR_HELD_MANY_SQL.format(
+            hold=settlement.HOLD_BATCHES_SQL, install=settlement.RENEW_BATCHES_AT_ANCHOR_SQL), {
+            "batch_lease": 30, "x_row_ids": ids, "x_row_tokens": tokens, "x_ids": ids,
+            "x_seqs": [self.seq + k for k in range(n)], "x_key_ids": ["k"] * n,
+            "x_envelopes": [os.urandom(600) for _ in range(n)],
+            "x_inner_hashes": [os.urandom(32) for _ in range(n)],
+            "x_outer_hashes": [os.urandom(32) for _ in range(n)], "x_max_times": [2**40] * n,
+            "x_signed_at_ledgers": [self.ledger] * n, "x_max_ledgers": [None] * n})
+        self.seq += n
+        lineages.mark_sent_many(self.db, [(lineage_id, "PENDING") for lineage_id in ids])
+        self.db.execute(settlement.RELEASE_SENT_LEASES_SQL, {"lineages": ids, "tokens": tokens})
+        self.batches += n
+        return {lineage_id: rows for lineage_id, (_, rows) in claimed.items()}
+
+    def record_and_close(self) -> list[int]:
+        """The next tick: take released batches over, record their receipts, close them: their lineages."""
+        from paygate_cli.journal import lineage as lineages
+        from paygate_cli.workers import settlement
+
+        self.ledger += 1
+        taken = self.db.execute(settlement.CLAIM_OPEN_BATCHES_SQL, {
+            "limit": len(self.lane_keys), "lease": 30, "owner": self.owner, "grace": 0.0,
+            "lapsed_only": False}).fetchall()
+        if not taken:
+            return []
+        lineages.finish_receipts(self.db, [{"id": row[1], "state": "applied", "ledger": self.ledger, "fee": 100,
+                                            "code": "txSUCCESS", "resolution": "bench"} for row in taken])
+        self.db.execute(settlement.CLOSE_APPLIED_MANY_SQL, {"lineages": [row[1] for row in taken],
+                                                            "tokens": [row[0] for row in taken]}).fetchall()
+        return [row[1] for row in taken]
+
+
+def prepare_db_only(dsn: str, charges: int, lanes: int) -> tuple[list[str], list[str]]:
+    """A fresh database's accounts, lanes and admitted charges (and the bare floor's copy of the same
+    rows, same indexes and checks): (users, lanes)."""
+    from stellar_sdk import Keypair
+
     from paygate_cli.journal import lineage as lineages
-    from paygate_cli.workers import observer, settlement
 
-    pg = Meter()
-    pg.wrap(psycopg.Connection, "wait")
-    log = __import__("logging").getLogger("bench")
-    # Mirror the engine that is installed: the one-statement phases where it has them (FastJob).
-    settle_s = observe_s = cpu = server = observe_cpu = observe_server = 0.0
-    batches = 0
     with psycopg.connect(dsn, autocommit=True) as db:
         users = [Keypair.random().public_key for _ in range(USERS)]
         lane_keys = [Keypair.random().public_key for _ in range(lanes)]
@@ -242,66 +296,44 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
         with db.pipeline():
             for i in range(charges):
                 db.execute("SELECT paygate.admit_charge(%s, %s, %s)", (users[i % USERS], 1000 + i % 7, f"d{i}"))
-        db.execute(FLOOR_TABLE_SQL)  # the bare floor's copy of the same rows, same indexes and checks
+        db.execute(FLOOR_TABLE_SQL)
         db.execute(FLOOR_FILL_SQL)
         db.execute("VACUUM ANALYZE")
-        row = db.execute("SELECT cursor, ledger FROM paygate.observer_cursor").fetchone()
+    return users, lane_keys
+
+
+def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
+    """paygate's claim-and-record work with the chain taken out, on its own database, one
+    settlement process (SettleRounds), timed apart from the observer's apply_page on real encoded
+    events (the completion)."""
+    from stellar_sdk import scval
+
+    from paygate_cli.chain.charges import EventsPage, RawEvent
+    from paygate_cli.workers import observer
+
+    pg = Meter()
+    pg.wrap(psycopg.Connection, "wait")
+    log = __import__("logging").getLogger("bench")
+    settle_s = observe_s = cpu = server = observe_cpu = observe_server = 0.0
+    users, lane_keys = prepare_db_only(dsn, charges, lanes)
+    with psycopg.connect(dsn, autocommit=True) as db:
+        row = db.execute("SELECT cursor FROM paygate.observer_cursor").fetchone()
         cursor = row[0] if row else None
-        ledger, seq = (row[1] if row else 0) + 1000, 1 << 32
+        rounds = SettleRounds(db, lane_keys, "bench")
         while True:
             pg.enabled = True
             started, cpu_started, server_started = time.perf_counter(), time.process_time(), _server_cpu()
-            open_batches: dict[int, list[Any]] = {}
-            claimed_now: list[tuple[int, uuid.UUID]] = []
-            for _ in range(lanes):
-                token = uuid.uuid4()
-                got = settlement.claim(db, lanes=lane_keys, owner="bench", token=token, batch=48, lease=30)
-                if got.lineage_id is None or got.lane is None:
-                    break
-                seq = max(seq, got.journal_seq or 0) + 1  # the claim read the lane's journal sequence
-                claimed_now.append((got.lineage_id, token))
-                open_batches[got.lineage_id] = got.rows
-            if claimed_now:
-                # The engine's anchor of the tick's batches: one statement (one synchronous commit),
-                # the claims having been the lease check; then its deferred 'sent' marks with the
-                # tick's lease release (workers/settlement.py).
-                n = len(claimed_now)
-                lineages.one_statement(db, lineages.ANCHOR_HELD_MANY_SQL.format(
-                    hold=settlement.HOLD_BATCHES_SQL, install=settlement.RENEW_BATCHES_AT_ANCHOR_SQL), {
-                    "batch_lease": 30, "x_row_ids": [i for i, _ in claimed_now],
-                    "x_row_tokens": [t for _, t in claimed_now], "x_ids": [i for i, _ in claimed_now],
-                    "x_seqs": [seq + k for k in range(n)], "x_key_ids": ["k"] * n,
-                    "x_envelopes": [os.urandom(600) for _ in range(n)],
-                    "x_inner_hashes": [os.urandom(32) for _ in range(n)],
-                    "x_outer_hashes": [os.urandom(32) for _ in range(n)], "x_max_times": [2**40] * n,
-                    "x_signed_at_ledgers": [ledger] * n, "x_max_ledgers": [None] * n})
-                seq += n
-                lineages.mark_sent_many(db, [(lineage_id, "PENDING") for lineage_id, _ in claimed_now])
-                db.execute(settlement.RELEASE_SENT_LEASES_SQL, {"lineages": [i for i, _ in claimed_now],
-                                                                 "tokens": [t for _, t in claimed_now]})
-            if not open_batches:
-                pg.enabled = False
-                settle_s += time.perf_counter() - started
-                cpu += time.process_time() - cpu_started
-                server += _server_cpu() - server_started
-                break
-            batches += len(open_batches)
-            ledger += 1
-            # The next tick: take the batches over (with their lineages), their receipts' CAS (one
-            # statement, as Engine.drive_all records them), close.
-            claimed = db.execute(settlement.CLAIM_OPEN_BATCHES_SQL, {
-                "limit": lanes, "lease": 30, "owner": "bench", "grace": 0.0, "lapsed_only": False}).fetchall()
-            lineages.finish_receipts(db, [{"id": row[1], "state": "applied", "ledger": ledger, "fee": 100,
-                                           "code": "txSUCCESS", "resolution": "bench"} for row in claimed])
-            db.execute(settlement.CLOSE_APPLIED_MANY_SQL, {"lineages": [row[1] for row in claimed],
-                                                           "tokens": [row[0] for row in claimed]}).fetchall()
+            open_batches = rounds.claim_and_anchor()
+            closed = rounds.record_and_close() if open_batches else []
             settle_s += time.perf_counter() - started
             cpu += time.process_time() - cpu_started
             server += _server_cpu() - server_started
             pg.enabled = False
+            if not open_batches:
+                break
+            ledger = rounds.ledger
             events = []  # the chain's events for the batches (the chain's work, not timed)
-            for row in claimed:
-                lineage_id = row[1]
+            for lineage_id in closed:
                 for n, entry in enumerate(open_batches[lineage_id]):
                     events.append(RawEvent(f"{(ledger << 32) + lineage_id:019d}-{n:010d}", ledger, None, None,
                                            [scval.to_symbol("charge").to_xdr(),
@@ -318,11 +350,76 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
             cursor = page.cursor
         settled = db.execute("SELECT count(*) FROM paygate.charges WHERE status = 'settled' AND account = ANY(%s)",
                              (users,)).fetchone()[0]
+    batches = rounds.batches
     return {"settle_s": settle_s, "observe_s": observe_s, "observe_cpu": observe_cpu, "observe_server": observe_server,
             "cpu": cpu, "server": server, "pg_ms": pg.seconds * 1000 / max(1, settled),
             "round_trips_per_batch": pg.calls / max(1, batches), "avg_batch": settled / max(1, batches),
             "cpu_ms": cpu * 1000 / max(1, settled), "server_ms": server * 1000 / max(1, settled),
-            "settled": settled}
+            "settled": settled, "lanes": lane_keys}
+
+
+def _paygate_process(dsn: str, lane_keys: list[str], owner: str) -> int:
+    """One settlement process of a concurrent run: rounds until nothing is left to claim or close."""
+    with psycopg.connect(dsn, autocommit=True) as db:
+        rounds = SettleRounds(db, lane_keys, owner)
+        claimed = 0
+        while True:
+            claimed += sum(len(rows) for rows in rounds.claim_and_anchor().values())
+            if not rounds.record_and_close() and not claimed_any(db):
+                return claimed
+
+
+def claimed_any(db: psycopg.Connection) -> bool:
+    """Anything left for a round: a claimable charge or an open batch (another process's, leased)."""
+    return db.execute("SELECT EXISTS (SELECT 1 FROM paygate.charges WHERE status = 'authorized' AND "
+                      "claimed_at IS NULL AND lineage_id IS NULL) OR EXISTS (SELECT 1 FROM paygate.charge_batches "
+                      "WHERE closed_at IS NULL)").fetchone()[0]
+
+
+def _floor_process(dsn: str, batch: int, first_batch_no: int) -> int:
+    """One connection of a concurrent bare floor: claim and complete until nothing is claimable."""
+    with psycopg.connect(dsn, autocommit=True) as db:
+        done, batch_no = 0, first_batch_no
+        while True:
+            ids = [r[0] for r in db.execute(FLOOR_CLAIM_SQL, {"batch": batch, "batch_no": batch_no})]
+            if not ids:
+                return done
+            db.execute(FLOOR_COMPLETE_SQL, {"ids": ids})
+            batch_no += 1
+            done += len(ids)
+
+
+def _child(target: Any, args: tuple[Any, ...], ready: Any, go: Any, results: Any) -> None:
+    ready.wait()  # every process started (imports done) before the clock does
+    go.wait()
+    cpu = time.process_time()
+    done = target(*args)
+    results.put((done, time.process_time() - cpu))
+
+
+def run_concurrently(target: Any, args_per_process: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """`target(*args)` in one process each, started together; wall time until the last finishes,
+    the client processes' CPU, the cluster's CPU, and the jobs they did."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    ready, go = context.Barrier(len(args_per_process) + 1), context.Event()
+    results = context.Queue()
+    processes = [context.Process(target=_child, args=(target, args, ready, go, results))
+                 for args in args_per_process]
+    for process in processes:
+        process.start()
+    ready.wait()
+    started, server = time.perf_counter(), _server_cpu()
+    go.set()
+    outcomes = [results.get(timeout=600) for _ in processes]
+    elapsed, server = time.perf_counter() - started, _server_cpu() - server
+    for process in processes:
+        process.join()
+        if process.exitcode != 0:
+            raise SystemExit(f"a benchmark process failed (exit {process.exitcode})")
+    return {"seconds": elapsed, "cpu": sum(c for _, c in outcomes), "server": server,
+            "done": sum(d for d, _ in outcomes)}
 
 
 async def run_pgqueuer_tuned(dsn: str, jobs: int) -> dict[str, Any]:
@@ -401,22 +498,6 @@ UPDATE floor_charges SET status = 'settled', settled_at = now(), updated_at = no
 """
 
 
-def run_floor(dsn: str, batch: int) -> dict[str, Any]:
-    """Two statements per batch, autocommit, one connection (as paygate's bench runs)."""
-    with psycopg.connect(dsn, autocommit=True) as db:
-        started, cpu, server = time.perf_counter(), time.process_time(), _server_cpu()
-        batches = done = 0
-        while True:
-            ids = [r[0] for r in db.execute(FLOOR_CLAIM_SQL, {"batch": batch, "batch_no": batches})]
-            if not ids:
-                break
-            db.execute(FLOOR_COMPLETE_SQL, {"ids": ids})
-            batches += 1
-            done += len(ids)
-        elapsed, cpu, server = time.perf_counter() - started, time.process_time() - cpu, _server_cpu() - server
-    return {"seconds": elapsed, "cpu": cpu, "server": server, "done": done, "batches": batches}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--charges", type=int, default=10_000)
@@ -424,6 +505,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=12, help="profile lines to print")
     parser.add_argument("--profile-out", type=Path, help="also write the settlement ticks' profile here (pstats)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of the comparisons without the chain (best kept)")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="settlement processes (and floor connections) of the concurrent comparison "
+                             "(settlement runs up to 4 at once: its concurrency slots)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="pgs-", dir="/tmp"))
     tmp.chmod(0o755)
@@ -443,16 +527,25 @@ def main() -> None:
             ours = run_paygate(ChainEnv(devnet, dsn, environ), db, args.charges, args.top, args.profile_out)
         # The comparisons without the chain, interleaved and repeated on fresh databases: on a shared
         # machine the best of each is the least disturbed measurement of it.
-        dbonly_runs, floor_runs, pgq_runs = [], [], []
+        dbonly_runs, floor_runs, pgq_runs, concurrent_runs, concurrent_floor_runs = [], [], [], [], []
+        k = args.processes
         for i in range(args.repeat):
             with psycopg.connect(dsn, autocommit=True) as admin:
-                admin.execute(f"CREATE DATABASE dbonly{i}")
-                admin.execute(f"CREATE DATABASE pgq{i}")
-            with psycopg.connect(cluster.dsn(f"dbonly{i}"), autocommit=True) as fresh:
-                migrate(fresh)
-            dbonly_runs.append(run_db_only(cluster.dsn(f"dbonly{i}"), args.charges, args.lanes))
-            floor_runs.append(run_floor(cluster.dsn(f"dbonly{i}"), round(dbonly_runs[-1]["avg_batch"])))
+                for name in (f"dbonly{i}", f"concurrent{i}", f"pgq{i}"):
+                    admin.execute(f"CREATE DATABASE {name}")
+            for name in (f"dbonly{i}", f"concurrent{i}"):
+                with psycopg.connect(cluster.dsn(name), autocommit=True) as fresh:
+                    migrate(fresh)
+            serial_dsn, concurrent_dsn = cluster.dsn(f"dbonly{i}"), cluster.dsn(f"concurrent{i}")
+            dbonly_runs.append(run_db_only(serial_dsn, args.charges, args.lanes))
+            batch = round(dbonly_runs[-1]["avg_batch"])
+            floor_runs.append(run_concurrently(_floor_process, [(serial_dsn, batch, 0)]))
             pgq_runs.append(pgqueuer_tuned(cluster.dsn(f"pgq{i}"), args.charges))
+            _users, lane_keys = prepare_db_only(concurrent_dsn, args.charges, args.lanes)
+            concurrent_runs.append(run_concurrently(
+                _paygate_process, [(concurrent_dsn, lane_keys, f"bench-{p}") for p in range(k)]))
+            concurrent_floor_runs.append(run_concurrently(
+                _floor_process, [(concurrent_dsn, batch, p * 10**6) for p in range(k)]))
         dbonly = min(dbonly_runs, key=lambda r: r["settle_s"])
     finally:
         devnet.stop()
@@ -494,6 +587,12 @@ def main() -> None:
             {"jobs": r["done"], "seconds": r["seconds"], "cpu": r["cpu"], "server": r["server"]} for r in floor_runs],
         f"pgqueuer tuned ({pgq_runs[0]['driver']})": [
             {"jobs": r["done"], "seconds": r["seconds"], "cpu": r["cpu"], "server": r["server"]} for r in pgq_runs],
+        f"paygate claim+record, {k} processes": [
+            {"jobs": r["done"], "seconds": r["seconds"], "cpu": r["cpu"], "server": r["server"]}
+            for r in concurrent_runs],
+        f"bare floor, {k} connections": [
+            {"jobs": r["done"], "seconds": r["seconds"], "cpu": r["cpu"], "server": r["server"]}
+            for r in concurrent_floor_runs],
     }
     print(f"  without the chain, best of {args.repeat} interleaved runs on fresh databases (pgqueuer as its "
           f"tools/benchmark.py drain: {PGQ_DEQUEUE_TASKS} dequeue tasks, batch {PGQ_BATCH}, no-op job, "
@@ -508,7 +607,7 @@ def main() -> None:
         server_ms = best_cpu["server"] * 1000 / max(1, best_cpu["jobs"])
         wall[name], capacity[name] = best_wall, 1000 / max(1e-9, client_ms + server_ms)
         print(f"    {name:36s} {best_wall:9.1f} {client_ms:9.3f} {server_ms:9.3f} {capacity[name]:9.0f}")
-    ours_claim, ours_full, floor_name, pgq_name = systems
+    ours_claim, ours_full, floor_name, pgq_name, ours_k, floor_k = systems
     print("  ratios, wall clock under load | CPU (jobs per CPU-second, client + Postgres), not asserted:")
     print(f"    paygate claim+record / pgqueuer tuned : {wall[ours_claim] / wall[pgq_name]:5.2f}x | "
           f"{capacity[ours_claim] / capacity[pgq_name]:5.2f}x (target >= 2)")
@@ -518,6 +617,12 @@ def main() -> None:
           f"{capacity[ours_full] / capacity[pgq_name]:.2f}x pgqueuer; "
           f"floor {wall[floor_name] / wall[ours_full]:.2f}x | "
           f"{capacity[floor_name] / capacity[ours_full]:.2f}x")
+    print(f"  concurrently (pgqueuer dequeues with {PGQ_DEQUEUE_TASKS} tasks at once; settlement runs up to 4 "
+          f"processes, its concurrency slots; here {k}, each on its own connection, sharing the lanes):")
+    print(f"    paygate claim+record, {k} processes / pgqueuer tuned : {wall[ours_k] / wall[pgq_name]:5.2f}x | "
+          f"{capacity[ours_k] / capacity[pgq_name]:5.2f}x (target >= 2)")
+    print(f"    bare floor, {k} connections / paygate, {k} processes  : {wall[floor_k] / wall[ours_k]:5.2f}x | "
+          f"{capacity[floor_k] / capacity[ours_k]:5.2f}x (target <= 2)")
 
 if __name__ == "__main__":
     main()
