@@ -57,11 +57,14 @@ FREE_LANES_SQL = "SELECT " + FREE_LANES_EXPR
 def last_consumed_seq_sql(lane: str) -> str:
     """The highest sequence number known consumed on the lane `lane` (an SQL expression): applied or
     failed lineages (both used theirs). Expired/superseded ones never landed, so their numbers must
-    not push the next one up. A single-table max() so Postgres reads it backwards off
-    lineages_lane_seq, a few index entries however long the lane's history (a join form of the
-    same max read every lineage the lane ever had)."""
-    return ("(SELECT max(x.source_seq) FROM paygate.lineages x WHERE x.lane = " + lane
-            + " AND x.state IN ('applied', 'failed'))")
+    not push the next one up. Written as the top of lineages_lane_seq read backwards (ORDER BY …
+    DESC LIMIT 1): a few index entries however long the lane's history. Postgres plans max() that
+    way too once the table is analysed, but before that (a new deployment, a table that grew since
+    its last ANALYZE) as a scan of every lineage the lane ever had; this form it reads backwards for
+    a given lane on stale statistics as well (measured: 3 buffers where max() read 105)."""
+    return ("(SELECT x.source_seq FROM paygate.lineages x WHERE x.lane = " + lane
+            + " AND x.state IN ('applied', 'failed') AND x.source_seq IS NOT NULL"
+            + " ORDER BY x.source_seq DESC LIMIT 1)")
 
 
 LAST_CONSUMED_SEQ_SQL = "SELECT " + last_consumed_seq_sql("%s")

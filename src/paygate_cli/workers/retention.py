@@ -63,6 +63,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from paygate_cli.errors import ConfigError
+from paygate_cli.journal.lineage import last_consumed_seq_sql
 from paygate_cli.ticks.context import TickContext, TickResult
 from paygate_cli.ticks.crash import crashpoint
 
@@ -115,11 +116,8 @@ WHERE l.purpose = 'charge_batch' AND l.state IN {TERMINAL_LINEAGE}
   AND l.resolved_at < now() - make_interval(secs => %(window)s)
   AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.charge_batches b WHERE b.lineage_id = l.id))
   AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.charges c WHERE c.lineage_id = l.id))
-  -- the lane's last consumed sequence (journal/lineage.py LAST_CONSUMED_SEQ_SQL) stays; max() walks
-  -- lineages_lane_seq backwards from the lane's top
-  AND (l.state NOT IN ('applied', 'failed')
-       OR l.source_seq < (SELECT max(y.source_seq) FROM paygate.lineages y
-                          WHERE y.lane = l.lane AND y.state IN ('applied', 'failed')))
+  -- the lane's last consumed sequence (what the next allocation on the lane reads) stays
+  AND (l.state NOT IN ('applied', 'failed') OR l.source_seq < {last_consumed_seq_sql("l.lane")})
   AND (SELECT NOT EXISTS (SELECT 1 FROM paygate.findings f
                           WHERE f.resolved_at IS NULL AND f.subject IN ('lineage:' || l.id, l.lane)))
 ORDER BY l.resolved_at
