@@ -46,7 +46,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
-from paygate_cli.chain.charges import claim_estimate
 from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.migrate import migrate
 from paygate_cli.ops.status import QUEUE_SQL
@@ -198,9 +197,9 @@ def operations(conn: psycopg.Connection) -> dict[str, list[tuple[str, tuple[str,
         "settlement claim": [
             ("has work", (settlement.HAS_WORK_SQL, {})),
             # One statement: candidates under SKIP LOCKED, lane, lineage, rows marked, batch opened.
-            ("claim", (settlement.CLAIM_SQL, {
-                "batch": 48, "lanes": LANES, "owner": "bench", "token": "00000000-0000-0000-0000-000000000001",
-                "lease": 30, "entitlement": "bench", **claim_estimate()})),
+            ("claim", (settlement.claim_sql(48), {
+                "lanes": LANES, "owner": "bench", "token": "00000000-0000-0000-0000-000000000001",
+                "lease": 30, "entitlement": "bench"})),
         ],
         "funding claim": [("claim", (funding.CLAIM_SQL, {**claim, "batch": 16}))],
         "observer page (48 settles)": observer_page(conn),
