@@ -1,7 +1,7 @@
 """Funding throughput: deposits admitted -> settled against the devnet in manual mode with 8 lanes.
 
 paygate: N deposits admitted through paygate.admit_deposit, then funding ticks (in-process, one
-work connection kept across ticks as in a `run-tick --every` loop, batch N) and a ledger close,
+work connection kept across ticks as in a `run-tick --every` loop, the worker's own batch) and a ledger close,
 repeated until every deposit is settled; a warm-up pass of N deposits first, on the same work
 connection, unmeasured (reported apart: a loop's first ticks plan its statements and fill the
 backend's caches once per process). Reported: deposits/s end to end, paygate's own (non-chain)
@@ -33,6 +33,7 @@ from paygate_cli.db.connect import connect
 from paygate_cli.env import Env
 from paygate_cli.logs import get_logger
 from paygate_cli.ticks.context import TickContext
+from paygate_cli.ticks.registry import WORKERS
 from paygate_cli.workers.funding import tick as funding_tick
 from tests.chain_env import ChainEnv, admit_deposit, sign_deposit
 from tests.devnet_support import DevnetHandle
@@ -44,12 +45,14 @@ WARM_UP = 64  # deposits through the work connection first: enough ticks for its
 SETTLED_SQL = "SELECT count(*) FROM paygate.pending_credits WHERE status = 'settled'"
 
 
-def work_context(chain: ChainEnv, deposits: int) -> TickContext:
+def work_context(chain: ChainEnv) -> TickContext:
     """The tick context of a `run-tick funding --every …` loop: one process, one work connection kept
-    across ticks (statement plans and trigger functions stay cached), batch N. The passes share it."""
+    across ticks (statement plans and trigger functions stay cached), the worker's configured batch
+    (16: up to 8 deposits in flight and 8 starting on 8 lanes). The passes share it."""
     env = Env(environ=chain.environ)
     return TickContext(conn=connect(env.settings, "bench:funding"), settings=env.settings, worker="funding",
-                       instance_id="bench", slot=0, batch=deposits, log=get_logger("funding"))
+                       instance_id="bench", slot=0, batch=WORKERS["funding"].batch or 16,
+                       log=get_logger("funding"))
 
 
 def run_paygate(chain: ChainEnv, db: psycopg.Connection, ctx: TickContext, deposits: int, *, tag: str = "bench",
@@ -146,7 +149,7 @@ def main() -> None:
     args = parser.parse_args()
     profile = Profile()
     with chain_world("pgf-", args.lanes) as (devnet, (chain, db)):
-        ctx = work_context(chain, args.deposits)
+        ctx = work_context(chain)
         # Both sides warmed up first, unmeasured: paygate's work connection plans its statements and
         # fills its caches, as a loop's first ticks do once per process; the bare loop's HTTP session.
         cold = run_paygate(chain, db, ctx, WARM_UP, tag="warm-up")
