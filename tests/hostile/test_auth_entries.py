@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stellar_sdk import Keypair, StrKey, scval, xdr
@@ -19,6 +20,7 @@ from stellar_sdk.auth import authorize_invocation
 
 from paygate_cli.chain.contracts import BadAuthorization, check_deposit_auth
 from paygate_cli.chain.relay import BadRelay, relay_invocation
+from paygate_cli.errors import ConfigError
 from tests.test_relay_admission import MARKET, PASSPHRASE, USER, args_xdr, auth_entry
 
 ENTRIES = settings(max_examples=150, deadline=None, derandomize=True)
@@ -117,6 +119,16 @@ def test_semantically_wrong_entries_are_refused_with_a_reason() -> None:
             assert reason in str(exc), (reason, str(exc))
         else:
             raise AssertionError(f"accepted: {reason}")
+
+
+def test_a_misconfigured_contract_id_is_a_config_error_not_a_quarantine() -> None:
+    """A typo in PAYGATE_USDC_CONTRACT or PAYGATE_BILLING_CONTRACT is the operator's to fix: the tick
+    stops with a config error (exit 78) instead of refusing every user's deposit for good."""
+    for usdc, billing, variable in [("CNOTACONTRACT", BILLING, "PAYGATE_USDC_CONTRACT"),
+                                    (USDC, "not-an-id", "PAYGATE_BILLING_CONTRACT")]:
+        with pytest.raises(ConfigError, match=variable):
+            check_deposit_auth(GOOD_DEPOSIT, account=USER.public_key, amount=AMOUNT, usdc=usdc, billing=billing,
+                               passphrase=PASSPHRASE)
 
 
 @ENTRIES

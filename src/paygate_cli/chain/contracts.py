@@ -15,7 +15,7 @@ from stellar_sdk.auth import authorization_payload_hash, build_authorization_pre
 from stellar_sdk.exceptions import BadSignatureError
 
 from paygate_cli.chain.rpc import ChainClient
-from paygate_cli.errors import PaygateError
+from paygate_cli.errors import ConfigError, PaygateError
 
 
 class BadAuthorization(PaygateError):
@@ -84,7 +84,7 @@ def _check_deposit_auth(entry_b64: str, *, account: str, amount: int, usdc: str,
     function = entry.root_invocation.function
     if function.contract_fn is None:
         raise BadAuthorization("auth entry does not authorise a contract call")
-    if function.contract_fn.contract_address != _sc_address(usdc):
+    if function.contract_fn.contract_address != _configured(usdc, "PAYGATE_USDC_CONTRACT"):
         contract = _strkey(function.contract_fn.contract_address)
         raise BadAuthorization(f"auth entry authorises contract {contract}, not the USDC contract {usdc}")
     if function.contract_fn.function_name.sc_symbol != b"transfer":
@@ -95,7 +95,7 @@ def _check_deposit_auth(entry_b64: str, *, account: str, amount: int, usdc: str,
     if len(args) != 3 or any(a.type != xdr.SCValType.SCV_ADDRESS for a in args[:2]) \
             or args[2].type != xdr.SCValType.SCV_I128:
         raise BadAuthorization("auth entry's transfer arguments are not (from, to, amount)")
-    if args[0].address != depositor or args[1].address != _sc_address(billing):
+    if args[0].address != depositor or args[1].address != _configured(billing, "PAYGATE_BILLING_CONTRACT"):
         raise BadAuthorization(f"auth entry transfers {_strkey(args[0].address)} -> {_strkey(args[1].address)}, "
                                f"not {account} -> the billing contract")
     value = scval.from_int128(args[2])
@@ -114,6 +114,15 @@ def _check_deposit_auth(entry_b64: str, *, account: str, amount: int, usdc: str,
     if not valid:
         raise BadAuthorization("auth entry's signature does not verify for this network and account")
     return DepositAuth(entry_b64, int(creds.nonce.int64), expiration)
+
+
+def _configured(contract: str, variable: str) -> xdr.SCAddress:
+    """A configured contract id as an SCAddress; a malformed one is the operator's error, never a
+    reason to quarantine the user's deposit."""
+    try:
+        return _sc_address(contract)
+    except ValueError:
+        raise ConfigError(f"{variable} is not a Stellar contract id: {contract!r}") from None
 
 
 def _strkey(address: xdr.SCAddress) -> str:
