@@ -52,23 +52,30 @@ def source_auth_entry(public_key: str) -> str:
 @settings(max_examples=25, deadline=None)
 @given(seq=st.integers(2, 2**40), resource_fee=st.integers(0, 10**7), base_fee=st.integers(100, 150),
        bump_fee=st.integers(150, 10_000), max_time=st.integers(1, 2**32 - 1),
-       max_ledger=st.none() | st.integers(1, 2**31), amount=st.integers(0, 2**100), with_auth=st.booleans())
+       max_ledger=st.none() | st.integers(1, 2**31), amount=st.integers(0, 2**100), with_auth=st.booleans(),
+       carries_auth=st.booleans(), recorded=st.integers(1, 3))
 def test_build_signed_is_byte_identical_to_the_sdk(seq: int, resource_fee: int, base_fee: int, bump_fee: int,
                                                     max_time: int, max_ledger: int | None, amount: int,
-                                                    with_auth: bool) -> None:
+                                                    with_auth: bool, carries_auth: bool, recorded: int) -> None:
+    """`with_auth`: the simulation recorded `recorded` auth entries (assembly copies them in only when
+    the call carries none); `carries_auth`: the call brings its own entry (a user's signed one)."""
+    from stellar_sdk import xdr
+
     lane, fee = Keypair.random(), Keypair.random()
-    call = Invocation(CONTRACT, "credit", [scval.to_address(lane.public_key), scval.to_int128(amount)], [])
+    own = [xdr.SorobanAuthorizationEntry.from_xdr(source_auth_entry(fee.public_key))] if carries_auth else []
+    call = Invocation(CONTRACT, "credit", [scval.to_address(lane.public_key), scval.to_int128(amount)], own)
     data = SorobanDataBuilder().set_resource_fee(resource_fee).set_resources(10, 20, 30).build().to_xdr()
     answer = SimulateTransactionResponse.model_validate({
         "transactionData": data, "minResourceFee": resource_fee, "latestLedger": 7,
-        "results": [{"auth": [source_auth_entry(lane.public_key)] if with_auth else [], "xdr": "AAAAAQ=="}]})
+        "results": [{"auth": [source_auth_entry(lane.public_key)] * recorded if with_auth else [],
+                     "xdr": "AAAAAQ=="}]})
     chain = CannedChain(PASSPHRASE, answer, [])
 
     ours = build_signed(chain, lane=lane, fee_account=fee, seq=seq, call=call, max_time=max_time,  # type: ignore[arg-type]
                         base_fee=base_fee, fee_bump_base_fee=bump_fee, max_ledger=max_ledger)
 
     builder = TransactionBuilder(Account(lane.public_key, seq - 1), PASSPHRASE, base_fee=base_fee)
-    builder.append_invoke_contract_function_op(CONTRACT, "credit", call.args)
+    builder.append_invoke_contract_function_op(CONTRACT, "credit", call.args, auth=list(own))
     builder.add_time_bounds(0, max_time)
     if max_ledger is not None:
         builder.set_ledger_bounds(0, max_ledger + 1)

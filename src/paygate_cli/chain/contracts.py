@@ -197,9 +197,9 @@ def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq
     included to fail with its fee paid.
 
     Built as XDR directly (issue 14), the same bytes TransactionBuilder + prepare_transaction + sign
-    + the fee bump give (tests/test_engine_speed.py holds them equal): the SDK's objects are converted
-    to XDR and packed again for the simulation, the hash, the signature and the fee bump; here the
-    transaction is packed once after assembly, and hash, signature and fee bump reuse those bytes."""
+    + the fee bump give (tests/test_engine_speed.py holds them equal): the transaction is packed once,
+    for the simulation, and assembly splices the simulation's answer into those bytes
+    (assembled_bytes); hash, signature and fee bump reuse them."""
     network_id = _network_id(chain.passphrase)
     tx = invoke_transaction(lane.public_key, seq, call, max_time=max_time, base_fee=base_fee, max_ledger=max_ledger)
     unsigned_bytes = tx.to_xdr_bytes()
@@ -207,22 +207,13 @@ def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq
     simulation = chain.simulate(base64.b64encode(_TX_TYPE + unsigned_bytes + _NO_SIGNATURES).decode())
     if simulation.error:
         raise SimulationFailed(f"simulation of {call.function} failed: {simulation.error}"[:500])
-    auth_before = len(tx.operations[0].body.invoke_host_function_op.auth)
-    resource_fee = assemble_xdr(tx, simulation)
-    if len(tx.operations[0].body.invoke_host_function_op.auth) == auth_before:
-        # Assembly changed only the fee and the extension: patch those into the bytes packed for the
-        # simulation (source account | fee | ... | ext) instead of packing the operation again.
-        fee_at = len(_muxed_bytes(lane.public_key))
-        tx_bytes = b"".join([unsigned_bytes[:fee_at], _U32.pack(tx.fee.uint32),
-                             unsigned_bytes[fee_at + 4:-len(_EXT_V0)], _EXT_SOROBAN,
-                             base64.b64decode(simulation.transaction_data)])
-    else:  # the simulation's auth entries were added to the operation: pack it all again
-        tx_bytes = tx.to_xdr_bytes()
-    # Packed once more at most: the hash, the signature and the fee bump reuse these bytes.
+    tx_bytes, inner_fee, resource_fee = assembled_bytes(unsigned_bytes, simulation, source=lane.public_key,
+                                                        carries_auth=bool(call.auth))
+    # Never packed again: the hash, the signature and the fee bump reuse these bytes.
     inner_hash = hashlib.sha256(network_id + _TX_TYPE + tx_bytes).digest()
     signature = lane.sign_decorated(inner_hash).to_xdr_object().to_xdr_bytes()
     envelope_xdr, outer_hash, fee = _fee_bump_bytes(
-        tx_bytes, [signature], inner_fee=tx.fee.uint32, resource_fee=resource_fee, operations=len(tx.operations),
+        tx_bytes, [signature], inner_fee=inner_fee, resource_fee=resource_fee, operations=1,
         fee_account=fee_account, base_fee=fee_bump_base_fee, network_id=network_id)
     return SignedTransaction(envelope_xdr, inner_hash, outer_hash, max_time, max_ledger, fee)
 
@@ -251,16 +242,25 @@ def invoke_transaction(source: str, seq: int, call: Invocation, *, max_time: int
                            memo=_NO_MEMO, operations=[operation], ext=xdr.TransactionExt(0))
 
 
-def assemble_xdr(tx: xdr.Transaction, simulation: Any) -> int:
-    """assemble() on the XDR transaction: footprint/resources, the resource fee, the simulation's auth
-    entries when the call carries none. Returns the resource fee."""
-    data = xdr.SorobanTransactionData.from_xdr(simulation.transaction_data)
-    tx.ext = xdr.TransactionExt(1, soroban_data=data)
-    tx.fee = xdr.Uint32(tx.fee.uint32 + int(simulation.min_resource_fee))
-    operation = tx.operations[0].body.invoke_host_function_op
-    if not operation.auth and simulation.results and simulation.results[0].auth:
-        operation.auth = [xdr.SorobanAuthorizationEntry.from_xdr(entry) for entry in simulation.results[0].auth]
-    return int(data.resource_fee.int64)
+def assembled_bytes(unsigned: bytes, simulation: Any, *, source: str, carries_auth: bool) -> tuple[bytes, int, int]:
+    """What prepare_transaction's assembly makes of a packed one-operation invocation, spliced from its
+    bytes instead of decoded and packed again: the fee (right after the source account) raised by
+    the minimum resource fee; the simulation's auth entries, when the call carries none, in place of
+    the operation's empty auth array (the last field of the last operation, just before the
+    transaction's ext); ext v1 with the simulation's SorobanTransactionData, whose last field is its
+    int64 resource fee. Returns (transaction bytes, its fee, the resource fee)."""
+    data = base64.b64decode(simulation.transaction_data)
+    resource_fee = _I64.unpack(data[-8:])[0]
+    fee_at = len(_muxed_bytes(source))
+    fee = _U32.unpack(unsigned[fee_at:fee_at + 4])[0] + int(simulation.min_resource_fee)
+    if fee > 0xFFFFFFFF:
+        raise SimulationFailed(f"the simulation's resource fee {simulation.min_resource_fee} overflows the "
+                               "transaction fee")
+    body = unsigned[fee_at + 4:-len(_EXT_V0)]
+    recorded = simulation.results[0].auth if simulation.results else None
+    if not carries_auth and recorded:
+        body = body[:-4] + _U32.pack(len(recorded)) + b"".join(base64.b64decode(entry) for entry in recorded)
+    return b"".join([unsigned[:fee_at], _U32.pack(fee), body, _EXT_SOROBAN, data]), fee, resource_fee
 
 
 def fee_bump(inner: Any, fee_account: Keypair, base_fee: int, passphrase: str) -> tuple[str, bytes]:
@@ -328,18 +328,6 @@ def _sc_address(address: str) -> xdr.SCAddress:
     Python, and the same accounts and contracts recur in every call. Only ever packed, never
     modified, so one object can serve every invocation."""
     return Address(address).to_xdr_sc_address()
-
-
-def assemble(tx: Any, simulation: Any) -> None:
-    """What SorobanServer.prepare_transaction does, in place: footprint/resources, the resource fee,
-    and the simulation's auth entries when the call carries none. prepare_transaction deep-copies
-    the envelope first (several ms of pure-Python copying per transaction); ours is fresh."""
-    transaction = tx.transaction
-    transaction.soroban_data = xdr.SorobanTransactionData.from_xdr(simulation.transaction_data)
-    transaction.fee += int(simulation.min_resource_fee)
-    operation = transaction.operations[0]
-    if not operation.auth and simulation.results and simulation.results[0].auth:
-        operation.auth = [xdr.SorobanAuthorizationEntry.from_xdr(entry) for entry in simulation.results[0].auth]
 
 
 def decode_event(event: xdr.ContractEvent) -> tuple[str, list[Any], Any]:
