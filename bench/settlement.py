@@ -365,11 +365,11 @@ def _paygate_process(dsn: str, lane_keys: list[str], owner: str) -> int:
         claimed = 0
         while True:
             claimed += sum(len(rows) for rows in rounds.claim_and_anchor().values())
-            if not rounds.record_and_close() and not claimed_any(db):
+            if not rounds.record_and_close() and not _work_left(db):
                 return claimed
 
 
-def claimed_any(db: psycopg.Connection) -> bool:
+def _work_left(db: psycopg.Connection) -> bool:
     """Anything left for a round: a claimable charge or an open batch (another process's, leased)."""
     return db.execute("SELECT EXISTS (SELECT 1 FROM paygate.charges WHERE status = 'authorized' AND "
                       "claimed_at IS NULL AND lineage_id IS NULL) OR EXISTS (SELECT 1 FROM paygate.charge_batches "
