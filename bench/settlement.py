@@ -355,7 +355,7 @@ def run_db_only(dsn: str, charges: int, lanes: int) -> dict[str, Any]:
             "cpu": cpu, "server": server, "pg_ms": pg.seconds * 1000 / max(1, settled),
             "round_trips_per_batch": pg.calls / max(1, batches), "avg_batch": settled / max(1, batches),
             "cpu_ms": cpu * 1000 / max(1, settled), "server_ms": server * 1000 / max(1, settled),
-            "settled": settled, "lanes": lane_keys}
+            "settled": settled}
 
 
 def _paygate_process(dsn: str, lane_keys: list[str], owner: str) -> int:
