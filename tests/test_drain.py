@@ -30,6 +30,28 @@ def held_webhook(db: psycopg.Connection, owner: str, lease: str = "30 seconds") 
         "now() + %s::interval, %s, 1) RETURNING id", (endpoint, Jsonb({}), lease, owner)).fetchone()[0]
 
 
+def seen(db: psycopg.Connection, *instances: str) -> None:
+    """The heartbeat every tick writes (ticks/runner.py): these instances have run ticks here."""
+    for instance in instances:
+        db.execute("INSERT INTO paygate.instances (instance_id) VALUES (%s)", (instance,))
+
+
+def held_relay(db: psycopg.Connection, owner: str) -> int:
+    return db.execute(
+        "INSERT INTO paygate.relays (account, contract, function, args_xdr, auth_entries, auth_nonces, "
+        "auth_expiration_ledger, max_fee, idempotency_key, lease_token, lease_expires_at, claimed_by, attempts) "
+        "VALUES (%s, %s, 'f', 'AAAAEAAAAAEAAAAA', ARRAY['e'], ARRAY[1::bigint], 100, 1000, 'relay-held', "
+        "gen_random_uuid(), now() + interval '30 seconds', %s, 1) RETURNING id",
+        ("G" + "D" * 55, "C" + "D" * 55, owner)).fetchone()[0]
+
+
+def held_bot_job(db: psycopg.Connection, owner: str) -> int:
+    return db.execute(
+        "INSERT INTO paygate.bot_jobs (job_key, request_hash, contract, function, args_xdr, lease_token, "
+        "lease_expires_at, claimed_by) VALUES ('job-held', '\\x00', %s, 'close_expired', 'AAAAEAAAAAEAAAAA', "
+        "gen_random_uuid(), now() + interval '30 seconds', %s) RETURNING id", ("C" + "E" * 55, owner)).fetchone()[0]
+
+
 def test_a_drained_lane_gets_no_allocations_until_undrained(dsn: str, db: psycopg.Connection) -> None:
     lanes(db)
     result = run_cli("drain", "--lane", LANE_A, "--reason", "rotating its key", "--yes", "--json", dsn=dsn)
@@ -68,6 +90,7 @@ def test_a_drained_instance_ticks_but_claims_nothing_new(dsn: str, db: psycopg.C
                           "'0123456789abcdef0123') RETURNING id").fetchone()[0]
     db.execute("INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload) VALUES (%s, 't', '{}')",
                (endpoint,))
+    seen(db, "host-a")
     assert run_cli("drain", "--instance", "host-a", "--reason", "kernel upgrade", "--yes", dsn=dsn).code == 0
     result = run_cli("run-tick", "webhooks", "--json", dsn=dsn, PAYGATE_INSTANCE_ID="host-a")
     summary = json.loads(result.out)["run_tick"]
@@ -85,6 +108,7 @@ def test_a_drained_instance_ticks_but_claims_nothing_new(dsn: str, db: psycopg.C
 
 def test_wait_returns_0_when_the_held_work_finishes(dsn: str, db: psycopg.Connection) -> None:
     outbox_id = held_webhook(db, "host-a:0")
+    seen(db, "host-a")
     proc = spawn("drain", "--instance", "host-a", "--wait", "30s", "--yes", "--json", dsn=dsn)
 
     def finish() -> None:
@@ -108,6 +132,7 @@ def test_wait_returns_0_when_the_held_work_finishes(dsn: str, db: psycopg.Connec
 def test_wait_times_out_with_75_naming_what_is_still_in_flight(dsn: str, db: psycopg.Connection) -> None:
     held_webhook(db, "host-a:1")
     held_webhook(db, "host-b:0")  # another instance's work does not count
+    seen(db, "host-a", "host-b")
     result = run_proc("drain", "--instance", "host-a", "--wait", "1s", "--yes", dsn=dsn)
     assert result.code == 75, result.err
     assert "webhooks 1" in result.err
@@ -117,6 +142,44 @@ def test_wait_times_out_with_75_naming_what_is_still_in_flight(dsn: str, db: psy
     assert run_cli("drain", "--instance", "host-b", "--wait", "1s", "--yes", dsn=dsn).code == 75
     lanes(db)
     assert run_cli("drain", "--lane", LANE_A, "--wait", "1s", "--yes", dsn=dsn).code == 0  # nothing on the lane
+
+
+def test_wait_counts_relays_and_bot_jobs_an_instance_holds(dsn: str, db: psycopg.Connection) -> None:
+    """Every queue claimed under a lease counts as in flight, not only deposits, batches and webhooks."""
+    held_relay(db, "host-a:0")
+    held_bot_job(db, "host-a:0")
+    seen(db, "host-a")
+    result = run_proc("drain", "--instance", "host-a", "--wait", "2", "--yes", dsn=dsn)
+    assert result.code == 75, result.err
+    assert "relays 1" in result.err and "bot_jobs 1" in result.err
+    dry = json.loads(run_cli("drain", "--instance", "host-a", "--dry-run", "--json", dsn=dsn).out)["drain"]
+    assert dry["in_flight"]["relays"] == 1 and dry["in_flight"]["bot_jobs"] == 1
+
+
+def test_every_table_with_a_lease_is_counted(dsn: str, db: psycopg.Connection) -> None:
+    """The queues come from the schema: a table with lease columns added later is counted too."""
+    from paygate_cli.ops.drain import Target, in_flight, leased_queues
+
+    assert {"pending_credits", "charge_batches", "webhook_outbox", "relays", "bot_jobs"} <= set(leased_queues(db))
+    db.execute("CREATE TABLE paygate.future_queue (id int, lease_expires_at timestamptz, claimed_by text)")
+    db.execute("INSERT INTO paygate.future_queue VALUES (1, now() + interval '1 minute', 'host-a:3')")
+    assert in_flight(db, Target("instance", "host-a"))["future_queue"] == 1
+
+
+def test_an_instance_never_seen_is_refused_unless_forced(dsn: str, db: psycopg.Connection) -> None:
+    seen(db, "host-a")
+    typo = run_cli("drain", "--instance", "hots-a", "--yes", dsn=dsn)
+    assert typo.code == 2 and "hots-a" in typo.err and "host-a" in typo.err and "--force" in typo.err, typo.err
+    assert db.execute("SELECT count(*) FROM paygate.instances WHERE instance_id = 'hots-a'").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM paygate.audit_log").fetchone()[0] == 0
+    assert run_cli("drain", "--instance", "hots-a", "--dry-run", dsn=dsn).code == 2
+    forced = run_cli("drain", "--instance", "new-host", "--force", "--yes", dsn=dsn)
+    assert forced.code == 0, forced.err
+    assert db.execute("SELECT drained_at IS NOT NULL FROM paygate.instances WHERE instance_id = 'new-host'"
+                      ).fetchone()[0]
+    lanes(db)
+    unknown = run_cli("drain", "--lane", "G" + "C" * 55, "--yes", dsn=dsn)
+    assert unknown.code == 2 and LANE_A in unknown.err, unknown.err
 
 
 def test_a_drained_instance_runs_only_the_ticks_that_obey_draining() -> None:

@@ -183,7 +183,7 @@ def test_operator_write_commands_work_as_the_runtime_role(dsn: str, db: psycopg.
     outbox_id = dead_webhook(db, "http://127.0.0.1:9/h")
     runtime = as_role(dsn, RUNTIME_ROLE)
     for args in [("halt", "--reason", "probe", "--yes"), ("resume", "--yes"),
-                 ("drain", "--instance", "host-a", "--reason", "probe", "--yes"),
+                 ("drain", "--instance", "host-a", "--force", "--reason", "probe", "--yes"),
                  ("undrain", "--instance", "host-a", "--yes"),
                  ("replay", "webhooks", str(outbox_id), "--yes")]:
         result = run_cli(*args, dsn=runtime)

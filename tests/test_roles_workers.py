@@ -179,7 +179,7 @@ def test_on_call_commands_work_read_only_and_writes_exit_77(chain: ChainEnv, db:
         assert set(json.loads(as_readonly.out)) == set(json.loads(as_owner.out))
     assert db.execute(WRITES_SQL).fetchone() == before, "a read-only command wrote something"
 
-    for args in [("halt", "--reason", "probe", "--yes"), ("drain", "--instance", "probe", "--yes"),
+    for args in [("halt", "--reason", "probe", "--yes"), ("drain", "--instance", "probe", "--force", "--yes"),
                  ("run-tick", "webhooks", "--once")]:
         result = run_cli(*args, environ=readonly)
         assert result.code == ExitCode.NOPERM, (args, result.code, result.err)

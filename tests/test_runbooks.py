@@ -105,6 +105,11 @@ def _idle(world: World) -> None:
     pass
 
 
+def _running_host(world: World) -> None:
+    """The host the blocks run on has ticked (its heartbeat is what `drain --instance` checks)."""
+    assert world.chain().tick("webhooks", "--once", PAYGATE_INSTANCE_ID="runbook-host").code == 0
+
+
 def _observer_behind_retention(world: World) -> None:
     # The devnet of this scenario keeps 8 ledgers: one observer page, then 20 ledgers pass unseen.
     world.environ["PAYGATE_OBSERVER_START_LEDGER"] = str(world.devnet.latest_ledger())
@@ -201,7 +206,7 @@ def _observer_unconfigured(world: World) -> None:
 
 
 SCENARIOS: dict[str, Callable[[World], None]] = {
-    "idle": _idle, "observer-behind-retention": _observer_behind_retention,
+    "idle": _idle, "running-host": _running_host, "observer-behind-retention": _observer_behind_retention,
     "deposit-needs-human": _deposit_needs_human, "gas-halt": _gas_halt,
     "lanes": _lanes, "restore-lost-a-commit": _restore_lost_a_commit,
     "drift": _drift, "dead-webhooks": _dead_webhooks, "rpc-outage": _rpc_outage,

@@ -167,7 +167,7 @@ def test_every_command_and_worker_keeps_the_secrets_out_of_its_output(
         ("config", "show", "--sources"), ("config", "show", "--sources", "--json"),
         ("nonce-inspect",), ("nonce-inspect", "--credit", str(credit_id), "--json"),
         ("reconcile-report",), ("reconcile-report", "--format", "json", "--out", str(reports / "r.json")),
-        ("drain", "--instance", "grep-host", "--reason", "probe", "--dry-run"),
+        ("drain", "--instance", "grep-host", "--force", "--reason", "probe", "--dry-run"),
         ("undrain", "--instance", "grep-host", "--dry-run"),
         ("halt", "--reason", "probe", "--yes"), ("resume", "--yes"),
         ("replay", "webhooks", "--all-dead", "--dry-run"), ("replay", "deposits", str(credit_id), "--dry-run"),

@@ -54,7 +54,10 @@ def _wait(env: Env, conn: Any, target: Any, wait: str) -> dict[str, Any]:
 def drain_command(
     ctx: typer.Context, instance: InstanceOpt = None, lane: LaneOpt = None,
     reason: Annotated[str | None, typer.Option("--reason", help="Why; shown by `status`, kept in audit_log.")] = None,
-    wait: WaitOpt = None, yes: YesFlag = False, dry_run: DryRunFlag = False, json_flag: JsonFlag = False,
+    wait: WaitOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Drain an instance that has never run a tick here "
+                                                        "(a host not started yet).")] = False,
+    yes: YesFlag = False, dry_run: DryRunFlag = False, json_flag: JsonFlag = False,
 ) -> int:
     """Stop an instance's ticks from taking new claims (they finish what they hold), or stop
     allocating a lane. Audited.
@@ -69,7 +72,8 @@ def drain_command(
     if not dry_run:
         confirm(env, f"drain {target.kind} {target.name}", yes=yes)
     with connect(env.settings, "drain") as conn:
-        result = drain(conn, target, reason=reason, actor=env.settings.effective_operator(), dry_run=dry_run)
+        result = drain(conn, target, reason=reason, actor=env.settings.effective_operator(), dry_run=dry_run,
+                       force=force)
         if wait is not None and not dry_run:
             result["wait"] = _wait(env, conn, target, wait)
             result["in_flight"] = {k: 0 for k in result["in_flight"]}

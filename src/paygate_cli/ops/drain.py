@@ -35,6 +35,14 @@ INSTANCE_SQL = """
 SELECT instance_id, drained_at, drained_by, drain_reason, last_seen FROM paygate.instances WHERE instance_id = %s
 """
 
+# Instances the tick runner has recorded (every run upserts its row in `instances`), most recent first:
+# what a typo in --instance is told it might have meant.
+SEEN_INSTANCES_SQL = """
+SELECT instance_id, last_seen FROM paygate.instances ORDER BY last_seen DESC, instance_id LIMIT %(limit)s
+"""
+KNOWN_LANES_SQL = "SELECT address, status FROM paygate.lanes ORDER BY address LIMIT %(limit)s"
+LISTED = 10  # known instances / lanes named in a refusal
+
 LANE_SQL = "SELECT address, status, drained_at, drained_by, drain_reason FROM paygate.lanes WHERE address = %s"
 DRAIN_LANE_SQL = """
 UPDATE paygate.lanes SET status = 'drained', drained_at = now(), drained_by = %(by)s, drain_reason = %(reason)s
@@ -47,19 +55,38 @@ WHERE address = %(lane)s AND status = 'drained'
 RETURNING address
 """
 
-# What an instance still holds: live leases taken by one of its processes (claimed_by is
-# '<instance>:<slot>'). A lease that lapsed is no longer held: its work belongs to whoever takes it
-# over. One statement, one snapshot.
-INSTANCE_IN_FLIGHT_SQL = """
-SELECT 'deposits' AS queue, count(*) FROM paygate.pending_credits
-WHERE status = 'pending' AND lease_expires_at > now() AND left(claimed_by, %(n)s) = %(prefix)s
-UNION ALL
-SELECT 'charge_batches', count(*) FROM paygate.charge_batches
-WHERE closed_at IS NULL AND lease_expires_at > now() AND left(claimed_by, %(n)s) = %(prefix)s
-UNION ALL
-SELECT 'webhooks', count(*) FROM paygate.webhook_outbox
-WHERE status = 'delivering' AND lease_expires_at > now() AND left(claimed_by, %(n)s) = %(prefix)s
+# Every queue a worker claims under a lease: each table of schema paygate with both lease columns,
+# read from the catalogue, so a queue a later migration adds is counted without anyone listing it.
+LEASED_TABLES_SQL = """
+SELECT c.relname FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+WHERE n.nspname = 'paygate' AND c.relkind IN ('r', 'p') AND a.attname IN ('lease_expires_at', 'claimed_by')
+GROUP BY c.relname HAVING count(*) = 2 ORDER BY c.relname
 """
+# The name an operator knows a queue by (the replay's and the docs' names); others by their table.
+QUEUE_NAMES = {"pending_credits": "deposits", "webhook_outbox": "webhooks"}
+
+
+def leased_queues(conn: psycopg.Connection) -> list[str]:
+    """The tables whose rows are claimed under a lease (see LEASED_TABLES_SQL)."""
+    return [str(name) for (name,) in conn.execute(LEASED_TABLES_SQL)]
+
+
+def _instance_in_flight_sql(tables: list[str]) -> Any:
+    """What an instance still holds: live leases taken by one of its processes (claimed_by is
+    '<instance>:<slot>'), in every leased queue. A lease that lapsed is no longer held: its work
+    belongs to whoever takes it over. Workers clear the lease when a row leaves their hands, so a
+    live lease is held work whatever the row's status. One statement, one snapshot."""
+    from psycopg import sql
+
+    return sql.SQL(" UNION ALL ").join(
+        sql.SQL("SELECT {name}, count(*) FROM paygate.{table} WHERE lease_expires_at > now() "
+                "AND left(claimed_by, %(n)s) = %(prefix)s").format(
+            name=sql.Literal(QUEUE_NAMES.get(table, table)), table=sql.Identifier(table))
+        for table in tables)
+
+
 # What a lane still has in flight: its live lineage (at most one, by the unique index).
 LANE_IN_FLIGHT_SQL = """
 SELECT 'lineages' AS queue, count(*) FROM paygate.lineages
@@ -101,7 +128,8 @@ def in_flight(conn: psycopg.Connection, target: Target) -> dict[str, int]:
         rows = conn.execute(LANE_IN_FLIGHT_SQL, {"lane": target.name}).fetchall()
     else:
         prefix = target.name + ":"
-        rows = conn.execute(INSTANCE_IN_FLIGHT_SQL, {"prefix": prefix, "n": len(prefix)}).fetchall()
+        rows = conn.execute(_instance_in_flight_sql(leased_queues(conn)),
+                            {"prefix": prefix, "n": len(prefix)}).fetchall()
     return {str(queue): int(count) for queue, count in rows}
 
 
@@ -115,13 +143,24 @@ def _current(conn: psycopg.Connection, target: Target) -> dict[str, Any] | None:
     return dict(zip(keys, row, strict=True)) if row else None
 
 
+def _known(conn: psycopg.Connection, sql: str) -> str:
+    rows = conn.execute(sql, {"limit": LISTED}).fetchall()
+    return ", ".join(str(row[0]) for row in rows) if rows else "none"
+
+
 def drain(conn: psycopg.Connection, target: Target, *, reason: str | None, actor: str,
-          dry_run: bool) -> dict[str, Any]:
+          dry_run: bool, force: bool = False) -> dict[str, Any]:
     current = _current(conn, target)
+    if target.kind == "instance" and current is None and not force:
+        # Draining a name no tick ever ran under changes nothing: the real host keeps claiming.
+        raise UsageError(f"instance {target.name} has never run a tick against this database (known, most "
+                         f"recent first: {_known(conn, SEEN_INSTANCES_SQL)}); check PAYGATE_INSTANCE_ID on the "
+                         "host, or pass --force to drain a host that has not started yet",
+                         msgid="usage.unknown_instance")
     if target.kind == "lane":
         if current is None:
-            raise UsageError(f"lane {target.name} is not in the journal (paygate knows only lanes it has used)",
-                             msgid="usage.unknown_lane")
+            raise UsageError(f"lane {target.name} is not in the journal (paygate knows only lanes it has used; "
+                             f"known: {_known(conn, KNOWN_LANES_SQL)})", msgid="usage.unknown_lane")
         if current["status"] == "retired":
             raise UsageError(f"lane {target.name} is retired; draining it changes nothing", msgid="usage.lane_retired")
     already = current is not None and (current.get("drained_at") is not None)
