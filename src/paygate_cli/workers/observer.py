@@ -163,6 +163,27 @@ class PageStats:
     quarantined: list[tuple[str, str]] = field(default_factory=list)
 
 
+# A page's transaction locks accounts and deposits in the chain's event order, which funding's settle
+# (deposit, then account) can cross: the loser of a deadlock committed nothing, so the page is
+# applied again (the winner has moved on by then; every event is idempotent).
+PAGE_ATTEMPTS = 3
+
+
+def _apply_page_retrying(ctx: TickContext, page: EventsPage, cursor: str | None) -> PageStats:
+    import psycopg
+
+    for attempt in range(1, PAGE_ATTEMPTS + 1):
+        try:
+            with ctx.conn.transaction():
+                return apply_page(ctx.conn, page, cursor, ctx.log)
+        except psycopg.Error as exc:
+            if exc.sqlstate not in ("40P01", "40001") or attempt == PAGE_ATTEMPTS:
+                raise
+            ctx.log.warning("observer: page met a concurrent writer (%s); applying it again", exc.sqlstate,
+                            extra={"msgid": "observer.page_retry"})
+    raise AssertionError("unreachable")
+
+
 def tick(ctx: TickContext) -> TickResult:
     settings = ctx.settings
     row = ctx.conn.execute(LOAD_CURSOR_SQL).fetchone()
@@ -203,8 +224,7 @@ def tick(ctx: TickContext) -> TickResult:
                                  f"the RPC's oldest ledger {page.oldest_ledger}; billing events may have been lost",
                                  msgid="observer.retention_gap")
             crashpoint("observer.after_fetch")
-            with ctx.conn.transaction():
-                stats = apply_page(ctx.conn, page, cursor, ctx.log)
+            stats = _apply_page_retrying(ctx, page, cursor)
             crashpoint("observer.after_apply")
             cursor, start_ledger = page.cursor, None
             totals["pages"] += 1
