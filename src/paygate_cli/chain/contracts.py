@@ -14,8 +14,8 @@ from stellar_sdk import Account, Address, Keypair, MuxedAccount, Network, StrKey
 from stellar_sdk.auth import authorization_payload_hash, build_authorization_preimage
 from stellar_sdk.exceptions import BadSignatureError
 
-from paygate_cli.chain.rpc import ChainClient
-from paygate_cli.errors import ConfigError, PaygateError
+from paygate_cli.chain.rpc import ChainClient, MalformedAnswer
+from paygate_cli.errors import ConfigError, PaygateError, Unavailable
 
 
 class BadAuthorization(PaygateError):
@@ -207,14 +207,23 @@ def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq
     simulation = chain.simulate(base64.b64encode(_TX_TYPE + unsigned_bytes + _NO_SIGNATURES).decode())
     if simulation.error:
         raise SimulationFailed(f"simulation of {call.function} failed: {simulation.error}"[:500])
-    tx_bytes, inner_fee, resource_fee = assembled_bytes(unsigned_bytes, simulation, source=lane.public_key,
-                                                        carries_auth=bool(call.auth))
+    try:
+        tx_bytes, inner_fee, resource_fee = assembled_bytes(unsigned_bytes, simulation, source=lane.public_key,
+                                                            carries_auth=bool(call.auth))
+    except MalformedAnswer as exc:
+        # The RPC node is outside paygate: an answer that does not hold together says nothing about
+        # the call. Nothing is signed or journaled; the unit is retried later (never made terminal).
+        raise Unavailable(f"simulateTransaction of {call.function}: {exc}"[:500], msgid="rpc.malformed") from None
     # Never packed again: the hash, the signature and the fee bump reuse these bytes.
     inner_hash = hashlib.sha256(network_id + _TX_TYPE + tx_bytes).digest()
     signature = lane.sign_decorated(inner_hash).to_xdr_object().to_xdr_bytes()
+    # The network refuses a fee bump whose rate is below the inner transaction's inclusion rate
+    # ((inner fee - resource fee) / operations); a minimum resource fee above the resource fee the
+    # transaction data declares raises that rate, so the bump's rate rises to cover it.
+    bump_rate = max(fee_bump_base_fee, inner_fee - resource_fee)  # one operation
     envelope_xdr, outer_hash, fee = _fee_bump_bytes(
         tx_bytes, [signature], inner_fee=inner_fee, resource_fee=resource_fee, operations=1,
-        fee_account=fee_account, base_fee=fee_bump_base_fee, network_id=network_id)
+        fee_account=fee_account, base_fee=bump_rate, network_id=network_id)
     return SignedTransaction(envelope_xdr, inner_hash, outer_hash, max_time, max_ledger, fee)
 
 
@@ -248,19 +257,54 @@ def assembled_bytes(unsigned: bytes, simulation: Any, *, source: str, carries_au
     the minimum resource fee; the simulation's auth entries, when the call carries none, in place of
     the operation's empty auth array (the last field of the last operation, just before the
     transaction's ext); ext v1 with the simulation's SorobanTransactionData, whose last field is its
-    int64 resource fee. Returns (transaction bytes, its fee, the resource fee)."""
-    data = base64.b64decode(simulation.transaction_data)
-    resource_fee = _I64.unpack(data[-8:])[0]
+    int64 resource fee. Returns (transaction bytes, its fee, the resource fee).
+
+    The answer is checked first, as the SDK's assembly checks it (and more, since its bytes are
+    spliced unseen): exactly one result, transactionData that decodes as SorobanTransactionData,
+    a minimum resource fee that is a fee, recorded auth entries that decode. Anything else is
+    MalformedAnswer."""
+    data, resource_fee, min_resource_fee, recorded = _checked_simulation(simulation, splice_auth=not carries_auth)
     fee_at = len(_muxed_bytes(source))
-    fee = _U32.unpack(unsigned[fee_at:fee_at + 4])[0] + int(simulation.min_resource_fee)
+    fee = _U32.unpack(unsigned[fee_at:fee_at + 4])[0] + min_resource_fee
     if fee > 0xFFFFFFFF:
-        raise SimulationFailed(f"the simulation's resource fee {simulation.min_resource_fee} overflows the "
-                               "transaction fee")
+        raise MalformedAnswer(f"the simulation's minimum resource fee {min_resource_fee} overflows the "
+                              "transaction fee")
     body = unsigned[fee_at + 4:-len(_EXT_V0)]
-    recorded = simulation.results[0].auth if simulation.results else None
-    if not carries_auth and recorded:
-        body = body[:-4] + _U32.pack(len(recorded)) + b"".join(base64.b64decode(entry) for entry in recorded)
+    if recorded:
+        body = body[:-4] + _U32.pack(len(recorded)) + b"".join(recorded)
     return b"".join([unsigned[:fee_at], _U32.pack(fee), body, _EXT_SOROBAN, data]), fee, resource_fee
+
+
+def _checked_simulation(simulation: Any, *, splice_auth: bool) -> tuple[bytes, int, int, list[bytes]]:
+    """(transactionData bytes, their resource fee, the minimum resource fee, the recorded auth
+    entries' bytes when they are to be spliced in) from a simulation answer, or MalformedAnswer."""
+    results = simulation.results
+    if not isinstance(results, list) or len(results) != 1:
+        count = len(results) if isinstance(results, list) else 0
+        raise MalformedAnswer(f"simulation returned {count} results for one invocation")
+    encoded = simulation.transaction_data
+    if not isinstance(encoded, str) or not encoded:
+        raise MalformedAnswer("simulation returned no transactionData")
+    try:
+        data = base64.b64decode(encoded, validate=True)
+        resource_fee = int(xdr.SorobanTransactionData.from_xdr_bytes(data).resource_fee.int64)
+    except Exception as exc:  # any decode failure of foreign bytes
+        raise MalformedAnswer(f"simulation transactionData does not decode ({type(exc).__name__})") from None
+    min_resource_fee = simulation.min_resource_fee
+    if isinstance(min_resource_fee, bool) or not isinstance(min_resource_fee, int) or min_resource_fee < 0 \
+            or resource_fee < 0:
+        raise MalformedAnswer(f"simulation minResourceFee {str(min_resource_fee)[:40]!r} / resourceFee "
+                              f"{resource_fee} is not a fee")
+    recorded: list[bytes] = []
+    if splice_auth:
+        for entry in results[0].auth or []:
+            try:
+                raw = base64.b64decode(entry, validate=True)
+                xdr.SorobanAuthorizationEntry.from_xdr_bytes(raw)
+            except Exception as exc:  # any decode failure of foreign bytes
+                raise MalformedAnswer(f"simulation auth entry does not decode ({type(exc).__name__})") from None
+            recorded.append(raw)
+    return data, resource_fee, min_resource_fee, recorded
 
 
 def fee_bump(inner: Any, fee_account: Keypair, base_fee: int, passphrase: str) -> tuple[str, bytes]:
