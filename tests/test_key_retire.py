@@ -140,3 +140,34 @@ def test_lane_rotation_end_to_end(chain: ChainEnv, db: psycopg.Connection) -> No
     deposit(chain, db, 2)
     settle_all(chain, db)
     assert db.execute("SELECT count(*) FROM paygate.lineages WHERE lane = %s", (lane,)).fetchone()[0] == 1
+
+
+def test_a_key_or_lane_nobody_knows_is_a_usage_error_listing_the_known_ones(chain: ChainEnv) -> None:
+    typo = run_cli("key-retire-check", "k-typo", environ=chain.environ)
+    assert typo.code == 2, typo.err
+    assert "k-typo" in typo.err and JOURNAL_KEY_ID in typo.err and "retirable" not in typo.out
+    unknown = run_cli("key-retire-check", "--lane", "G" + "Q" * 55, environ=chain.environ)
+    assert unknown.code == 2 and "G" + "Q" * 55 in unknown.err and "known lanes" in unknown.err, unknown.err
+
+
+def test_one_read_endpoint_is_no_majority_without_the_override(chain: ChainEnv, db: psycopg.Connection) -> None:
+    deposit(chain, db, 1)
+    settle_all(chain, db)
+    single = {k: v for k, v in chain.environ.items() if k != "PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT"}
+    for args in ((JOURNAL_KEY_ID,), ("--lane", chain.genesis["lanes"][0]["public"])):
+        refused = run_cli("key-retire-check", *args, environ={**single, "PAYGATE_KEY_RETENTION": "0s"})
+        assert refused.code == 78, refused.err
+        assert "PAYGATE_RPC_READ_URLS" in refused.err and "PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT" in refused.err
+    _, report = check(chain, JOURNAL_KEY_ID, PAYGATE_KEY_RETENTION="0s")
+    assert report["checked"]["lineages"] >= 2  # with the override it decides (3: it is the active key)
+
+
+def test_the_rpc_down_is_69_not_a_blocker(chain: ChainEnv, db: psycopg.Connection) -> None:
+    deposit(chain, db, 1)
+    settle_all(chain, db)
+    down = {**chain.environ, "PAYGATE_RPC_URL": "http://user:pw@127.0.0.1:9/v1/k?apikey=SECRETKEY",
+            "PAYGATE_RPC_TIMEOUT": "1s", "PAYGATE_KEY_RETENTION": "0s"}
+    for args in ((JOURNAL_KEY_ID,), ("--lane", db.execute("SELECT lane FROM paygate.lineages LIMIT 1").fetchone()[0])):
+        result = run_cli("key-retire-check", *args, environ=down)
+        assert result.code == 69, (args, result.code, result.out, result.err)
+        assert "SECRETKEY" not in result.err + result.out and "pw@" not in result.err + result.out

@@ -170,3 +170,39 @@ def test_on_a_tty_a_progress_bar_goes_to_stderr_and_the_table_to_stdout(dsn: str
     assert "replay 3 webhooks row(s)? [y/N]" in err.getvalue()
     assert "3 replayed" in out.getvalue() and all(str(i) in out.getvalue() for i in ids)
     assert db.execute("SELECT count(*) FROM paygate.webhook_outbox WHERE status = 'pending'").fetchone()[0] == 3
+
+
+def _dead_deposit(chain: ChainEnv, db: psycopg.Connection, key: str) -> int:
+    user = chain.genesis["users"][0]
+    entry, nonce, expiration = sign_deposit(chain.devnet, user["secret"], AMOUNT)
+    pending = admit_deposit(db, user["public"], AMOUNT, entry, nonce, expiration, key)
+    db.execute("UPDATE paygate.pending_credits SET status = 'failed', reason = 'simulated outage' WHERE id = %s",
+               (pending,))
+    return pending
+
+
+def test_replay_refuses_a_quorum_of_one_endpoint_without_the_override(chain: ChainEnv,
+                                                                      db: psycopg.Connection) -> None:
+    """The money movers' rule: re-verifying on chain needs 3 distinct read hosts, or the override."""
+    pending = _dead_deposit(chain, db, "quorum")
+    single = {k: v for k, v in chain.environ.items() if k != "PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT"}
+    refused = run_cli("replay", "deposits", str(pending), "--dry-run", environ=single)
+    assert refused.code == 78, refused.err
+    assert "PAYGATE_RPC_READ_URLS" in refused.err and "PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT" in refused.err
+    assert len(refused.err.strip().splitlines()) == 1
+    allowed = run_cli("replay", "deposits", str(pending), "--dry-run", "--json", environ=chain.environ)
+    assert allowed.code == 0, allowed.err
+    assert json.loads(allowed.out)["replay"]["rows"][0]["outcome"] == "would_replay"
+
+
+def test_replay_dry_run_with_the_rpc_down_exits_69_with_one_clean_line(chain: ChainEnv,
+                                                                       db: psycopg.Connection) -> None:
+    pending = _dead_deposit(chain, db, "rpc-down")
+    down = {**chain.environ, "PAYGATE_RPC_URL": "http://user:pw@127.0.0.1:9/v1/k?apikey=SECRETKEY",
+            "PAYGATE_RPC_TIMEOUT": "1s"}
+    result = run_cli("replay", "deposits", str(pending), "--dry-run", environ=down)
+    assert result.code == 69, result.err
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and "read endpoint" in lines[0] and "Traceback" not in result.err, result.err
+    assert "SECRETKEY" not in result.err + result.out and "pw@" not in result.err and "/v1/k" not in result.err
+    assert status_of(db, pending) == "failed"

@@ -163,16 +163,25 @@ def distinct_read_urls(read_urls: list[str], write_url: str | None) -> list[str]
 def check_read_quorum(settings: Settings, worker: str) -> None:
     """A money mover refuses to start (78) unless its read quorum spans MIN_READ_HOSTS distinct
     hosts, or the development override is set."""
-    if worker not in MONEY_MOVERS or settings.values.get("rpc_allow_single_endpoint"):
+    if worker in MONEY_MOVERS:
+        require_read_quorum(settings, f"{worker} refuses to start",
+                            "it declares transactions dead by a majority of them")
+
+
+def require_read_quorum(settings: Settings, who: str, why: str) -> None:
+    """The money movers' rule for every decision that re-verifies the chain (a worker's, `replay`'s,
+    `key-retire-check`'s): a majority of one configured endpoint is that one node's word, so fewer
+    than MIN_READ_HOSTS distinct read hosts is a configuration error (78) unless overridden."""
+    if settings.values.get("rpc_allow_single_endpoint"):
         return
     if not settings.values.get("rpc_url"):
-        return  # the chain client says what is missing when the worker first needs it
+        return  # the chain client says what is missing when it is first needed
     hosts = [rpc_host(u) for u in distinct_read_urls(settings.values.get("rpc_read_urls") or [],
                                                      settings.values.get("rpc_url"))]
     if len(hosts) < MIN_READ_HOSTS:
         raise ConfigError(
-            f"{worker} refuses to start: PAYGATE_RPC_READ_URLS must name read endpoints on at least "
-            f"{MIN_READ_HOSTS} distinct hosts (it declares transactions dead by a majority of them); it has "
+            f"{who}: PAYGATE_RPC_READ_URLS must name read endpoints on at least "
+            f"{MIN_READ_HOSTS} distinct hosts ({why}); it has "
             f"{len(hosts)} ({', '.join(hosts)}). Add endpoints, or set PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT=1 "
             f"for development against one node (never in production)", msgid="config.rpc_quorum")
 
@@ -447,6 +456,10 @@ def describe(settings: Settings) -> list[dict[str, str]]:
         value = settings.values[field.name]
         if field.name == "database_url" and value:
             value = redact_dsn(str(value))
+        if field.name in ("rpc_url", "rpc_read_urls") and value:
+            from paygate_cli.chain.endpoints import shown_url  # a provider's API key rides in the URL
+
+            value = [shown_url(u) for u in value] if isinstance(value, list) else shown_url(str(value))
         if field.name == "instance_id" and not value:
             value = settings.effective_instance_id()
         if field.name == "operator" and not value:

@@ -44,6 +44,7 @@ def nonce_consumed_by_quorum(chain: ChainClient, account: str, nonce: int) -> tu
     -> (True/False when a majority agrees, else None; the highest latest ledger seen; per endpoint).
     Used where a decision re-verifies an effect (replay): one endpoint's word is not enough."""
     from paygate_cli.chain.contracts import nonce_key
+    from paygate_cli.chain.endpoints import endpoint_name
     from paygate_cli.errors import Unavailable
 
     chain._guard("nonce quorum read")
@@ -51,12 +52,13 @@ def nonce_consumed_by_quorum(chain: ChainClient, account: str, nonce: int) -> tu
     answers: dict[str, Any] = {}
     latest: int | None = None
     for url, srv in zip(chain.read_urls, chain.readers, strict=True):
+        name = endpoint_name(url)  # keyed by host: the answers are printed, and a URL may carry a key
         try:
             answer = chain._retrying("getLedgerEntries", lambda srv=srv: srv.get_ledger_entries([key]), 2)
         except Unavailable as exc:
-            answers[url] = f"error: {exc}"[:200]
+            answers[name] = f"error: {exc}"[:200]
             continue
-        answers[url] = bool(answer.entries)
+        answers[name] = bool(answer.entries)
         latest = max(latest or 0, int(answer.latest_ledger))
     majority = len(chain.read_urls) // 2 + 1
     votes = [v for v in answers.values() if isinstance(v, bool)]

@@ -415,9 +415,9 @@ def _opt_text(value: Any) -> str | None:
 
 def _host(url: str) -> str:
     """Only the host of an endpoint in messages: its path or query may carry a provider's API key."""
-    from urllib.parse import urlsplit
+    from paygate_cli.chain.endpoints import endpoint_name
 
-    return urlsplit(url).netloc.rpartition("@")[2]
+    return endpoint_name(url)
 
 
 def _session(chain: ChainClient) -> requests.Session:

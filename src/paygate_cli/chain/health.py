@@ -9,10 +9,10 @@ requests would send them."""
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit, urlunsplit
+
+from paygate_cli.chain.endpoints import split_credentials
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,7 @@ class HealthError(Exception):
 def get_health(url: str, timeout: float) -> Health:
     import urllib.request
 
-    parts = urlsplit(url)
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    if parts.username is not None or parts.password is not None:
-        credentials = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
-        headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
-        url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    url, headers = split_credentials(url)
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getHealth"}).encode()
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from paygate_cli.errors import UsageError
+from paygate_cli.errors import Unavailable, UsageError
 from paygate_cli.journal import lineage as lineages
 
 if TYPE_CHECKING:
@@ -46,7 +46,32 @@ SELECT max(greatest(created_at, signed_at, sent_at, resolved_at)),
 FROM paygate.lineages WHERE lane = %(target)s
 """
 LANE_ROW_SQL = "SELECT status, drained_at FROM paygate.lanes WHERE address = %s"
+KEY_IN_JOURNAL_SQL = "SELECT EXISTS (SELECT 1 FROM paygate.lineages WHERE key_id = %s)"
+# The distinct key ids of the journal, one index probe each (a skip scan over lineages_key_id).
+JOURNAL_KEY_IDS_SQL = """
+WITH RECURSIVE ids AS (
+    (SELECT key_id FROM paygate.lineages WHERE key_id IS NOT NULL ORDER BY key_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT l.key_id FROM paygate.lineages l WHERE l.key_id > ids.key_id ORDER BY l.key_id LIMIT 1)
+    FROM ids WHERE ids.key_id IS NOT NULL
+)
+SELECT key_id FROM ids WHERE key_id IS NOT NULL LIMIT %(limit)s
+"""
+KNOWN_LANES_SQL = "SELECT address FROM paygate.lanes ORDER BY address LIMIT %(limit)s"
+MAX_NAMED = 20  # known key ids / lanes named in a usage error
 NO_SUCH_TX = "00" * 32  # a hash no transaction has: the probe then reads only the lane's sequence
+
+
+def _answered_by_majority(probes: list[Any], what: str) -> int:
+    """The majority of the read endpoints; Unavailable (69) when fewer than that answered at all:
+    the chain's view is unknown, which is an outage to retry, not a blocker for a human."""
+    majority = len(probes) // 2 + 1
+    answered = [p for p in probes if not p.error]
+    if len(answered) < majority:
+        errors = "; ".join(f"{p.endpoint}: {p.error}" for p in probes if p.error)
+        raise Unavailable(f"key-retire-check cannot verify {what}: {len(answered)} of {len(probes)} read "
+                          f"endpoint(s) answered ({errors})"[:500], msgid="rpc.unavailable")
+    return majority
 
 
 def _verify_terminal(chain: ChainClient, lineage: lineages.Lineage) -> str | None:
@@ -56,7 +81,7 @@ def _verify_terminal(chain: ChainClient, lineage: lineages.Lineage) -> str | Non
     if lineage.state == "abandoned" or lineage.inner_hash is None:
         return None  # never signed: nothing of it can be on chain
     probes = chain.probe(lineage.lane, lineage.inner_hash.hex())
-    majority = len(probes) // 2 + 1
+    majority = _answered_by_majority(probes, f"lineage {lineage.id}")
     answered = [p for p in probes if not p.error and p.tx_status is not None]
     if lineage.state in ("applied", "failed"):
         want = "SUCCESS" if lineage.state == "applied" else "FAILED"
@@ -113,12 +138,42 @@ def _retention_blocker(conn: psycopg.Connection, sql: str, target: str, retentio
 def _majority_sequence(chain: ChainClient, lane: str) -> tuple[int | None, dict[str, Any]]:
     probes = chain.probe(lane, NO_SUCH_TX)
     seqs = Counter(p.account_seq for p in probes if not p.error and p.account_seq is not None)
-    majority = len(probes) // 2 + 1
+    majority = _answered_by_majority(probes, f"lane {lane}'s sequence")
     seq, count = seqs.most_common(1)[0] if seqs else (None, 0)
     return (seq if count >= majority else None), {p.endpoint: p.account_seq for p in probes}
 
 
+def keyring_ids(settings: Any) -> list[str]:
+    """The key ids of the configured journal keys file (ids only; the keys are never read out) and
+    the active key id."""
+    import json
+
+    ids = {settings.journal_active_key_id} - {None}
+    secret = settings.secret("journal_keys")
+    if secret is not None:
+        try:
+            document = json.loads(secret.reveal())
+        except ValueError:
+            document = None
+        if isinstance(document, dict):
+            ids |= {str(k) for k in document}
+    return sorted(ids)
+
+
+def _require_known_key(conn: psycopg.Connection, settings: Any, key_id: str) -> None:
+    """A key id in neither the keyring nor the journal is a typo: saying it is retirable (no lineage
+    uses it) would be true of any string, and would let an operator retire the wrong key."""
+    in_keyring = keyring_ids(settings)
+    if key_id in in_keyring or conn.execute(KEY_IN_JOURNAL_SQL, (key_id,)).fetchone()[0]:
+        return
+    in_journal = [str(k) for (k,) in conn.execute(JOURNAL_KEY_IDS_SQL, {"limit": MAX_NAMED})]
+    known = sorted(set(in_keyring) | set(in_journal))[:MAX_NAMED]
+    raise UsageError(f"key {key_id!r} is neither in the journal keys file nor used by any lineage; known key "
+                     f"ids: {', '.join(known) or 'none'}", msgid="usage.unknown_key")
+
+
 def check_key(conn: psycopg.Connection, chain: ChainClient, settings: Any, key_id: str) -> dict[str, Any]:
+    _require_known_key(conn, settings, key_id)
     blockers: list[dict[str, Any]] = []
     if settings.journal_active_key_id == key_id:
         blockers.append({"reason": f"{key_id} is the active journal key (PAYGATE_JOURNAL_ACTIVE_KEY_ID)"})
@@ -134,7 +189,9 @@ def check_key(conn: psycopg.Connection, chain: ChainClient, settings: Any, key_i
 def check_lane(conn: psycopg.Connection, chain: ChainClient, settings: Any, lane: str) -> dict[str, Any]:
     row = conn.execute(LANE_ROW_SQL, (lane,)).fetchone()
     if row is None:
-        raise UsageError(f"lane {lane} is not in the journal", msgid="usage.unknown_lane")
+        known = [str(a) for (a,) in conn.execute(KNOWN_LANES_SQL, {"limit": MAX_NAMED})]
+        raise UsageError(f"lane {lane} is not in the journal; known lanes: {', '.join(known) or 'none'}",
+                         msgid="usage.unknown_lane")
     blockers: list[dict[str, Any]] = []
     if row[0] == "active":
         blockers.append({"reason": f"lane {lane} is active: drain it first (`paygate drain --lane {lane}`)"})
@@ -167,6 +224,10 @@ def key_retire_check(settings: Any, *, key_id: str | None, lane: str | None) -> 
 
     if bool(key_id) == bool(lane):
         raise UsageError("give exactly one of KEY_ID or --lane ADDRESS", msgid="usage.retire_target")
+    from paygate_cli.settings import require_read_quorum
+
+    require_read_quorum(settings, "key-retire-check refuses to decide",
+                        "a key or lane is retirable only when a majority of them confirms every receipt")
     with connect(settings, "key-retire-check") as conn:
         chain = ChainClient(settings, guard_conn=conn)
         try:

@@ -159,14 +159,17 @@ def rpc_health(settings: Any) -> dict[str, Any]:
 
     read_urls = distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)
     endpoints = []
+    from paygate_cli.chain.endpoints import endpoint_name, redact_urls
+
     for role, url in [("write", settings.rpc_url), *[("read", u) for u in read_urls]]:
+        name = endpoint_name(url)  # shown by host only: a URL may carry a provider's API key
         try:
             health = get_health(url, settings.rpc_timeout)
-            endpoints.append({"role": role, "url": url, "status": health.status,
+            endpoints.append({"role": role, "url": name, "status": health.status,
                               "latest_ledger": health.latest_ledger, "oldest_ledger": health.oldest_ledger})
         except Exception as exc:  # any failure of one endpoint is a finding, not a crash of status
-            endpoints.append({"role": role, "url": url, "status": "unreachable",
-                              "error": f"{type(exc).__name__}: {exc}"[:200]})
+            endpoints.append({"role": role, "url": name, "status": "unreachable",
+                              "error": f"{type(exc).__name__}: {redact_urls(str(exc))}"[:200]})
     furthest = max((e["latest_ledger"] for e in endpoints if e.get("latest_ledger")), default=None)
     problems = []
     for endpoint in endpoints:
