@@ -136,6 +136,7 @@ def tick(ctx: TickContext) -> TickResult:
     for entry in RECOVERABLE:
         outcomes = entry.take_over(ctx, grace)
         fenced += outcomes.pop("lane_fenced", 0)
+        fenced += outcomes.get("needs_human", 0)  # a taken-over unit handed to a human (e.g. a parked lineage)
         taken = sum(outcomes.values())
         if taken:
             ctx.log.warning("recovery took over %d %s row(s) whose owner left no result for %gs past its lease: %s",
