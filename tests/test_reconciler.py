@@ -15,7 +15,7 @@ import pytest
 
 from tests.chain_env import ChainEnv, billing_balance
 from tests.charges_support import admit_charge, charge_chain, fund
-from tests.cli import run_cli
+from tests.cli import base_environ, run_cli
 from tests.devnet_support import DevnetHandle, start_devnet
 
 DEPOSIT = 10_000_000
@@ -185,3 +185,48 @@ def test_a_lane_used_behind_the_journal_is_a_lane_gap(chain: ChainEnv, db: psyco
     assert lane in finding and "never journaled" in finding
     code, document = report(chain)
     assert code == 3 and [g["subject"] for g in document["lane_gaps"]] == [lane]  # a nonce gap needs a human
+
+
+def _bash_pipe(command: str, environ: dict[str, str]) -> int:
+    import subprocess
+    import sys
+
+    script = f"{sys.executable} -m paygate_cli {command} | head -1 >/dev/null"
+    return subprocess.run(["bash", "-o", "pipefail", "-c", script], env=environ, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL).returncode
+
+
+def test_a_closed_pipe_never_changes_the_verdict(dsn: str, db: psycopg.Connection) -> None:
+    """`reconcile-report | head -1` under pipefail: 3 as unpiped; the output (far more than a pipe
+    holds) ends early, the verdict does not."""
+    from stellar_sdk import Keypair
+
+    for n in range(1000):
+        address = Keypair.random().public_key
+        db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 100)", (address,))
+        db.execute("INSERT INTO paygate.account_checks (address, chain_balance, cached_balance, regime, drift) "
+                   "VALUES (%s, %s, 100, 'unexplained', %s)", (address, 100 + n + 1, n + 1))
+    environ = base_environ(dsn)
+    assert run_cli("reconcile-report", dsn=dsn).code == 3
+    assert _bash_pipe("reconcile-report", environ) == 3
+    assert _bash_pipe("reconcile-report --format csv", environ) == 3
+
+
+def test_reconcile_report_does_not_vouch_for_what_it_never_checked(dsn: str, db: psycopg.Connection) -> None:
+    from stellar_sdk import Keypair
+
+    empty = run_cli("reconcile-report", dsn=dsn)
+    assert empty.code == 0 and "nothing to reconcile" in empty.out, empty.out + empty.err
+    banana = run_cli("reconcile-report", "--account", "banana", dsn=dsn)
+    assert banana.code == 2 and "not a Stellar address" in banana.err, banana.err
+    real = Keypair.random().public_key
+    lowered = run_cli("reconcile-report", "--account", real.lower(), dsn=dsn)
+    assert lowered.code == 2, lowered.err
+    unknown = run_cli("reconcile-report", "--account", real, dsn=dsn)
+    assert unknown.code == 2 and "not known to paygate" in unknown.err, unknown.err
+    db.execute("INSERT INTO paygate.accounts (address) VALUES (%s)", (real,))
+    never = run_cli("reconcile-report", dsn=dsn)
+    assert never.code == 1 and never.out.startswith("NEVER CHECKED: 1 of 1"), never.out
+    assert "no unexplained drift" not in never.out
+    one = run_cli("reconcile-report", "--account", real, "--format", "json", dsn=dsn)
+    assert one.code == 1 and json.loads(one.out)["reconcile_report"]["accounts_never_checked"] == 1

@@ -113,7 +113,7 @@ COMPLETE_VAR = "_PAYGATE_COMPLETE"
 def _stdout_gone(env: Env) -> int:
     """The reader of stdout went away (`paygate workers | head -1`): that is how pipes end, not a
     failure. Point fd 1 at /dev/null so the interpreter's final flush cannot complain either."""
-    if env.stdout is sys.__stdout__:
+    if env.stdout is sys.__stdout__ or getattr(env.stdout, "_stream", None) is sys.__stdout__:
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
     return ExitCode.OK
@@ -121,12 +121,12 @@ def _stdout_gone(env: Env) -> int:
 
 def main(argv: Sequence[str] | None = None, env: Env | None = None) -> int:
     env = env or Env()
-    code = _main(argv, env)
     if env.stdout is sys.__stdout__:
-        try:  # what is still buffered must fail here, not in the interpreter's exit flush
-            env.stdout.flush()
-        except BrokenPipeError:
-            code = _stdout_gone(env)
+        from paygate_cli.output import ClosedPipeSafe
+
+        env.stdout = ClosedPipeSafe(env.stdout)  # type: ignore[assignment]  # a closed pipe keeps the verdict
+    code = _main(argv, env)
+    env.stdout.flush()  # what is still buffered drains here (to /dev/null if the reader left)
     return code
 
 

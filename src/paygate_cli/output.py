@@ -64,6 +64,43 @@ def _tsv(text: str) -> str:
     return text.replace("\t", " ").replace("\n", " ")
 
 
+class ClosedPipeSafe:
+    """stdout for the real process: when its reader leaves (`paygate reconcile-report | head -1`),
+    the rest of the output goes to /dev/null and the command runs on to its own verdict. A closed
+    pipe may end the output; it never changes the exit code (3 stays 3, also under pipefail)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.reader_gone = False
+
+    def _gone(self) -> None:
+        import contextlib
+
+        self.reader_gone = True
+        with contextlib.suppress(OSError, ValueError):  # the interpreter's final flush must not fail either
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+            import contextlib
+
+            with contextlib.suppress(OSError, ValueError):  # BrokenPipeError is an OSError
+                self._stream.flush()  # what was buffered now drains into /dev/null
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, … as the real stream has them
+        return getattr(self._stream, name)
+
+
 def _reader_gone() -> None:
     """The reader of stdout left (`| head -1`): let `__main__` end the run quietly with 0."""
     raise BrokenPipeError

@@ -121,7 +121,8 @@ def reconcile_report_command(
     json_flag: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
 ) -> int:
     """Totals and per-account drift by regime, unresolved lineages, quarantined events, stuck rows,
-    lane gaps, open findings. Exit 3 on any unexplained drift, 0 otherwise.
+    lane gaps, open findings. Exit 3 on any unexplained drift (or lane gap), 1 when an account was
+    never checked by the reconciler, 0 otherwise (also for a database with no accounts).
 
     Example: `paygate reconcile-report --since 24h --format markdown --out drift.md`"""
     from paygate_cli.ops.reconcile import report
@@ -136,10 +137,23 @@ def reconcile_report_command(
         raise UsageError(str(exc)) from None
     with connect(env.settings, "reconcile-report") as conn:
         document = report(conn, since=_since(since), account=account, older_than=older)
-    # A lane gap is a nonce gap (the exit-code contract's other "needs a human" of this report).
-    code = ExitCode.NEEDS_HUMAN if document["unexplained"] or document["lane_gaps"] else ExitCode.OK
-    headline = (f"UNEXPLAINED DRIFT: {document['unexplained']} item(s) need a human" if document["unexplained"]
-                else "no unexplained drift") + f"; {document['accounts_never_checked']} account(s) never checked"
+    # A lane gap is a nonce gap (the exit-code contract's other "needs a human" of this report). An
+    # account the reconciler never checked is not known to be right: 1 (not verified yet), never 0.
+    never = document["accounts_never_checked"]
+    if document["unexplained"] or document["lane_gaps"]:
+        code = ExitCode.NEEDS_HUMAN
+    else:
+        code = ExitCode.FAILED if never else ExitCode.OK
+    if document["unexplained"]:
+        headline = f"UNEXPLAINED DRIFT: {document['unexplained']} item(s) need a human"
+        headline += f"; {never} account(s) never checked" if never else ""
+    elif never:
+        headline = (f"NEVER CHECKED: {never} of {document['accounts']} account(s) never compared with the chain "
+                    "(is the reconciler running?)")
+    elif not document["accounts"]:
+        headline = "nothing to reconcile: no accounts"
+    else:
+        headline = "no unexplained drift"
     if document["lane_gaps"]:
         headline += f"; LANE GAPS: {len(document['lane_gaps'])} lane(s) used outside the journal"
     if fmt == "json":

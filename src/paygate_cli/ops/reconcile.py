@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.errors import UsageError
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -32,6 +34,10 @@ WHERE regime <> 'match' AND (%(account)s::text IS NULL OR address = %(account)s)
   AND (%(since)s::timestamptz IS NULL OR checked_at >= %(since)s)
 ORDER BY (regime = 'unexplained') DESC, abs(drift - in_flight - lagging) DESC, address
 LIMIT %(limit)s
+"""
+ACCOUNT_KNOWN_SQL = "SELECT EXISTS (SELECT 1 FROM paygate.accounts WHERE address = %(account)s)"
+ACCOUNTS_SQL = """
+SELECT count(*) FROM paygate.accounts a WHERE (%(account)s::text IS NULL OR a.address = %(account)s)
 """
 UNCHECKED_SQL = """
 SELECT count(*) FROM paygate.accounts a
@@ -96,8 +102,23 @@ def report(conn: psycopg.Connection, *, since: Any = None, account: str | None =
         return _report(conn, since=since, account=account, older_than=older_than)
 
 
+def check_account(conn: psycopg.Connection, account: str) -> None:
+    """--account must be a real address (2) that paygate has (2, "not known to paygate"): a report
+    about an account nobody holds would say "no drift" of anything."""
+    from paygate_cli.chain.strkey import is_address
+
+    if not is_address(account):
+        raise UsageError(f"--account: {account[:80]!r} is not a Stellar address (G… or C…, 56 characters, "
+                         "upper case, valid checksum)", msgid="usage.bad_address")
+    if not conn.execute(ACCOUNT_KNOWN_SQL, {"account": account}).fetchone()[0]:
+        raise UsageError(f"--account: {account} is not known to paygate (no such account in the database)",
+                         msgid="usage.unknown_account")
+
+
 def _report(conn: psycopg.Connection, *, since: Any, account: str | None, older_than: float) -> dict[str, Any]:
     params = {"since": since, "account": account, "limit": ROW_LIMIT, "older": older_than}
+    if account is not None:
+        check_account(conn, account)
     totals = [{"regime": r, "accounts": int(n), "drift": d, "in_flight": f, "lagging": lag,
                "oldest_check": lo, "newest_check": hi}
               for r, n, d, f, lag, lo, hi in conn.execute(TOTALS_SQL, params)]
@@ -108,6 +129,7 @@ def _report(conn: psycopg.Connection, *, since: Any, account: str | None, older_
     unresolved = _rows(conn, UNRESOLVED_SQL, params)
     quarantined = _rows(conn, QUARANTINED_SQL, params)
     unchecked = int(conn.execute(UNCHECKED_SQL, params).fetchone()[0])
+    accounts = int(conn.execute(ACCOUNTS_SQL, params).fetchone()[0])
     open_findings = [f for f in findings if f["resolved_at"] is None]
     unexplained_accounts = sum(t["accounts"] for t in totals if t["regime"] == "unexplained")
     unexplained = unexplained_accounts + sum(1 for f in open_findings if f["kind"] in ("balance_drift",
@@ -117,6 +139,7 @@ def _report(conn: psycopg.Connection, *, since: Any, account: str | None, older_
         "filters": {"since": since, "account": account, "older_than_s": older_than},
         "unexplained": unexplained,
         "totals": totals,
+        "accounts": accounts,
         "accounts_never_checked": unchecked,
         "drift": drift,
         "unresolved_lineages": unresolved,
