@@ -16,8 +16,12 @@ MAX_FEE = 5_000_000  # stroops reserved per relay in tests
 
 
 def allow_market(db: psycopg.Connection, market: str) -> None:
-    db.execute("INSERT INTO paygate.relay_allowlist (contract, function) VALUES (%s, 'buy'), (%s, 'close_expired') "
-               "ON CONFLICT DO NOTHING", (market, market))
+    """market.buy relayed (a user's signature), market.close_expired as a bot job (permissionless):
+    each on its own allow-list."""
+    db.execute("INSERT INTO paygate.relay_allowlist (contract, function) VALUES (%s, 'buy') ON CONFLICT DO NOTHING",
+               (market,))
+    db.execute("INSERT INTO paygate.bot_job_allowlist (contract, function) VALUES (%s, 'close_expired') "
+               "ON CONFLICT DO NOTHING", (market,))
 
 
 def buy_args(user: str, item: str, price: int) -> list[xdr.SCVal]:

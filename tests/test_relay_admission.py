@@ -57,8 +57,8 @@ def totals(db: psycopg.Connection) -> tuple[int, int, int]:
 
 @pytest.fixture
 def allowed(db: psycopg.Connection) -> psycopg.Connection:
-    db.execute("INSERT INTO paygate.relay_allowlist (contract, function) VALUES (%s, 'buy'), (%s, 'close_expired')",
-               (MARKET, MARKET))
+    db.execute("INSERT INTO paygate.relay_allowlist (contract, function) VALUES (%s, 'buy')", (MARKET,))
+    db.execute("INSERT INTO paygate.bot_job_allowlist (contract, function) VALUES (%s, 'close_expired')", (MARKET,))
     db.execute("INSERT INTO paygate.webhook_endpoints (url, secret) VALUES ('http://127.0.0.1:9/h', "
                "'0123456789abcdef0123')")
     return db
@@ -211,3 +211,18 @@ def test_bot_jobs_dedup_per_job_key(allowed: psycopg.Connection) -> None:
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="SCVal vector"):
         allowed.execute(sql, ("close:3", MARKET, "close_expired", "AAAAAQ=="))
     assert allowed.execute("SELECT count(*) FROM paygate.bot_jobs").fetchone()[0] == 1
+
+
+def test_bot_jobs_and_relays_each_have_their_own_allow_list(allowed: psycopg.Connection) -> None:
+    # market.buy is relayed with a user's signature: that does not make it callable with none.
+    sql = "SELECT bot_job_id FROM paygate.admit_bot_job(%s, %s, %s, %s)"
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="buy is not on the bot-job allow-list"):
+        allowed.execute(sql, ("buy:lane", MARKET, "buy", args_xdr()))
+    # ...and a permissionless function is not relayable for being on the bot-job list.
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="relay allow-list"):
+        admit(allowed, "r1", function="close_expired")
+    allowed.execute("UPDATE paygate.bot_job_allowlist SET enabled = false WHERE function = 'close_expired'")
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="bot-job allow-list"):
+        allowed.execute(sql, ("close:off", MARKET, "close_expired", args_xdr()))
+    assert allowed.execute("SELECT count(*) FROM paygate.bot_jobs").fetchone()[0] == 0
+    assert allowed.execute("SELECT count(*) FROM paygate.relays").fetchone()[0] == 0

@@ -160,8 +160,8 @@ ADMISSIONS = {
 def world(db: psycopg.Connection) -> psycopg.Connection:
     """Allow-listed market, a funded account, an endpoint (so events would land in the outbox) and
     one good item already queued in every queue (it must be untouched by the corpus)."""
-    db.execute("INSERT INTO paygate.relay_allowlist (contract, function) VALUES (%s, 'buy'), (%s, 'close_expired')",
-               (MARKET, MARKET))
+    db.execute("INSERT INTO paygate.relay_allowlist (contract, function) VALUES (%s, 'buy')", (MARKET,))
+    db.execute("INSERT INTO paygate.bot_job_allowlist (contract, function) VALUES (%s, 'close_expired')", (MARKET,))
     db.execute("INSERT INTO paygate.webhook_endpoints (url, secret) VALUES ('http://127.0.0.1:9/h', %s)", ("s" * 32,))
     db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 1000), (%s, 1000)",
                (ACCOUNT, CONTRACT_ACCOUNT))
