@@ -1,5 +1,6 @@
 """The wheel is what operators install (`pip install`, `pipx install`): built from a copy of this
-checkout, installed into a fresh venv, it must migrate a database and run every worker, with no
+checkout, installed with its declared dependencies (and nothing else) into a fresh venv, it must
+migrate a database, run every worker and every command in every output format, with no
 source tree."""
 
 from __future__ import annotations
@@ -9,14 +10,13 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 
 from paygate_cli.db.migrate import available_migrations
 from paygate_cli.ticks.registry import RESERVED_WORKER_IDS, WORKERS
-from tests.chain_env import chain_environ
+from tests.chain_env import JOURNAL_KEY_ID, chain_environ
 from tests.cli import base_environ
 from tests.devnet_support import start_devnet
 
@@ -39,23 +39,42 @@ def build_wheel(source: Path, tmp: Path) -> Path:
     return wheel
 
 
+def _constraints(tmp: Path) -> Path:
+    """The versions this test run has installed: the fresh venv resolves the wheel's declared
+    dependencies from the package index (pip's cache and the machine's local wheels make that
+    quick), pinned to what the rest of the suite tests, and it gets nothing the wheel does not ask for."""
+    frozen = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], check=True,
+                            capture_output=True, text=True, timeout=120).stdout
+    path = tmp / "constraints.txt"
+    path.write_text("".join(line + "\n" for line in frozen.splitlines()
+                            if line and not line.startswith(("#", "-e")) and "@" not in line
+                            and not line.lower().startswith("paygate")))
+    return path
+
+
 def install_into_fresh_venv(wheel: Path, tmp: Path) -> Path:
+    """A venv holding the wheel and its declared dependencies, nothing else: a module the code
+    imports without declaring it (or that only the test extras bring) fails here as it would for an
+    operator's `pip install`."""
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
-                    "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True, timeout=300)
-    # The dependencies come from this test run's environment (no network in CI); paygate_cli itself
-    # only from the wheel: the fresh site-packages precedes the path added here.
-    probe = "import sysconfig; print(sysconfig.get_path('purelib'))"
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", probe],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    (site / "zz_test_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+                              "--quiet", "--constraint", str(_constraints(tmp)), str(wheel)],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr[-4000:]
     return venv
 
 
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Built and installed once for this module's tests."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    return install_into_fresh_venv(build_wheel(ROOT, tmp), tmp)
+
+
 @pytest.mark.slow
-def test_wheel_installed_in_a_fresh_venv_migrates_and_runs(tmp_path: Path, empty_dsn: str) -> None:
-    venv = install_into_fresh_venv(build_wheel(ROOT, tmp_path), tmp_path)
+def test_wheel_installed_in_a_fresh_venv_migrates_and_runs(installed: Path, tmp_path: Path, empty_dsn: str) -> None:
+    venv = installed
     environ = {k: v for k, v in base_environ(empty_dsn).items() if k != "PYTHONPATH"}
     paygate = str(venv / "bin" / "paygate")
 
@@ -101,3 +120,110 @@ def test_wheel_installed_in_a_fresh_venv_migrates_and_runs(tmp_path: Path, empty
     finally:
         devnet.stop()
     assert os.access(venv / "bin" / "paygate", os.X_OK)
+
+
+# Every command the installed wheel has, found by walking its own CLI (so a new command is covered or
+# this test says it is not): the leaf paths, their options, and the choices of a `--format`.
+_WALK = r"""
+import json, re, typer
+from paygate_cli.app import make_app
+def walk(cmd, path):
+    options = sorted(o for p in cmd.params for o in getattr(p, "opts", ()) if o.startswith("--"))
+    formats = [re.split(r"\s*\|\s*", p.help.split("(")[0].strip()) for p in cmd.params
+               if "--format" in getattr(p, "opts", ())]
+    rows = [{"path": path, "group": hasattr(cmd, "commands"), "options": options,
+             "formats": formats[0] if formats else []}]
+    for name, sub in getattr(cmd, "commands", {}).items():
+        rows += walk(sub, [*path, name])
+    return rows
+print(json.dumps(walk(typer.main.get_command(make_app()), [])))
+"""
+
+# Commands that write, serve or start things: their --help runs from the wheel, and they are run for
+# real elsewhere (migrate and run-tick above, the rest in their own tests against this same code).
+HELP_ONLY = {("demo",), ("devnet", "start"), ("devnet", "fund"), ("devnet", "close"), ("devnet", "fault"),
+             ("dev", "db", "up"), ("dev", "db", "down"), ("dev", "db", "url"), ("migrate",), ("run-tick",),
+             ("halt",), ("resume",), ("undrain",)}
+
+
+def _read_only_runs(devnet_url: str, out_file: Path) -> list[list[str]]:
+    """Each read-only command with every output format it offers (and the default, human one)."""
+    formats = [[], ["--json"], ["--plain"]]
+    runs = [["status", *f] for f in formats] + [["workers", *f] for f in formats]
+    runs += [["workers", "--offline", "--json"], ["config", "show", "--sources"], ["config", "show", "--json"],
+             ["config", "show", "--plain"], ["config", "show"]]
+    runs += [["nonce-inspect", *f] for f in formats]
+    runs += [["key-retire-check", JOURNAL_KEY_ID, *f] for f in formats]
+    runs += [["reconcile-report"], ["reconcile-report", "--json"], ["reconcile-report", "--out", str(out_file)]]
+    runs += [["reconcile-report", "--format", f] for f in ("table", "json", "csv", "markdown")]
+    runs += [["replay", queue, "--all-dead", "--dry-run", *f]
+             for queue in ("webhooks", "deposits", "relays", "bot_jobs") for f in formats]
+    runs += [["drain", "--instance", "wheel-test", "--force", "--dry-run"],
+             ["drain", "--instance", "wheel-test", "--force", "--dry-run", "--json"]]
+    runs += [["devnet", "state", "--url", devnet_url, *f] for f in formats]
+    runs += [["completion", shell] for shell in ("bash", "zsh", "fish")]
+    return runs
+
+
+def _covered(runs: list[list[str]], path: list[str], flag: str) -> bool:
+    return any(run[:len(path)] == path and (flag in run if flag else not {"--json", "--plain", "--format"} & set(run))
+               for run in runs)
+
+
+@pytest.mark.slow
+def test_every_command_and_output_format_runs_from_the_wheel(installed: Path, tmp_path: Path,
+                                                             empty_dsn: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    paygate = str(installed / "bin" / "paygate")
+    python = str(installed / "bin" / "python")
+    environ = {k: v for k, v in base_environ(empty_dsn).items() if k != "PYTHONPATH"}
+    # Nothing but the wheel's declared dependencies: the test extras are not importable here.
+    probe = subprocess.run([python, "-c", "import importlib.util as u; print([m for m in ('pytest', 'hypothesis', "
+                            "'pgqueuer', 'asyncpg') if u.find_spec(m)])"], env=environ, cwd=tmp_path,
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "[]", probe.stdout
+    commands = json.loads(subprocess.run([python, "-c", _WALK], env=environ, cwd=tmp_path, capture_output=True,
+                                         text=True, check=True).stdout)
+    leaves = [c for c in commands if not c["group"]]
+    assert len(leaves) >= 20, [c["path"] for c in leaves]
+
+    def run(args: list[str], env: dict[str, str]) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+        return args, subprocess.run([paygate, *args], env=env, cwd=tmp_path, capture_output=True, text=True,
+                                    timeout=120, stdin=subprocess.DEVNULL)
+
+    devnet = start_devnet(tmp_path / "devnet")
+    try:
+        chain = {k: v for k, v in chain_environ(devnet, empty_dsn, tmp_path / "keys").items() if k != "PYTHONPATH"}
+        assert run(["migrate", "--json"], chain)[1].returncode == 0
+        runs = _read_only_runs(devnet.url, tmp_path / "report.txt")
+        # Every leaf is either run for real in every format it offers, or deliberately help-only.
+        for command in leaves:
+            path = command["path"]
+            if tuple(path) in HELP_ONLY:
+                continue
+            flags = ["", *[f for f in ("--json", "--plain") if f in command["options"]],
+                     *[f"--format {f}" for f in command["formats"]]]
+            for flag in flags:
+                covered = (_covered(runs, path, flag) if not flag.startswith("--format")
+                           else any(" ".join(r).startswith(" ".join([*path, flag])) for r in runs))
+                assert covered, f"`paygate {' '.join(path)} {flag}` is neither run here nor in HELP_ONLY"
+        helps = [[*c["path"], "--help"] for c in commands] + [["--version"]]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            results = list(pool.map(lambda a: run(a, chain), helps + runs))
+    finally:
+        devnet.stop()
+    for args, proc in results:
+        what = f"paygate {' '.join(args)}: exit {proc.returncode}\n{proc.stderr[-2000:]}"
+        assert "Traceback" not in proc.stderr and "No module named" not in proc.stderr, what
+        if args[-1] == "--help" or args == ["--version"]:
+            assert proc.returncode == 0 and proc.stdout.strip(), what
+            continue
+        # Read-only, against an empty database and a live devnet: 0, 1 (`status` not ready) or 3 (the
+        # active journal key is not retirable): never 70, 78 or 69.
+        assert proc.returncode in (0, 1, 3), what
+        if "--json" in args or args[-2:] == ["--format", "json"]:
+            document = json.loads(proc.stdout)
+            assert "schema_version" in document, what
+        elif "--out" in args:
+            assert (tmp_path / "report.txt").read_text().strip(), what
