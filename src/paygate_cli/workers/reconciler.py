@@ -185,11 +185,18 @@ class Events:
 
     by_account: dict[str, list[Any]]
     complete_to: int | None  # events are known through this ledger (None: not known at all)
+    waiting: str | None = None  # the read nodes are behind the observer's cursor: nothing can be concluded
 
 
 def _events_past_cursor(conn: psycopg.Connection, chain: ChainClient, settings: Any, cursor: str | None,
                         accounts: set[str], log: Any) -> Events:
-    from paygate_cli.chain.charges import RetentionGap, UndecodableEvent, decode_billing_event, get_events
+    from paygate_cli.chain.charges import (
+        ReadersBehind,
+        RetentionGap,
+        UndecodableEvent,
+        decode_billing_event,
+        get_events,
+    )
 
     start = None
     if cursor is None:
@@ -217,6 +224,11 @@ def _events_past_cursor(conn: psycopg.Connection, chain: ChainClient, settings: 
         log.warning("reconciler: cannot read the events past the observer's cursor (%s)", exc,
                     extra={"msgid": "reconciler.retention_gap"})
         return Events({}, None)
+    except ReadersBehind as exc:
+        # A lagging reader loses nothing (the observer waits in the same state): this tick concludes
+        # nothing about lagging events, so every account counts as moving, and the tick is not a failure.
+        log.warning("reconciler waiting: %s", exc, extra={"msgid": exc.msgid})
+        return Events({}, None, waiting=str(exc))
     return Events(found, complete_to)
 
 
@@ -303,7 +315,8 @@ def tick(ctx: TickContext) -> TickResult:
                 checks[key].append(value)
             continue
         assert ledger is not None
-        if after.get(account) != (cached, in_flight) or (events.complete_to is None and cursor is not None) \
+        if after.get(account) != (cached, in_flight) or events.waiting is not None \
+                or (events.complete_to is None and cursor is not None) \
                 or (events.complete_to is not None and ledger > events.complete_to):
             counts["moving"] += 1
             continue
@@ -355,6 +368,8 @@ def tick(ctx: TickContext) -> TickResult:
     new = sum(1 for row in written if row[4])
     details = {**counts, "accounts": len(checks.get("address", [])), "findings_new": new,
                "findings_open_seen": len(written) - new, "findings_cleared": cleared, "total": total}
+    if events.waiting is not None:
+        details["waiting"] = events.waiting
     return TickResult(processed=len(checks.get("address", [])), needs_human=new, details=details)
 
 
