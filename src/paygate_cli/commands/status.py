@@ -7,12 +7,12 @@ import typer
 from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode
 from paygate_cli.db.connect import connect
 from paygate_cli.errors import DatabaseAuthFailed, ExitCode, Unavailable
-from paygate_cli.ops.status import readiness, unreachable
+from paygate_cli.ops.status import ago, readiness, unreachable
 from paygate_cli.output import Mode, emit
 
 
 def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: PlainFlag = False) -> int:
-    """Readiness: DB, schema version, halts, lock holders, queue depths, last success per worker.
+    """Readiness: DB, schema, RPC and network, halts, lock holders, queue depths, each worker's liveness.
 
     Example: `paygate status --json | jq .status.problems` (exit 1 when not ready)."""
     env = get_env(ctx)
@@ -52,9 +52,11 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
               "detail": f"slot {lock['slot']}, {lock['application_name']}"} for lock in report["locks"]]
     rows += [{"check": f"cannot_work:{w['worker']}", "value": "missing", "detail": ", ".join(w["missing"])}
              for w in report.get("cannot_work", [])]
-    rows += [{"check": f"worker:{w['worker']}", "value": w["last_outcome"] or "never run",
-              "detail": f"last success {w['last_success'] or 'never'}"
-                        + (f"; stalled: {w['stalled_reason']}" if w["last_finished_outcome"] == "stalled" else "")}
+    rows += [{"check": f"worker:{w['worker']}", "value": w.get("liveness") or w["last_outcome"] or "never run",
+              "detail": f"last run {w['last_run_ago']}, last success {ago(w['last_success_age_s'])}"
+                        f" (cadence {w.get('cadence_s', '?')}s)"
+                        + (f"; {w['last_finished_outcome']}: {w['last_error']}"
+                           if w["last_error"] and w["last_finished_outcome"] != "ok" else "")}
              for w in report["workers"]]
     lines = [] if mode is not Mode.HUMAN else [
         "READY" if report["ready"] else "NOT READY: " + "; ".join(report["problems"])]

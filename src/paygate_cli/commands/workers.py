@@ -31,10 +31,13 @@ def workers_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag:
                     + (f"..{spec.lock_keys()[-1]})" if spec.concurrency > 1 else ")"),
             "cadence_s": spec.cadence, "batch": spec.batch, "concurrency": spec.concurrency,
             "single_writer": spec.single_writer, "last_outcome": run.get("last_outcome"),
-            "last_success": run.get("last_success"), "description": spec.description,
+            "last_run": run.get("last_run_ago") if not offline else None,
+            "last_success": run.get("last_success"), "last_error": run.get("last_error"),
+            "description": spec.description,
         })
     emit(env, output_mode(json_flag, plain_flag), {"lock_namespace": LOCK_NAMESPACE, "workers": rows},
-         rows=rows, columns=["worker", "lock", "cadence_s", "batch", "concurrency", "last_outcome", "last_success"])
+         rows=rows, columns=["worker", "lock", "cadence_s", "batch", "concurrency", "last_outcome", "last_run",
+                             "last_success"])
     return 0
 
 

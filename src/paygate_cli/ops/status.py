@@ -1,7 +1,9 @@
-"""Readiness: DB, schema version, halts, advisory-lock holders, queue depths, last success per worker."""
+"""Readiness: DB, schema version, halts, advisory-lock holders, queue depths, and each worker's
+liveness against its cadence (last run, last success, last outcome and its error)."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from paygate_cli.db.locks import LOCK_NAMESPACE, MIGRATE_KEY, describe_key
@@ -91,14 +93,45 @@ SELECT w.worker,
        (SELECT outcome FROM paygate.worker_runs r WHERE r.worker = w.worker
         ORDER BY started_at DESC LIMIT 1),
        (SELECT max(started_at) FROM paygate.worker_runs r WHERE r.worker = w.worker),
-       last_finished.outcome, last_finished.error
+       last_finished.outcome, last_finished.error, last_finished.finished_at,
+       -- ages in DB time (rule 9): the host running `status` may not share the workers' clock
+       extract(epoch FROM now() - (SELECT max(started_at) FROM paygate.worker_runs r
+                                   WHERE r.worker = w.worker))::float8,
+       extract(epoch FROM now() - (SELECT max(finished_at) FROM paygate.worker_runs r
+                                   WHERE r.worker = w.worker AND r.outcome = 'ok'))::float8
 FROM unnest(%s::text[]) AS w(worker)
 LEFT JOIN LATERAL (
-    SELECT outcome, error FROM paygate.worker_runs r
+    SELECT outcome, error, finished_at FROM paygate.worker_runs r
     WHERE r.worker = w.worker AND r.finished_at IS NOT NULL
     ORDER BY r.finished_at DESC LIMIT 1
 ) AS last_finished ON true
 """
+
+# Outcomes of a finished run that mean the worker is not doing its job ('stalled' has its own text).
+_FAILING = ("error", "failed", "needs_human")
+_SEED = re.compile(r"\bS[A-Z2-7]{55}\b")
+
+
+def redact(text: str | None) -> str | None:
+    """A heartbeat's error as `status` may show it: every secret this process read, anything shaped
+    like a Stellar seed, and every URL beyond its host removed (an RPC URL can carry an API key)."""
+    if text is None:
+        return None
+    from paygate_cli.chain.endpoints import redact_urls
+    from paygate_cli.secrets import scrub
+
+    return _SEED.sub("S***", redact_urls(scrub(text)))[:500]
+
+
+def ago(seconds: float | None) -> str:
+    """`12m ago`: a last run relative to now, as an operator reads it."""
+    if seconds is None:
+        return "never"
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds)}s ago"
 
 
 def lock_holders(conn: psycopg.Connection) -> list[dict[str, Any]]:
@@ -115,8 +148,46 @@ def lock_holders(conn: psycopg.Connection) -> list[dict[str, Any]]:
 def last_runs(conn: psycopg.Connection) -> list[dict[str, Any]]:
     rows = conn.execute(LAST_RUNS_SQL, (sorted(WORKERS),)).fetchall()
     return [{"worker": w, "last_success": s, "last_outcome": o, "last_started": st,
-             "last_finished_outcome": fo, "stalled_reason": err if fo == "stalled" else None}
-            for w, s, o, st, fo, err in rows]
+             "last_finished_outcome": fo, "stalled_reason": redact(err) if fo == "stalled" else None,
+             "last_error": redact(err), "last_finished": ft,
+             "last_run_age_s": round(age, 1) if age is not None else None,
+             "last_success_age_s": round(sage, 1) if sage is not None else None,
+             "last_run_ago": ago(age)}
+            for w, s, o, st, fo, err, ft, age, sage in rows]
+
+
+def liveness(runs: list[dict[str, Any]], depths: list[dict[str, Any]]) -> list[str]:
+    """Judge each worker against its cadence (the registry's catalogue) and sets on each run its
+    `liveness` and `cadence_s`; returns the problems. A worker is live when its last heartbeat
+    started within `overdue_after` of now (a tick stuck that long is overdue too) and its last
+    finished run did not fail; its last success is shown beside. A worker that never ran blocks only
+    when work waits in one of its queues: with nothing waiting it is taken as not deployed here
+    (shown, not a problem)."""
+    waiting = {q["queue"]: q["depth"] for q in depths}
+    problems: list[str] = []
+    for run in runs:
+        spec = WORKERS[run["worker"]]
+        run["cadence_s"], grace = spec.cadence, spec.overdue_after
+        fo, error = run["last_finished_outcome"], run["last_error"]
+        if run["last_started"] is None:
+            backlog = {q: waiting[q] for q in spec.queues if waiting.get(q)}
+            run["liveness"] = "never run, work waiting" if backlog else "never run"
+            if backlog:
+                problems.append(f"{spec.name} has never run while work waits ("
+                                + ", ".join(f"{n} in {q}" for q, n in backlog.items()) + ")")
+            continue
+        if fo in _FAILING:
+            run["liveness"] = "cannot start" if (error or "").startswith("cannot start") else fo
+            problems.append(f"{spec.name} last run {fo}: {error or 'no error recorded'}")
+        elif fo == "stalled":
+            run["liveness"] = "stalled"  # its problem is stated by readiness()
+        elif run["last_run_age_s"] is not None and run["last_run_age_s"] > grace:
+            run["liveness"] = "overdue"
+            problems.append(f"{spec.name} overdue: last run {run['last_run_ago']} "
+                            f"(cadence {spec.cadence:g}s, overdue after {grace:g}s)")
+        else:
+            run["liveness"] = "live"
+    return problems
 
 
 def workers_that_cannot_work(settings: Any) -> list[dict[str, Any]]:
@@ -223,6 +294,7 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
         return report
     problems += [f"{w['worker']} stalled: {w['stalled_reason'] or 'no reason recorded'}"
                  for w in report["workers"] if w["last_finished_outcome"] == "stalled"]
+    problems += liveness(report["workers"], report["queues"])
     report["ready"] = not problems
     return report
 

@@ -64,6 +64,15 @@ class WorkerSpec:
     target: str  # "module:function" of the tick, imported only when the worker runs
     description: str
     requires: tuple[str, ...] = ()  # keys of REQUIREMENTS, checked before the first tick
+    # The `status` queues (ops/status.py QUEUE_SQL) whose items wait for this worker: a worker that
+    # never ran while one of them is non-empty is a blocker, one with nothing waiting is not deployed.
+    queues: tuple[str, ...] = ()
+
+    @property
+    def overdue_after(self) -> float:
+        """Seconds without a heartbeat after which the worker counts as not running: three
+        cadences, and at least a minute more than one (a cron-started run every minute, a slow tick)."""
+        return max(3 * self.cadence, self.cadence + 60)
 
     def missing(self, settings: Settings) -> list[str]:
         """What this worker lacks to do its job, as phrases naming the setting; [] when it can work."""
@@ -92,18 +101,19 @@ WORKERS: dict[str, WorkerSpec] = {
         WorkerSpec("funding", cadence=2, batch=16, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.funding:tick",
                    description="pending deposits -> SAC transfer (user-signed auth) -> credit on the billing contract",
-                   requires=(*SENDS_TRANSACTIONS, "usdc_contract")),
+                   requires=(*SENDS_TRANSACTIONS, "usdc_contract"), queues=("funding.pending",)),
         WorkerSpec("settlement", cadence=2, batch=48, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.settlement:tick",
                    description="authorized charges -> charge_batch (<=50 read-write footprint keys per batch)",
-                   requires=SENDS_TRANSACTIONS),
+                   requires=SENDS_TRANSACTIONS, queues=("charges.waiting",)),
         WorkerSpec("observer", cadence=2, batch=1000, single_writer=True, concurrency=1,
                    target="paygate_cli.workers.observer:tick",
                    description="billing contract events (credit, charge, charge_failed) -> promotions; owns cursor",
-                   requires=("rpc", "billing_contract")),
+                   requires=("rpc", "billing_contract"), queues=("charges.in_batch",)),
         WorkerSpec("subscriptions", cadence=60, batch=16, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.subscriptions:tick",
-                   description="due subscriptions -> one charge per period (UNIQUE(subscription, period_start))"),
+                   description="due subscriptions -> one charge per period (UNIQUE(subscription, period_start))",
+                   queues=("subscriptions.due",)),
         WorkerSpec("recovery", cadence=30, batch=50, single_writer=False, concurrency=2,
                    target="paygate_cli.workers.recovery:tick",
                    description="claimed rows whose owner died -> resolved by receipt / lineage rules or released",
@@ -114,18 +124,19 @@ WORKERS: dict[str, WorkerSpec] = {
                    requires=("rpc", "billing_contract", "usdc_contract")),
         WorkerSpec("idempotency_sweep", cadence=3600, batch=1000, single_writer=True, concurrency=1,
                    target="paygate_cli.workers.idempotency_sweep:tick",
-                   description="deletes expired idempotency keys in bounded batches"),
+                   description="deletes expired idempotency keys in bounded batches", queues=("idempotency.expired",)),
         WorkerSpec("webhooks", cadence=1, batch=32, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.webhooks:tick",
-                   description="outbox -> customer HTTP (HMAC-signed), backoff, dead after N attempts"),
+                   description="outbox -> customer HTTP (HMAC-signed), backoff, dead after N attempts",
+                   queues=("webhooks.pending",)),
         WorkerSpec("relay", cadence=2, batch=16, single_writer=True, concurrency=1,
                    target="paygate_cli.workers.relay:tick",
                    description="queued relays -> chain, four phases under a lease; fees settled from receipts",
-                   requires=SIGNS),
+                   requires=SIGNS, queues=("relays.queued",)),
         WorkerSpec("relay_drainer", cadence=10, batch=25, single_writer=True, concurrency=1,
                    target="paygate_cli.workers.relay_drainer:tick",
                    description="permissionless contract calls queued as bot jobs (source-account auth only)",
-                   requires=SIGNS),
+                   requires=SIGNS, queues=("bot_jobs.queued",)),
         WorkerSpec("relay_expiry", cadence=60, batch=100, single_writer=True, concurrency=1,
                    target="paygate_cli.workers.relay_expiry:tick",
                    description="relays whose authorisation expired -> terminal, reservation released, told once",
