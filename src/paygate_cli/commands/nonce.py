@@ -54,8 +54,24 @@ def nonce_inspect_command(
                                f"{r['in_flight']['source_seq']}: {r['in_flight']['resolution']['would']}"
                                if r["in_flight"] else ""),
                  "finding": r["finding"]} for r in report["lanes"]]
-        emit(env, mode, report, rows=rows)
+        emit(env, mode, report, rows=rows, lines=[_fence_line(r) for r in report["lanes"] if r["fence"]])
     return ExitCode.NEEDS_HUMAN if report["needs_human"] else ExitCode.OK
+
+
+def _fence_line(lane: dict) -> str:
+    """A fenced lane's evidence in one line: the range the chain used outside the journal, where,
+    and the transactions found for it."""
+    fence, evidence = lane["fence"], lane["fence"]["evidence"] or {}
+    where = (f"seqLedger {evidence['seq_ledger']} (seqTime {evidence.get('seq_time')})" if evidence.get("seq_ledger")
+             else f"account last modified in ledger {evidence['last_modified_ledger']}"
+             if evidence.get("last_modified_ledger") else "ledger unknown")
+    txs = evidence.get("transactions")
+    found = (", ".join(f"{t['hash']} (seq {t['seq']}, {t['status']})" for t in txs) if txs
+             else "none found in that ledger" if txs is not None else "not looked up")
+    span = evidence.get("range") or [evidence.get("source_seq"), evidence.get("chain_seq")]
+    return (f"lane {lane['lane']} fenced (finding {fence['finding_id']}, seen {fence['seen_count']}x since "
+            f"{fence['first_seen']}): sequences {span[0]}..{span[1]}; {where}; transactions: {found}. Resolve with "
+            f"SELECT paygate.accept_lane_fence('{lane['lane']}', '<you>') once explained, then undrain.")
 
 
 def register(app: typer.Typer) -> None:

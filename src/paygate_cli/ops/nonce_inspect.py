@@ -15,9 +15,19 @@ if TYPE_CHECKING:
 
     from paygate_cli.chain.rpc import ChainClient
 
-LANES_SQL = "SELECT address, status, drained_at FROM paygate.lanes WHERE %(lane)s::text IS NULL OR address = %(lane)s"
+# With the lane's open fence finding (a sequence used outside the journal) and its evidence.
+LANES_SQL = """
+SELECT l.address, l.status, l.drained_at, l.drained_by, l.drain_reason, l.accepted_seq,
+       f.id, f.summary, f.details, f.first_seen, f.last_seen, f.seen_count
+FROM paygate.lanes l
+LEFT JOIN paygate.findings f ON f.kind = 'lane_fence' AND f.subject = l.address AND f.resolved_at IS NULL
+WHERE %(lane)s::text IS NULL OR l.address = %(lane)s
+ORDER BY l.address
+"""
+# The journal's last consumed sequence is what allocation compares the chain with (applied/failed
+# lineages and an operator's accepted sequence: journal/lineage.py last_consumed_seq_sql).
 LANE_JOURNAL_SQL = """
-SELECT max(source_seq) FILTER (WHERE state IN ('applied', 'failed')),
+SELECT """ + lineages.last_consumed_seq_sql("%(lane)s") + """,
        count(*) FILTER (WHERE state IN ('applied', 'failed')),
        (SELECT id FROM paygate.lineages l WHERE l.lane = %(lane)s AND l.state IN ('allocated', 'signed', 'sent'))
 FROM paygate.lineages WHERE lane = %(lane)s
@@ -68,12 +78,18 @@ def inspect_lanes(conn: psycopg.Connection, chain_of: Callable[[], ChainClient],
     if lane and not rows:
         raise UsageError(f"lane {lane} is not in the journal")
     report = []
-    for address, status, drained_at in rows:
+    for address, status, drained_at, drained_by, drain_reason, accepted_seq, *fence_row in rows:
         max_seq, consumed, live_id = conn.execute(LANE_JOURNAL_SQL, {"lane": address}).fetchone()
         chain_seq = sequence_of(address)
         live = lineages.load(conn, live_id) if live_id else None
+        fence = None if fence_row[0] is None else dict(zip(
+            ("finding_id", "summary", "evidence", "first_seen", "last_seen", "seen_count"), fence_row, strict=True))
         finding = "ok"
-        if max_seq is not None and chain_seq > max_seq:
+        if fence is not None:
+            # Fenced for a sequence used outside the journal: never "ok" until an operator resolved it
+            # (paygate.accept_lane_fence), whatever the chain and the journal say now.
+            finding = f"fenced — needs a human: {drain_reason or fence['summary']}"
+        elif max_seq is not None and chain_seq > max_seq:
             # The chain is ahead of what we journaled: fine only if our in-flight lineage is the one
             # that may just have landed.
             if not (live and live.source_seq == chain_seq):
@@ -82,11 +98,14 @@ def inspect_lanes(conn: psycopg.Connection, chain_of: Callable[[], ChainClient],
             finding = "chain behind the journal (lagging read endpoint?)"
         elif max_seq is None:
             finding = "no journaled use yet"
+        if finding in ("ok", "no journaled use yet") and status == "drained" and drain_reason:
+            finding = f"drained by {drained_by}: {drain_reason}"  # e.g. a lane failure: why it takes no work
         report.append({
-            "lane": address, "status": status, "drained_at": drained_at, "chain_seq": chain_seq,
-            "journal_last_consumed_seq": max_seq, "journal_consumed_count": consumed,
+            "lane": address, "status": status, "drained_at": drained_at, "drained_by": drained_by,
+            "drain_reason": drain_reason, "chain_seq": chain_seq,
+            "journal_last_consumed_seq": max_seq, "journal_consumed_count": consumed, "accepted_seq": accepted_seq,
             "in_flight": live.public() | {"resolution": preview(chain_of(), live)} if live else None,
-            "finding": finding, "needs_human": finding.startswith("gap"),
+            "fence": fence, "finding": finding, "needs_human": fence is not None or finding.startswith("gap"),
         })
     return report
 

@@ -1,0 +1,41 @@
+-- Lane fences with their evidence (docs/architecture.md §4, rule 10): a lane whose sequence was
+-- consumed by a transaction paygate never journaled is fenced with a `lane_fence` finding, which
+-- stays open until an operator resolves it. Resolving it accepts the chain's sequence for the lane,
+-- so the next allocation compares the chain with that instead of fencing again.
+
+-- The lane's sequence an operator accepted as consumed outside the journal (resolving a lane_fence
+-- finding). journal/lineage.py last_consumed_seq_sql counts it with the applied/failed lineages.
+ALTER TABLE paygate.lanes ADD COLUMN accepted_seq bigint CHECK (accepted_seq >= 0);
+
+ALTER TABLE paygate.findings DROP CONSTRAINT findings_kind_check;
+ALTER TABLE paygate.findings ADD CONSTRAINT findings_kind_check
+    CHECK (kind IN ('balance_drift', 'total_drift', 'lane_gap', 'stuck', 'lane_fence'));
+
+-- The one way an operator resolves a lane fence, after explaining the transactions in the
+-- finding's sequence range: the finding is resolved, the chain sequence it recorded becomes the
+-- lane's accepted sequence, and the audit log says who did it, in one transaction. The lane stays
+-- drained: `paygate undrain --lane` puts it back to work (undrain alone resolves nothing, and a
+-- lane still ahead of the journal is fenced again at its next allocation).
+CREATE FUNCTION paygate.accept_lane_fence(p_lane text, p_by text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    found_id bigint;
+    evidence jsonb;
+    accepted bigint;
+BEGIN
+    UPDATE paygate.findings SET resolved_at = now(), resolved_by = p_by
+    WHERE kind = 'lane_fence' AND subject = p_lane AND resolved_at IS NULL
+    RETURNING id, details INTO found_id, evidence;
+    IF found_id IS NULL THEN
+        RAISE EXCEPTION 'lane % has no open lane_fence finding', p_lane USING ERRCODE = 'no_data_found';
+    END IF;
+    accepted := (evidence ->> 'chain_seq')::bigint;
+    IF accepted IS NULL THEN
+        RAISE EXCEPTION 'lane_fence finding % records no chain_seq', found_id;
+    END IF;
+    UPDATE paygate.lanes SET accepted_seq = greatest(accepted_seq, accepted) WHERE address = p_lane;
+    INSERT INTO paygate.audit_log (actor, action, target, details)
+    VALUES (p_by, 'lane.fence_resolved', p_lane, jsonb_build_object('finding_id', found_id, 'accepted_seq', accepted));
+    RETURN accepted;
+END
+$$;
