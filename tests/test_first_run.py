@@ -163,7 +163,9 @@ def test_worker_without_rpc_keys_or_contracts_exits_78_on_an_idle_tick(dsn: str,
     if worker != "observer":
         assert "PAYGATE_LANE_SECRETS_FILE" in line and "PAYGATE_FEE_SECRET_FILE" in line
         assert "PAYGATE_JOURNAL_KEYS_FILE" in line
-    assert _runs(db) == 0
+    # No tick ran: the one heartbeat says why the worker cannot start (slot -1: it holds none).
+    assert db.execute("SELECT slot, outcome, error LIKE 'cannot start: %%' FROM paygate.worker_runs").fetchall() == [
+        (-1, "error", True)]
 
 
 def test_funding_names_only_what_is_missing(dsn: str, tmp_path: Path) -> None:

@@ -114,3 +114,33 @@ def read_secret_file(path: str | os.PathLike[str], *, variable: str) -> Secret:
     if not value:
         raise ConfigError(f"{variable}: secret file {p} is empty")
     return Secret(value, str(p))
+
+
+# Stellar strkeys (SEP-23) checked without stellar_sdk, whose import would cost an idle tick more than
+# its whole work: base32 of version byte + 32-byte payload + CRC16-XModem (little-endian).
+_STRKEY_VERSIONS = {"seed": 18 << 3, "account": 6 << 3}
+
+
+def _crc16_xmodem(data: bytes) -> int:
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def decode_strkey(text: str, kind: str) -> bytes | None:
+    """The 32-byte payload of a Stellar seed (`kind="seed"`, S…) or account address (G…), or None
+    when `text` is not one: wrong length, alphabet, version byte or checksum."""
+    if len(text) != 56 or not re.fullmatch(r"[A-Z2-7]{56}", text):
+        return None
+    try:
+        raw = base64.b32decode(text)
+    except (binascii.Error, ValueError):
+        return None
+    version, payload, checksum = raw[0], raw[1:33], raw[33:]
+    if version != _STRKEY_VERSIONS[kind] or int.from_bytes(checksum, "little") != _crc16_xmodem(raw[:33]):
+        return None
+    return payload

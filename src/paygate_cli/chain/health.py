@@ -1,5 +1,6 @@
-"""getHealth over plain HTTP, for `paygate status`: one small JSON-RPC call per endpoint does not need
-stellar-sdk, whose import (~300 ms of CPU) would be most of a cold `status` with RPC configured.
+"""getHealth and getNetwork over plain HTTP, for `paygate status` and the tick runner's preflight:
+one small JSON-RPC call per endpoint does not need stellar-sdk, whose import (~300 ms of CPU) would
+be most of a cold `status` with RPC configured.
 
 Same request and the same reading of the answer as SorobanServer.get_health: a JSON-RPC 2.0 POST,
 `result.status`, `latestLedger`, `oldestLedger`; an HTTP error status, an `error` member or a body
@@ -26,25 +27,41 @@ class HealthError(Exception):
     """The endpoint answered, but not with a getHealth result."""
 
 
-def get_health(url: str, timeout: float) -> Health:
+def _call(url: str, method: str, timeout: float) -> dict:
     import urllib.request
 
     url, headers = split_credentials(url)
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "getHealth"}).encode()
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method}).encode()
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     with opener.open(request, timeout=max(0.1, timeout)) as answer:  # HTTP >= 400 raises HTTPError
         document = json.loads(answer.read())
     if not isinstance(document, dict):
-        raise HealthError("getHealth answer is not a JSON-RPC object")
+        raise HealthError(f"{method} answer is not a JSON-RPC object")
     if document.get("error") is not None:
         error = document["error"]
         detail = error.get("message") if isinstance(error, dict) else error
-        raise HealthError(f"getHealth error: {detail}")
+        raise HealthError(f"{method} error: {detail}")
     result = document.get("result")
-    if not isinstance(result, dict) or not isinstance(result.get("status"), str):
+    if not isinstance(result, dict):
+        raise HealthError(f"{method} answer has no result")
+    return result
+
+
+def get_health(url: str, timeout: float) -> Health:
+    result = _call(url, "getHealth", timeout)
+    if not isinstance(result.get("status"), str):
         raise HealthError("getHealth answer has no result.status")
     try:
         return Health(result["status"], int(result["latestLedger"]), int(result["oldestLedger"]))
     except (KeyError, TypeError, ValueError):
         raise HealthError("getHealth result lacks latestLedger/oldestLedger") from None
+
+
+def get_network_passphrase(url: str, timeout: float) -> str:
+    """The network this endpoint serves (getNetwork `passphrase`): a node of another network
+    answers every call as well as the right one, and nothing else would tell."""
+    passphrase = _call(url, "getNetwork", timeout).get("passphrase")
+    if not isinstance(passphrase, str):
+        raise HealthError("getNetwork result has no passphrase")
+    return passphrase

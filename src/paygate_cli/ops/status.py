@@ -225,7 +225,7 @@ def rpc_health(settings: Any) -> dict[str, Any]:
     The write endpoint and the distinct read endpoints, as the chain client counts them."""
     if not settings.rpc_url:
         return {"configured": False, "endpoints": [], "problems": []}
-    from paygate_cli.chain.health import get_health
+    from paygate_cli.chain.health import get_health, get_network_passphrase
     from paygate_cli.settings import distinct_read_urls
 
     read_urls = distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)
@@ -238,6 +238,10 @@ def rpc_health(settings: Any) -> dict[str, Any]:
             health = get_health(url, settings.rpc_timeout)
             endpoints.append({"role": role, "url": name, "status": health.status,
                               "latest_ledger": health.latest_ledger, "oldest_ledger": health.oldest_ledger})
+            # A healthy node of another network (mainnet vs a local one) answers everything: compare.
+            network = endpoints[-1]["network_passphrase"] = get_network_passphrase(url, settings.rpc_timeout)
+            if network != settings.network_passphrase:
+                endpoints[-1]["status"] = "wrong network"
         except Exception as exc:  # any failure of one endpoint is a finding, not a crash of status
             endpoints.append({"role": role, "url": name, "status": "unreachable",
                               "error": f"{type(exc).__name__}: {redact_urls(str(exc))}"[:200]})
@@ -246,7 +250,11 @@ def rpc_health(settings: Any) -> dict[str, Any]:
     for endpoint in endpoints:
         if endpoint.get("latest_ledger") is not None and furthest is not None:
             endpoint["lag_ledgers"] = furthest - endpoint["latest_ledger"]
-        if endpoint["status"] != "healthy":
+        if endpoint["status"] == "wrong network":
+            problems.append(f"RPC {endpoint['role']} endpoint {endpoint['url']} serves "
+                            f"{endpoint['network_passphrase']!r}, not the configured network "
+                            f"{settings.network_passphrase!r} (PAYGATE_NETWORK_PASSPHRASE)")
+        elif endpoint["status"] != "healthy":
             problems.append(f"RPC {endpoint['role']} endpoint {endpoint['url']} is {endpoint['status']}")
     return {"configured": True, "endpoints": endpoints, "problems": problems}
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from paygate_cli.db.connect import connect, is_connection_lost
 from paygate_cli.db.locks import acquire_slot, describe_key
 from paygate_cli.db.migrate import require_schema
-from paygate_cli.errors import ConfigError, ExitCode, NeedsHuman, PaygateError, Unavailable, UsageError
+from paygate_cli.errors import CannotWork, ConfigError, ExitCode, NeedsHuman, PaygateError, Unavailable, UsageError
 from paygate_cli.logs import get_logger
 from paygate_cli.secrets import scrub
 from paygate_cli.settings import check_read_quorum
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from paygate_cli.env import Env
+    from paygate_cli.settings import Settings
     from paygate_cli.ticks.registry import WorkerSpec
 
 log = get_logger("ticks")
@@ -183,6 +184,63 @@ def check_metrics_dir(directory: str) -> None:
                           msgid="config.metrics_dir") from None
 
 
+def preflight(settings: Settings, spec: WorkerSpec) -> None:
+    """Everything the worker needs, checked once per process before its first tick, even when there
+    is nothing to do (78 otherwise): its settings, its read quorum, every secret parsed, and the
+    network each RPC endpoint serves."""
+    spec.check_requirements(settings)
+    check_read_quorum(settings, spec.name)  # a money mover with a one-node "quorum" never starts (78)
+    spec.check_secrets(settings)
+    if "rpc" in spec.requires:
+        check_network(settings)
+
+
+def check_network(settings: Settings) -> None:
+    """Each endpoint's getNetwork against PAYGATE_NETWORK_PASSPHRASE (plain HTTP, no stellar_sdk): a
+    node of another network would take every read and every send. An endpoint that does not answer
+    is left to the chain client's own retries and quorum (69 there), not called a config error."""
+    from paygate_cli.chain.endpoints import endpoint_name, redact_urls
+    from paygate_cli.chain.health import get_network_passphrase
+    from paygate_cli.settings import distinct_read_urls
+
+    urls = [settings.rpc_url, *distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)]
+    for url in urls:
+        try:
+            served = get_network_passphrase(url, settings.rpc_timeout)
+        except Exception as exc:  # unreachable or not an RPC answer: not a verdict on the network
+            log.warning("could not ask %s for its network: %s", endpoint_name(url),
+                        redact_urls(scrub(f"{type(exc).__name__}: {exc}"))[:200],
+                        extra={"msgid": "tick.network_unchecked"})
+            continue
+        if served != settings.network_passphrase:
+            raise ConfigError(f"RPC endpoint {endpoint_name(url)} serves the network {served!r}, not the configured "
+                              f"{settings.network_passphrase!r} (PAYGATE_NETWORK_PASSPHRASE)",
+                              msgid="config.wrong_network")
+
+
+CANNOT_START_SQL = """
+INSERT INTO paygate.worker_runs (worker, instance_id, slot, pid, started_at, finished_at, outcome, error)
+VALUES (%s, %s, -1, %s, clock_timestamp(), clock_timestamp(), 'error', %s)
+"""
+
+
+def _record_cannot_start(settings: Settings, spec: WorkerSpec, instance: str, reason: str) -> None:
+    """A heartbeat saying why this worker cannot start (slot -1: it holds none), so `status` shows a
+    worker that exits 78 on every start instead of one that merely never ran. Best effort: the
+    database may be what is missing, and the 78 is the answer either way."""
+    try:
+        conn = connect(settings, f"tick:{spec.name}:preflight", attempts=1)
+    except Exception:
+        return
+    try:
+        _heartbeat_write(conn, CANNOT_START_SQL, (spec.name, instance, os.getpid(),
+                                                  scrub(f"cannot start: {reason}")[:2000]))
+    except Exception as exc:  # e.g. a schema that is not migrated yet
+        log.debug("could not record the failed start: %s", exc, extra={"msgid": "tick.cannot_start_unrecorded"})
+    finally:
+        conn.close()
+
+
 def run_worker(env: Env, spec: WorkerSpec, opts: RunOptions) -> RunSummary:
     # Until settings load, the instance comes from the environment: a bad config must still report.
     report = _MetricsReport(worker=spec.name, directory=opts.metrics_dir, instance=_fallback_instance(env))
@@ -205,11 +263,15 @@ def _run_worker(env: Env, spec: WorkerSpec, opts: RunOptions, report: _MetricsRe
     opts.metrics_dir = opts.metrics_dir or settings.metrics_dir
     report.directory = opts.metrics_dir
     instance = report.instance = settings.effective_instance_id()
-    spec.check_requirements(settings)
-    check_read_quorum(settings, spec.name)  # a money mover with a one-node "quorum" never starts (78)
+    try:
+        preflight(settings, spec)
+    except (CannotWork, ConfigError) as exc:
+        _record_cannot_start(settings, spec, instance, str(exc))
+        raise
     if opts.metrics_dir:
         check_metrics_dir(opts.metrics_dir)
-    lock_conn = connect(settings, f"lock:{spec.name}")
+    # pg_stat_activity shows the lock's holder by OS pid and instance (status reads it back).
+    lock_conn = connect(settings, f"lock:{spec.name} pid={os.getpid()} @{instance}")
     try:
         require_schema(lock_conn)
         key = acquire_slot(lock_conn, spec.lock_keys(), opts.lock_wait, what=f"run-tick {spec.name}")
