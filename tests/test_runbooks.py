@@ -155,6 +155,23 @@ def _restore_lost_a_commit(world: World) -> None:
     world.devnet.close_ledger()
 
 
+def _lane_fenced_chain_ahead(world: World) -> None:
+    """While a lane is idle, a transaction paygate never journaled takes its next sequence; the next
+    allocation on that lane fences it (a deposit waiting for a lane makes one happen)."""
+    _settled_deposit(world)
+    with world.db() as db:
+        lane = db.execute("SELECT address FROM paygate.lanes WHERE status = 'active'"
+                          " ORDER BY last_allocated_at NULLS FIRST, address LIMIT 1").fetchone()[0]
+    world.devnet.rpc("devnet_consumeSequence", {"account": lane})
+    world.devnet.close_ledger()
+    user = world.devnet.genesis["users"][2]
+    entry, nonce, expiration = sign_deposit(world.devnet, user["secret"], 3_000_000)
+    with world.db() as db:
+        admit_deposit(db, user["public"], 3_000_000, entry, nonce, expiration, "runbook-fenced")
+    result = world.chain().tick("funding", "--once")
+    assert result.code == 3, result.err
+
+
 def _lanes(world: World) -> None:
     """The lanes of lane-secrets registered, as the journal does at its first allocation."""
     with world.db() as db:
@@ -209,6 +226,7 @@ SCENARIOS: dict[str, Callable[[World], None]] = {
     "idle": _idle, "running-host": _running_host, "observer-behind-retention": _observer_behind_retention,
     "deposit-needs-human": _deposit_needs_human, "gas-halt": _gas_halt,
     "lanes": _lanes, "restore-lost-a-commit": _restore_lost_a_commit,
+    "lane-fenced-chain-ahead": _lane_fenced_chain_ahead,
     "drift": _drift, "dead-webhooks": _dead_webhooks, "rpc-outage": _rpc_outage,
     "observer-unconfigured": _observer_unconfigured,
 }

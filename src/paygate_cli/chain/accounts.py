@@ -100,15 +100,9 @@ def request_body(method: str, params: dict[str, Any]) -> dict[str, Any]:
 def urllib_endpoint(url: str, timeout: float) -> Endpoint:
     """An endpoint over urllib (no requests, no stellar-sdk): proxies from the environment ignored,
     credentials in the URL sent as basic auth, as ChainClient's sessions do."""
-    from urllib.parse import unquote, urlsplit, urlunsplit
+    from paygate_cli.chain.endpoints import split_credentials
 
-    parts = urlsplit(url)
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    target = url
-    if parts.username is not None or parts.password is not None:
-        credentials = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
-        headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
-        target = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    target, headers = split_credentials(url)
 
     def post(method: str, params: dict[str, Any]) -> Any:
         import http.client
@@ -125,7 +119,9 @@ def urllib_endpoint(url: str, timeout: float) -> Endpoint:
             except urllib.error.HTTPError as exc:  # a JSON body is still the answer (as the SDK reads it)
                 status, body = exc.code, exc.read()
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise NoAnswer(f"{type(exc).__name__}: {exc}"[:300]) from None
+            from paygate_cli.chain.endpoints import redact_urls
+
+            raise NoAnswer(f"{type(exc).__name__}: {redact_urls(str(exc))}"[:300]) from None
         return result_of(status, body)
 
     return Endpoint(url, post)
@@ -157,6 +153,7 @@ def _str(value: Any, what: str) -> str:
 class EntriesAnswer:
     entries: list[str]  # each entry's `xdr` (base64 LedgerEntryData), in request order
     latest_ledger: int
+    last_modified: tuple[int, ...] = ()  # each entry's lastModifiedLedgerSeq, in the same order
 
 
 def entries_answer(result: Any) -> EntriesAnswer:
@@ -169,16 +166,16 @@ def entries_answer(result: Any) -> EntriesAnswer:
         return EntriesAnswer([], latest)
     if not isinstance(listed, list):
         raise MalformedAnswer("getLedgerEntries entries is not a list")
-    xdrs = []
+    xdrs, modified = [], []
     for item in listed:
         if not isinstance(item, dict):
             raise MalformedAnswer("getLedgerEntries entry is not an object")
         _str(item.get("key"), "getLedgerEntries entry key")
-        _lax_int(item.get("lastModifiedLedgerSeq"), "getLedgerEntries lastModifiedLedgerSeq")
+        modified.append(_lax_int(item.get("lastModifiedLedgerSeq"), "getLedgerEntries lastModifiedLedgerSeq"))
         if item.get("liveUntilLedgerSeq") is not None:
             _lax_int(item["liveUntilLedgerSeq"], "getLedgerEntries liveUntilLedgerSeq")
         xdrs.append(_str(item.get("xdr"), "getLedgerEntries entry xdr"))
-    return EntriesAnswer(xdrs, latest)
+    return EntriesAnswer(xdrs, latest, tuple(modified))
 
 
 def latest_ledger_of(result: Any) -> int:
@@ -264,8 +261,9 @@ class _XdrReader:
         return n
 
 
-def _account_entry(r: _XdrReader) -> tuple[bytes, int]:
-    """AccountEntry (Stellar-ledger-entries.x), every field walked: (owner key, seqNum)."""
+def _account_entry(r: _XdrReader) -> tuple[bytes, int, tuple[int, int] | None]:
+    """AccountEntry (Stellar-ledger-entries.x), every field walked: (owner key, seqNum, and
+    (seqLedger, seqTime) when the entry carries AccountEntryExtensionV3, else None)."""
     owner = r.account_id()
     r.i64()  # balance
     seq = r.i64()
@@ -284,6 +282,7 @@ def _account_entry(r: _XdrReader) -> tuple[bytes, int]:
             r.var_opaque(64)  # the signed payload
         r.u32()  # weight
     v = r.i32()  # AccountEntry.ext
+    seq_at: tuple[int, int] | None = None
     if v == 1:  # AccountEntryExtensionV1: liabilities, then its own ext
         r.i64()
         r.i64()
@@ -298,20 +297,25 @@ def _account_entry(r: _XdrReader) -> tuple[bytes, int]:
             if v == 3:  # AccountEntryExtensionV3: ExtensionPoint, seqLedger, seqTime
                 if r.i32() != 0:
                     raise ValueError("unknown ExtensionPoint")
-                r.u32()
-                r.take(8)
+                seq_at = (r.u32(), int.from_bytes(r.take(8), "big"))
             elif v != 0:
                 raise ValueError("unknown AccountEntryExtensionV2 ext")
         elif v != 0:
             raise ValueError("unknown AccountEntryExtensionV1 ext")
     elif v != 0:
         raise ValueError("unknown AccountEntry ext")
-    return owner, seq
+    return owner, seq, seq_at
 
 
 def decode_account_seq(entry_xdr: Any, address: str | None = None) -> int:
     """The sequence number in an ACCOUNT ledger entry (base64 LedgerEntryData, as getLedgerEntries
     returns it), of `address` when given. MalformedAnswer for anything else."""
+    return decode_account(entry_xdr, address)[0]
+
+
+def decode_account(entry_xdr: Any, address: str | None = None) -> tuple[int, tuple[int, int] | None]:
+    """decode_account_seq, with the entry's (seqLedger, seqTime) when it carries them (ext v3: the
+    ledger and close time at which the sequence number last changed), else None."""
     try:
         reader = _XdrReader(base64.b64decode(entry_xdr.encode()))  # lenient base64, as the SDK's from_xdr
         entry_type = reader.i32()
@@ -319,7 +323,7 @@ def decode_account_seq(entry_xdr: Any, address: str | None = None) -> int:
             raise ValueError("unknown ledger entry type")
         if entry_type != 0:
             raise MalformedAnswer(f"ledger entry is a {_ENTRY_TYPES[entry_type]}, not an account")
-        owner, seq = _account_entry(reader)
+        owner, seq, seq_at = _account_entry(reader)
         if reader.pos != len(reader.buf):
             raise ValueError("trailing bytes")
     except MalformedAnswer:
@@ -330,7 +334,7 @@ def decode_account_seq(entry_xdr: Any, address: str | None = None) -> int:
         raise MalformedAnswer(f"ledger entry is the account {account_address(owner)}, not {address}")
     if seq < 0:
         raise MalformedAnswer(f"account sequence {seq} is negative")
-    return seq
+    return seq, seq_at
 
 
 # -- the read policy ----------------------------------------------------------------------------------
@@ -357,9 +361,9 @@ def _retrying(what: str, call: Callable[[], Any], attempts: int) -> Any:
 
 
 def _host(url: str) -> str:
-    from paygate_cli.settings import rpc_host
+    from paygate_cli.chain.endpoints import endpoint_name
 
-    return rpc_host(url)
+    return endpoint_name(url)
 
 
 def read_account_sequence(address: str, *, write: Endpoint, readers: list[Endpoint],
@@ -430,6 +434,49 @@ def _account_not_found(address: str, params: dict[str, Any], write: Endpoint, re
                           f"{len(readers)} read endpoints caught up to ledger {reference} {seen_by}")
     raise LaneNotVisible(f"lane {address} is not visible on chain yet {seen_by}: the read nodes may lag; "
                          f"retrying later (if it persists, create the account or remove the lane)"[:500])
+
+
+@dataclass(frozen=True)
+class AccountView:
+    """One read endpoint's view of an account, for a decision that needs a quorum (a lane's chain
+    sequence against the journal's: journal/engine.py prepare)."""
+
+    endpoint: str
+    seq: int | None = None
+    seq_ledger: int | None = None  # AccountEntryExtensionV3 seqLedger: where the sequence last changed
+    seq_time: int | None = None  # ... and that ledger's close time (None: the entry has no ext v3)
+    last_modified: int | None = None  # the entry's lastModifiedLedgerSeq (a bound when there is no ext v3)
+    latest_ledger: int | None = None
+    error: str | None = None  # no usable answer from this endpoint ("not found" included)
+
+
+def read_account_views(address: str, *, readers: list[Endpoint], guard: Callable[[str], None]
+                       ) -> list[AccountView]:
+    """The account as each read endpoint (one per distinct host) sees it, each judged on its own: an
+    endpoint that does not answer, answers garbled or does not know the account has an `error` and
+    counts for nothing."""
+    guard("getLedgerEntries")
+    params = {"keys": [account_key_xdr(address)]}
+    views = []
+    for reader in readers:
+        try:
+            answer = _retrying("getLedgerEntries",
+                               lambda reader=reader: entries_answer(reader.post("getLedgerEntries", params)), 2)
+        except Unavailable as exc:
+            views.append(AccountView(reader.url, error=str(exc)[:300]))
+            continue
+        if not answer.entries:
+            views.append(AccountView(reader.url, latest_ledger=answer.latest_ledger, error="not found"))
+            continue
+        try:
+            seq, seq_at = decode_account(answer.entries[0], address)
+        except MalformedAnswer as exc:
+            views.append(AccountView(reader.url, latest_ledger=answer.latest_ledger, error=str(exc)[:300]))
+            continue
+        modified = answer.last_modified[0] if answer.last_modified else None
+        views.append(AccountView(reader.url, seq, seq_at[0] if seq_at else None, seq_at[1] if seq_at else None,
+                                 modified, answer.latest_ledger))
+    return views
 
 
 def lane_sequence(settings: Any, address: str, guard: Callable[[str], None]) -> int:

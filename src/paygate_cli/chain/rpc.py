@@ -15,16 +15,19 @@ from stellar_sdk.exceptions import ConnectionError as SdkConnectionError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from paygate_cli.chain.accounts import (
+    AccountView,
     Endpoint,
     MalformedAnswer,
     NoAnswer,
     decode_account_seq,
     read_account_sequence,
+    read_account_views,
     request_body,
     result_of,
 )
 from paygate_cli.chain.accounts import LaneMissing as LaneMissing  # re-exported: callers catch it from here
 from paygate_cli.chain.accounts import LaneNotVisible as LaneNotVisible
+from paygate_cli.chain.endpoints import endpoint_name, redact_urls
 from paygate_cli.db.connect import assert_not_in_transaction
 from paygate_cli.errors import ConfigError, Unavailable
 
@@ -71,6 +74,16 @@ _SDK_MODELS = _pin_sdk_models()
 class LatestLedger:
     sequence: int
     close_time: int
+
+
+@dataclass(frozen=True)
+class QuorumLedger(LatestLedger):
+    """A latest ledger a majority of the distinct read hosts have each reached (`sequence`), with the
+    highest any host claimed: a wide gap means a host lags or lies."""
+
+    highest: int = 0
+    answered: int = 0
+    hosts: int = 0
 
 
 @dataclass(frozen=True)
@@ -153,8 +166,9 @@ class ChainClient:
         try:
             return call()
         except TRANSPORT_ERRORS as exc:
-            raise Unavailable(f"Stellar RPC unavailable for {what}: {type(exc).__name__}: {exc}"[:500],
-                              msgid="rpc.unavailable") from None
+            # The library's text quotes the URL it failed on: host only (a path or query may hold a key).
+            raise Unavailable(f"Stellar RPC unavailable for {what}: {type(exc).__name__}: {redact_urls(str(exc))}"
+                              [:500], msgid="rpc.unavailable") from None
 
     def _first_healthy(self, what: str, fn: Callable[[SorobanServer], T]) -> T:
         last: Exception | None = None
@@ -173,6 +187,31 @@ class ChainClient:
         answer = self._first_healthy("getLatestLedger", lambda s: s.get_latest_ledger())
         return LatestLedger(int(answer.sequence), int(answer.close_time))
 
+    def latest_ledger_quorum(self) -> QuorumLedger:
+        """The latest ledger for a terminal decision (an authorisation's expiry): the highest ledger
+        that a majority of the distinct read hosts have each reached. One node's word is not enough:
+        a lagging node only delays the decision, but a lying, forked or wrong-network node can claim
+        any future ledger, and an expiry taken from it would end a user's item that can still land.
+        Unavailable when fewer than a majority answer."""
+        self._guard("getLatestLedger")
+        heads: list[LatestLedger] = []
+        failed: list[str] = []
+        for url, srv in zip(self.read_urls, self.readers, strict=True):
+            try:
+                answer = self._retrying("getLatestLedger", lambda srv=srv: srv.get_latest_ledger(), attempts=2)
+                heads.append(LatestLedger(_ledger_number(answer.sequence, "getLatestLedger sequence"),
+                                          _timestamp(int(answer.close_time), "getLatestLedger closeTime")))
+            except (Unavailable, SorobanRpcErrorResponse, MalformedAnswer, TypeError, ValueError) as exc:
+                failed.append(f"{endpoint_name(url)}: {str(exc)[:120]}")
+        need = len(self.readers) // 2 + 1
+        if len(heads) < need:
+            raise Unavailable(f"getLatestLedger: {len(heads)} of {len(self.readers)} read hosts answered, a "
+                              f"decision needs {need} ({'; '.join(failed)})"[:500], msgid="rpc.no_quorum")
+        heads.sort(key=lambda h: h.sequence, reverse=True)
+        proven = heads[need - 1]
+        return QuorumLedger(proven.sequence, proven.close_time, highest=heads[0].sequence,
+                            answered=len(heads), hosts=len(self.readers))
+
     def ledger_entries(self, keys: list[xdr.LedgerKey]) -> Any:
         self._guard("getLedgerEntries")
         return self._first_healthy("getLedgerEntries", lambda s: s.get_ledger_entries(keys))
@@ -187,6 +226,49 @@ class ChainClient:
                                                                                   strict=True)])
         write, readers = self._sequence_endpoints
         return read_account_sequence(address, write=write, readers=readers, guard=self._guard)
+
+    def account_views(self, address: str) -> list[AccountView]:
+        """The account as each distinct read host sees it: for a decision a majority must agree on
+        (a lane's sequence against the journal's). One getLedgerEntries per host."""
+        if self._sequence_endpoints is None:
+            self._sequence_endpoints = (_session_endpoint(self.write_url, self.write),
+                                        [_session_endpoint(u, s) for u, s in zip(self.read_urls, self.readers,
+                                                                                  strict=True)])
+        return read_account_views(address, readers=self._sequence_endpoints[1], guard=self._guard)
+
+    def source_transactions(self, source: str, ledger: int, *, above: int, through: int,
+                            limit: int = 200) -> list[dict[str, Any]]:
+        """Evidence, never a decision: the transactions of `ledger` (one getTransactions page, first
+        healthy read endpoint) whose inner transaction has `source` as its source account and a
+        sequence number in (above, through]. Hash, sequence, status and operation types only."""
+        from stellar_sdk import FeeBumpTransactionEnvelope, TransactionEnvelope
+
+        self._guard("getTransactions")
+
+        def page(srv: SorobanServer) -> Any:
+            answer = srv._client.post(srv.server_url, json_data=request_body(
+                "getTransactions", {"startLedger": ledger, "pagination": {"limit": limit}}))
+            return result_of(answer.status_code, answer.text)
+
+        found = []
+        for item in self._first_healthy("getTransactions", page).get("transactions") or []:
+            if item.get("ledger") != ledger:
+                continue
+            try:
+                envelope = xdr.TransactionEnvelope.from_xdr(item["envelopeXdr"])
+                if envelope.type == xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP:
+                    tx = FeeBumpTransactionEnvelope.from_xdr(item["envelopeXdr"], self.passphrase
+                                                             ).transaction.inner_transaction_envelope.transaction
+                else:
+                    tx = TransactionEnvelope.from_xdr(item["envelopeXdr"], self.passphrase).transaction
+            except Exception:  # foreign bytes we cannot read are no evidence either way
+                continue
+            if tx.source.account_id != source or not above < tx.sequence <= through:
+                continue
+            found.append({"hash": str(item.get("txHash")), "ledger": ledger, "seq": tx.sequence,
+                          "status": item.get("status"),
+                          "operations": [type(op).__name__ for op in tx.operations]})
+        return found
 
     def simulate(self, tx: Any) -> Any:
         self._guard("simulateTransaction")
@@ -233,16 +315,17 @@ class ChainClient:
             account_id=Keypair.from_public_key(lane).xdr_account_id()))
         probes = []
         for url, srv in zip(self.read_urls, self.readers, strict=True):
+            name = endpoint_name(url)  # what a probe is known by: the URL may carry an API key
             if receipt_first:
                 try:
                     tx = self._retrying("getTransaction", lambda srv=srv: srv.get_transaction(inner_hash_hex), 2)
                 except (Unavailable, SorobanRpcErrorResponse) as exc:
-                    probes.append(Probe(url, error=str(exc)[:300]))
+                    probes.append(Probe(name, error=str(exc)[:300]))
                     continue
                 try:
-                    receipt = probe_from_answers(url, lane, inner_hash_hex, None, tx)
+                    receipt = probe_from_answers(name, lane, inner_hash_hex, None, tx)
                 except MalformedAnswer as exc:  # validated like any answer: never proof
-                    probes.append(Probe(url, error=f"malformed answer: {exc}"[:300]))
+                    probes.append(Probe(name, error=f"malformed answer: {exc}"[:300]))
                     continue
                 if receipt.tx_status in ("SUCCESS", "FAILED"):
                     probes.append(receipt)
@@ -251,12 +334,12 @@ class ChainClient:
                 entries = self._retrying("getLedgerEntries", lambda srv=srv: srv.get_ledger_entries([key]), 2)
                 tx = self._retrying("getTransaction", lambda srv=srv: srv.get_transaction(inner_hash_hex), 2)
             except (Unavailable, SorobanRpcErrorResponse) as exc:
-                probes.append(Probe(url, error=str(exc)[:300]))
+                probes.append(Probe(name, error=str(exc)[:300]))
                 continue
             try:
-                probes.append(probe_from_answers(url, lane, inner_hash_hex, entries, tx))
+                probes.append(probe_from_answers(name, lane, inner_hash_hex, entries, tx))
             except MalformedAnswer as exc:  # never proof of anything: this endpoint's view is "unknown"
-                probes.append(Probe(url, error=f"malformed answer: {exc}"[:300]))
+                probes.append(Probe(name, error=f"malformed answer: {exc}"[:300]))
         return probes
 
 
@@ -328,7 +411,7 @@ def _session_endpoint(url: str, srv: SorobanServer) -> Endpoint:
         try:
             answer = srv._client.post(srv.server_url, json_data=request_body(method, params))
         except (SdkConnectionError, requests.RequestException) as exc:
-            raise NoAnswer(f"{type(exc).__name__}: {exc}"[:300]) from None
+            raise NoAnswer(f"{type(exc).__name__}: {redact_urls(str(exc))}"[:300]) from None
         return result_of(answer.status_code, answer.text)
 
     return Endpoint(url, post)

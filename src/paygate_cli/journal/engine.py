@@ -92,6 +92,7 @@ from paygate_cli.ticks.crash import crashpoint
 if TYPE_CHECKING:
     import psycopg
 
+    from paygate_cli.chain.authority import Ours, Policy
     from paygate_cli.chain.contracts import Invocation, SignedTransaction
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient, LatestLedger, SendOutcome
@@ -110,6 +111,9 @@ class Job(Protocol):
     crash: str  # crash point prefix, e.g. "funding", "funding.credit", "settlement"
     purpose: str  # lineages.purpose
     max_ledger: int | None  # last ledger the transaction may apply in (user authorisation), or None
+    # What authorisation its envelope may carry (chain/authority.py's policy for the path): checked
+    # by prepare() on the signed bytes, before anything is anchored.
+    authority: Policy
 
     def call(self, lane: str) -> Invocation: ...
 
@@ -200,6 +204,7 @@ class Sent:
 class LaneFailed:
     lane: str
     reason: str
+    fenced: bool = True  # False: the lane was only passed over this time (a lagging sequence read)
 
 
 @dataclass(frozen=True)
@@ -305,6 +310,7 @@ class Engine:
         self.finished: dict[int, lineages.Lineage] = {}
         self._sent: list[tuple[int, str]] = []  # broadcasts whose 'sent' mark flush_sent() writes
         self.broadcasts = 0  # transactions this engine broadcast (first sends; resends are resolve's)
+        self._ours: Ours | None = None
 
     @classmethod
     def for_tick(cls, ctx: TickContext) -> Engine:
@@ -343,6 +349,15 @@ class Engine:
     @property
     def lanes(self) -> list[str]:
         return list(self.signer.lanes)
+
+    @property
+    def ours(self) -> Ours:
+        """The accounts no envelope may authorise as on a user's behalf (chain/authority.py), once."""
+        if self._ours is None:
+            from paygate_cli.chain.authority import ours_of
+
+            self._ours = ours_of(self.signer, self.ctx.settings)
+        return self._ours
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -475,6 +490,7 @@ class Engine:
                 ) -> Prepared | LaneFailed | BuildFailed | Expired:
         """Read the lane's sequence, build + simulate + sign + fee-bump, encrypt: everything before
         the anchor, no transaction held. Nothing is written for a Prepared until send_prepared()."""
+        from paygate_cli.chain.authority import check as check_authority
         from paygate_cli.chain.contracts import SimulationFailed, build_signed
 
         settings = self.ctx.settings
@@ -491,10 +507,19 @@ class Engine:
                 chain_seq = self.chain.account_sequence(lane)
             except LaneMissing as exc:  # proven absent by a quorum; a lagging read (LaneNotVisible) is 69
                 return self._lane_failed(job, lineage_id, lane, str(exc))
-        if allocation is not None:
-            seq = max(chain_seq, allocation.journal_seq or 0) + 1
-        else:
-            seq = lineages.next_sequence(conn, lane, chain_seq)
+        journal_seq = allocation.journal_seq if allocation is not None else lineages.last_consumed(conn, lane)
+        if journal_seq is not None and chain_seq != journal_seq:
+            # Rule 10: a new lineage only on a lane whose chain sequence is exactly the journal's
+            # last consumed one (a lane the journal never used has nothing to compare: the chain's
+            # is taken). Disagreement is a decision, so a majority of read hosts settles it. An
+            # agreeing read is not re-asked of the others: were that one node stale exactly at the
+            # journal's number, the transaction built on it is proven superseded by resolve's quorum
+            # and the lane fenced there (foreign sequence use), so agreement costs one read.
+            agreed = self._lane_sequence_agrees(job, lineage_id, lane, journal_seq)
+            if isinstance(agreed, LaneFailed):
+                return agreed
+            chain_seq = journal_seq
+        seq = max(chain_seq, journal_seq or 0) + 1
         latest = self._latest()
         if job.max_ledger is not None and latest.sequence >= job.max_ledger:
             # The transaction could apply at the earliest in ledger latest + 1, after the
@@ -510,6 +535,8 @@ class Engine:
                                       base_fee=settings.base_fee, fee_bump_base_fee=settings.fee_bump_base_fee,
                                       max_ledger=job.max_ledger)
                 job.check(signed)
+                # The one check of what authority the bytes carry, for every path (chain/authority.py).
+                check_authority(signed.envelope_xdr, job.authority, lane=lane, ours=self.ours)
                 break
             except SimulationFailed as exc:
                 if is_lane_failure(str(exc)):
@@ -667,21 +694,83 @@ class Engine:
             lineages.abandon(self.conn, lineage_id, why)
             job.on_abandon(self.conn, lineage_id, why)
 
-    def _lane_failed(self, job: Job, lineage_id: int, lane: str, why: str) -> LaneFailed:
-        """A lane reason: fence the lane (drained + audit, alarmed once), release the work."""
+    def _lane_failed(self, job: Job, lineage_id: int, lane: str, why: str, *, by: str = "paygate:lane_failure",
+                     evidence: dict[str, Any] | None = None, finding: bool = False) -> LaneFailed:
+        """A lane reason: fence the lane (drained with why on the lane, audited, alarmed once),
+        release the work. `finding`: also open the lane's `lane_fence` finding with `evidence`
+        (a sequence consumed outside the journal: rule 10), open until an operator resolves it."""
         reason = f"lane {lane} failed for a lane reason: {why}"[:500]
+        details = {"why": why[:500], "lineage_id": lineage_id, "path": job.crash, **(evidence or {})}
         with self.conn.transaction():
             if not job.hold(self.conn):
                 raise LeaseLost(f"lineage {lineage_id}: lease lost")
             lineages.abandon(self.conn, lineage_id, reason)
             job.on_abandon(self.conn, lineage_id, reason)
-            fenced = lineages.fence_lane(self.conn, lane, by="paygate:lane_failure",
-                                         details={"why": why[:500], "lineage_id": lineage_id, "path": job.crash})
+            fenced = lineages.fence_lane(self.conn, lane, by=by, details=details, reason=why[:1000],
+                                         finding=f"lane {lane}: {why}" if finding else None)
         if fenced:
             self.needs_human += 1
             self.ctx.log.error("lane %s fenced (drained): %s; its work moves to another lane", lane, why,
                                extra={"msgid": "journal.lane_fenced", "lane": lane, "lineage_id": lineage_id})
         return LaneFailed(lane, reason)
+
+    def _lane_sequence_agrees(self, job: Job, lineage_id: int, lane: str, journal_seq: int) -> LaneFailed | None:
+        """The lane's sequence on each distinct read host against the journal's last consumed one.
+        None: a majority sees exactly the journal's. A majority ahead of it: sequences were used by
+        transactions we never journaled (a key used elsewhere, a database restored or failed over
+        behind the chain); the lane is fenced with the evidence and a finding, and the work moves on.
+        Anything else (behind: a lagging read; no majority) proves nothing: the lane is passed over
+        this time, never fenced for it, and no sequence below the journal's is ever built."""
+        from paygate_cli.settings import rpc_host
+
+        views = self.chain.account_views(lane)
+        majority = len(views) // 2 + 1
+        seqs = [v.seq for v in views if v.error is None and v.seq is not None]
+        ahead = sorted(s for s in seqs if s > journal_seq)
+        seen = [{"host": rpc_host(v.endpoint), "seq": v.seq, "latest_ledger": v.latest_ledger,
+                 **({"error": v.error[:200]} if v.error else {})} for v in views]
+        if len(ahead) >= majority:
+            # The highest sequence a majority vouches for (each of them reads at least this much).
+            chain_seq = ahead[-majority]
+            return self._lane_ahead(job, lineage_id, lane, journal_seq, chain_seq,
+                                    next(v for v in views if v.seq == chain_seq), seen)
+        if sum(1 for s in seqs if s == journal_seq) >= majority:
+            return None
+        views_text = ", ".join(f"{r['host']}: {r.get('seq') if r.get('seq') is not None else r.get('error')}"
+                               for r in seen)
+        why = (f"lane {lane}: the read endpoints do not show the journal's last consumed sequence {journal_seq} "
+               f"({views_text}): a lagging read proves nothing; passed over this time")[:500]
+        self._abandon(job, lineage_id, why)
+        self.ctx.log.warning("%s", why, extra={"msgid": "journal.lane_sequence_lagging", "lane": lane,
+                                               "lineage_id": lineage_id, "journal_seq": journal_seq})
+        return LaneFailed(lane, why, fenced=False)
+
+    def _lane_ahead(self, job: Job, lineage_id: int, lane: str, journal_seq: int, chain_seq: int, view: Any,
+                    seen: list[dict[str, Any]]) -> LaneFailed:
+        """Fence a lane whose chain sequence is ahead of the journal, with the evidence: the range,
+        where the account says its sequence last changed (seqLedger/seqTime when the entry carries
+        AccountEntryExtensionV3, else its lastModifiedLedgerSeq as a bound), and the lane's
+        transactions in that one ledger. Earlier transactions of a range longer than one sit in
+        ledgers the account entry does not name; finding them means scanning every ledger since the
+        journal's last use (getTransactions over an unbounded window), which a tick does not do:
+        the runbook's `nonce-inspect` and the lane's account history do it for the human."""
+        evidence: dict[str, Any] = {
+            "journal_seq": journal_seq, "chain_seq": chain_seq, "range": [journal_seq + 1, chain_seq],
+            "seq_ledger": view.seq_ledger, "seq_time": view.seq_time, "last_modified_ledger": view.last_modified,
+            "read_endpoints": seen}
+        ledger = view.seq_ledger or view.last_modified
+        if ledger:
+            try:
+                evidence["transactions"] = self.chain.source_transactions(lane, int(ledger), above=journal_seq,
+                                                                          through=chain_seq)
+                evidence["transactions_ledger"] = int(ledger)
+            except Exception as exc:  # evidence is best effort; the fence is not
+                evidence["transactions_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        why = (f"chain ahead of journal: lane sequence {chain_seq} on chain, the journal's last consumed is "
+               f"{journal_seq}: sequences {journal_seq + 1}..{chain_seq} used by transactions this gateway never "
+               "journaled")
+        return self._lane_failed(job, lineage_id, lane, why, by="paygate:chain_ahead_of_journal", evidence=evidence,
+                                 finding=True)
 
     # -- later ticks -----------------------------------------------------------------------------
 
@@ -765,7 +854,14 @@ class Engine:
         Resolve is a CAS and a resend repeats the same bytes, so two sweepers racing are harmless."""
         ids = [int(r[0]) for r in self.conn.execute(orphans_sql, {"limit": limit}).fetchall()]
         live = [lineage for lineage in map(self.load, ids) if lineage.live]
-        self.drive_all([(None, lineage) for lineage in live])
+        for lineage, state in zip(live, self.drive_all([(None, lineage) for lineage in live]), strict=True):
+            if isinstance(state, NeedsHuman):
+                # No row to hand to a human (e.g. an envelope that does not decrypt, parked just now
+                # with its lane fenced): the tick asks for one itself, once (a parked lineage is
+                # never reported again).
+                self.needs_human += 1
+                self.ctx.log.error("lineage %s needs a human: %s", lineage.id, state,
+                                   extra={"msgid": state.msgid, "lineage_id": lineage.id})
         return len(ids)
 
     # -- liveness --------------------------------------------------------------------------------

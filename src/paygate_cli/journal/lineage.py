@@ -55,19 +55,27 @@ FREE_LANES_SQL = "SELECT " + FREE_LANES_EXPR
 
 
 def last_consumed_seq_sql(lane: str) -> str:
-    """The highest sequence number known consumed on the lane `lane` (an SQL expression): applied or
-    failed lineages (both used theirs). Expired/superseded ones never landed, so their numbers must
-    not push the next one up. Written as the top of lineages_lane_seq read backwards (ORDER BY …
-    DESC LIMIT 1): a few index entries however long the lane's history. Postgres plans max() that
-    way too once the table is analysed, but before that (a new deployment, a table that grew since
-    its last ANALYZE) as a scan of every lineage the lane ever had; this form it reads backwards for
-    a given lane on stale statistics as well (measured: 3 buffers where max() read 105)."""
-    return ("(SELECT x.source_seq FROM paygate.lineages x WHERE x.lane = " + lane
+    """The highest sequence number known consumed on the lane `lane` (an SQL expression): what the
+    lane's chain sequence must equal before a new lineage uses it (journal/engine.py prepare).
+
+    Applied and failed lineages used theirs (a receipt proves it). Expired and abandoned ones never
+    landed. A superseded one proves its number consumed, but never alone: by a lineage of ours at
+    the same number (applied/failed, counted here) or by a transaction we never journaled, which
+    fences the lane with a `lane_fence` finding; an operator who resolves that finding accepts the
+    chain's sequence (`lanes.accepted_seq`, migration 0019), and that counts here too.
+
+    Written as the top of lineages_lane_seq read backwards (ORDER BY … DESC LIMIT 1): a few index
+    entries however long the lane's history. Postgres plans max() that way too once the table is
+    analysed, but before that (a new deployment, a table that grew since its last ANALYZE) as a scan
+    of every lineage the lane ever had; this form it reads backwards for a given lane on stale
+    statistics as well (measured: 3 buffers where max() read 105)."""
+    return ("(SELECT greatest((SELECT x.source_seq FROM paygate.lineages x WHERE x.lane = " + lane
             + " AND x.state IN ('applied', 'failed') AND x.source_seq IS NOT NULL"
-            + " ORDER BY x.source_seq DESC LIMIT 1)")
+            + " ORDER BY x.source_seq DESC LIMIT 1),"
+            + " (SELECT a.accepted_seq FROM paygate.lanes a WHERE a.address = " + lane + ")))")
 
 
-LAST_CONSUMED_SEQ_SQL = "SELECT " + last_consumed_seq_sql("%s")
+LAST_CONSUMED_SEQ_SQL = "SELECT " + last_consumed_seq_sql("q.lane") + " FROM (SELECT %s::text AS lane) q"
 
 ANCHOR_SQL = """
 UPDATE paygate.lineages
@@ -239,14 +247,26 @@ REQUIRE_FAILED = "PGR01"
 # Lineage's fields, in order (a path's claim may read the lineage in flight with its rows).
 LINEAGE_COLUMNS = ("id", "purpose", "entitlement", "lane", "state", "source_seq", "key_id", "envelope", "inner_hash",
                    "outer_hash", "max_time", "signed_at_ledger", "ledger", "fee_charged", "result_code", "resolution",
-                   "max_ledger")
+                   "max_ledger", "parked_reason")
 LOAD_SQL = f"SELECT {', '.join(LINEAGE_COLUMNS)} FROM paygate.lineages WHERE id = %s"
 
-# A lane whose sequence was consumed by a transaction we never journaled: someone else holds its
-# key. Fence it (no new allocations) until a human has looked; a retired lane stays retired.
+# A lane that cannot be trusted with new work (its sequence consumed by a transaction we never
+# journaled, or it failed for a lane reason): fence it (no new allocations) until a human has
+# looked, with why on the lane itself (status, nonce-inspect and drain show it); a retired lane
+# stays retired.
 FENCE_LANE_SQL = """
-UPDATE paygate.lanes SET status = 'drained', drained_at = now(), drained_by = %(by)s
+UPDATE paygate.lanes SET status = 'drained', drained_at = now(), drained_by = %(by)s, drain_reason = %(reason)s
 WHERE address = %(lane)s AND status = 'active'
+"""
+# The finding a sequence fence opens (one open per lane, findings_one_open): a repeat sighting
+# updates the evidence and never alerts again. Only an operator resolves it
+# (paygate.accept_lane_fence, migration 0019); undrain does not.
+FENCE_FINDING_SQL = """
+INSERT INTO paygate.findings AS f (kind, subject, summary, details, alerted_at)
+VALUES ('lane_fence', %(lane)s, %(summary)s, %(details)s, now())
+ON CONFLICT (kind, subject) WHERE resolved_at IS NULL
+DO UPDATE SET last_seen = now(), seen_count = f.seen_count + 1, summary = EXCLUDED.summary, details = EXCLUDED.details
+RETURNING f.id, (f.seen_count = 1) AS new
 """
 FENCE_AUDIT_SQL = """
 INSERT INTO paygate.audit_log (actor, action, target, details) VALUES (%(by)s, 'lane.fence', %(lane)s, %(details)s)
@@ -277,6 +297,9 @@ class Lineage:
     result_code: str | None
     resolution: str | None
     max_ledger: int | None = None  # last ledger it may apply in (user-authorised calls), else None
+    # Why its envelope cannot be resent (it does not decrypt): parked, still live, never resent
+    # (journal/resolve.py park; migration 0020). None for every ordinary lineage.
+    parked_reason: str | None = None
 
     @property
     def live(self) -> bool:
@@ -290,7 +313,8 @@ class Lineage:
                 "outer_hash": self.outer_hash.hex() if self.outer_hash else None,
                 "max_time": self.max_time, "max_ledger": self.max_ledger,
                 "signed_at_ledger": self.signed_at_ledger, "ledger": self.ledger,
-                "fee_charged": self.fee_charged, "result_code": self.result_code, "resolution": self.resolution}
+                "fee_charged": self.fee_charged, "result_code": self.result_code, "resolution": self.resolution,
+                "parked_reason": self.parked_reason}
 
 
 def load(conn: psycopg.Connection, lineage_id: int) -> Lineage:
@@ -331,11 +355,16 @@ def free_lane_count(conn: psycopg.Connection, lanes: list[str]) -> int:
     return int(conn.execute(FREE_LANES_SQL, {"lanes": sorted(lanes)}).fetchone()[0])
 
 
+def last_consumed(conn: psycopg.Connection, lane: str) -> int | None:
+    """The lane's highest sequence known consumed (last_consumed_seq_sql); None: never used by the journal."""
+    journal = conn.execute(LAST_CONSUMED_SEQ_SQL, (lane,)).fetchone()[0]
+    return None if journal is None else int(journal)
+
+
 def next_sequence(conn: psycopg.Connection, lane: str, chain_seq: int) -> int:
     """Chain sequence + 1, but never below what our own journal knows was consumed: a lagging
     sequence read must not make us build a transaction for a number already used."""
-    journal = conn.execute(LAST_CONSUMED_SEQ_SQL, (lane,)).fetchone()[0]
-    return max(chain_seq, int(journal or 0)) + 1
+    return max(chain_seq, last_consumed(conn, lane) or 0) + 1
 
 
 def anchor(conn: psycopg.Connection, lineage_id: int, **fields: Any) -> bool:
@@ -394,14 +423,56 @@ def finish(conn: psycopg.Connection, lineage_id: int, state: str, *, ledger: int
                                      "code": code, "resolution": resolution}).rowcount == 1
 
 
-def fence_lane(conn: psycopg.Connection, lane: str, *, by: str, details: dict[str, Any]) -> bool:
-    """Inside the caller's transaction: drain the lane and record why in the audit log."""
+def fence_lane(conn: psycopg.Connection, lane: str, *, by: str, details: dict[str, Any], reason: str | None = None,
+               finding: str | None = None) -> bool:
+    """Inside the caller's transaction: drain the lane with `reason` on the lane (default: the
+    details' `why`, else `by`) and record the evidence in the audit log. `finding`: the summary of
+    the `lane_fence` finding to open (sequence fences: rule 10), with `details` as its evidence."""
     from psycopg.types.json import Jsonb
 
-    fenced = conn.execute(FENCE_LANE_SQL, {"lane": lane, "by": by}).rowcount == 1
+    why = (reason or str(details.get("why") or by))[:1000]
+    fenced = conn.execute(FENCE_LANE_SQL, {"lane": lane, "by": by, "reason": why}).rowcount == 1
     conn.execute(FENCE_AUDIT_SQL, {"by": by, "lane": lane, "details": Jsonb(details)})
+    if finding is not None:
+        conn.execute(FENCE_FINDING_SQL, {"lane": lane, "summary": finding[:1000], "details": Jsonb(details)})
     return fenced
 
 
 def abandon(conn: psycopg.Connection, lineage_id: int, why: str) -> bool:
     return conn.execute(ABANDON_SQL, {"id": lineage_id, "why": why}).rowcount == 1
+
+
+# A live lineage whose stored envelope does not decrypt (journal/resolve.py): parked and its lane
+# fenced, in one statement. Only the first parker gets a row back (it alone reports it: exit 3
+# once). It stays live: only the chain may end it (migration 0020 says why).
+PARK_SQL = """
+WITH parked AS (
+    UPDATE paygate.lineages SET parked_at = now(), parked_reason = %(why)s
+    WHERE id = %(id)s AND state IN ('signed', 'sent') AND parked_at IS NULL
+    RETURNING id, lane
+), fenced AS (
+    UPDATE paygate.lanes l
+    SET status = 'drained', drained_at = now(), drained_by = %(by)s, drain_reason = %(lane_reason)s
+    FROM parked WHERE l.address = parked.lane AND l.status = 'active'
+    RETURNING l.address
+), audited AS (
+    INSERT INTO paygate.audit_log (actor, action, target, details)
+    SELECT %(by)s, 'lane.fence', parked.lane, %(details)s FROM parked
+    RETURNING 1
+)
+SELECT parked.id, (SELECT count(*) FROM fenced), (SELECT count(*) FROM audited) FROM parked
+"""
+PARKED_BY = "paygate:envelope_tampered"
+
+
+def park(conn: psycopg.Connection, lineage: Lineage, why: str) -> bool:
+    """Park `lineage` (its envelope does not decrypt) and fence its lane; True when this call parked it."""
+    from psycopg.types.json import Jsonb
+
+    lane_reason = (f"lineage {lineage.id} (sequence {lineage.source_seq}) has an envelope that does not decrypt: "
+                   "its bytes may still land, so the lane's sequence is not ours to reuse until a human looks")
+    row = one_statement(conn, PARK_SQL, {
+        "id": lineage.id, "why": why[:1000], "by": PARKED_BY, "lane_reason": lane_reason,
+        "details": Jsonb({"why": why[:500], "lineage_id": lineage.id, "source_seq": lineage.source_seq,
+                          "entitlement": lineage.entitlement})}).fetchone()
+    return row is not None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from paygate_cli.errors import Unavailable
 from paygate_cli.journal import lineage as lineages
+from paygate_cli.journal.keyring import EnvelopeTampered
 from paygate_cli.journal.lineage import Lineage
 
 if TYPE_CHECKING:
@@ -126,7 +127,8 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
                           msgid="rpc.unavailable")
     verdicts = [judge(p, lineage) for p in probes]
     decision = decide(verdicts)
-    evidence = {"verdicts": dict(zip(chain.read_urls, verdicts, strict=True)), "decision": decision}
+    # Keyed by endpoint name (host only): evidence is stored and shown, and a URL may carry an API key.
+    evidence = {"verdicts": {p.endpoint: v for p, v in zip(probes, verdicts, strict=True)}, "decision": decision}
     if decision in ("applied", "failed"):
         probe = next(p for p, v in zip(probes, verdicts, strict=True) if v == decision)
         receipt = Receipt(lineage, decision, probe.tx_ledger, probe.fee_charged, probe.result_code,
@@ -158,13 +160,38 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
             # The superseded row and the lane fence commit together: after this, nothing allocates
             # on a lane whose key someone else is using, until a human undrains it.
             if lineages.finish(conn, lineage.id, decision, resolution=why) and foreign:
+                # The lane says why; the finding keeps the evidence until an operator resolves it
+                # (accepting the chain's sequence: migration 0019), so the lane is not fenced again
+                # for the same sequence once it is explained and undrained.
+                reason = (f"foreign sequence use: sequence {lineage.source_seq} of lineage {lineage.id} "
+                          f"(inner hash {lineage.inner_hash.hex()}) consumed by a transaction this gateway "
+                          f"never journaled; chain sequence {probe.account_seq}")
+                from paygate_cli.settings import rpc_host
+
+                # Endpoints by host only: a URL may carry an API key, and findings are shown.
+                hosts = {rpc_host(url): v for url, v in zip(chain.read_urls, verdicts, strict=True)}
                 lineages.fence_lane(conn, lineage.lane, by="paygate:foreign_sequence_use",
-                                    details={"why": why, **evidence})
+                                    details={"why": why, **evidence, "verdicts": hosts,
+                                             "inner_hash": lineage.inner_hash.hex()},
+                                    reason=reason, finding=f"lane {lineage.lane}: {reason}")
         return Resolution(decision, verdicts, foreign_sequence_use=foreign, evidence={**evidence, "why": why},
                           probes=probes)
     # Not proven either way: resend the identical bytes (always safe) and wait.
-    envelope = keyring.decrypt(lineage.envelope or b"", key_id=lineage.key_id or "", lineage_id=lineage.id,
-                               source=lineage.lane, seq=lineage.source_seq or 0)
+    if lineage.parked_reason is not None:
+        # Its bytes do not decrypt (parked earlier): nothing to resend. The probes above still decide
+        # it from the chain once a ledger proves it applied, failed or past its maxTime.
+        return Resolution("sent", verdicts, evidence={**evidence, "parked": lineage.parked_reason}, probes=probes)
+    try:
+        envelope = keyring.decrypt(lineage.envelope or b"", key_id=lineage.key_id or "", lineage_id=lineage.id,
+                                   source=lineage.lane, seq=lineage.source_seq or 0)
+    except EnvelopeTampered as exc:
+        # Only the resend needs the bytes, and these cannot be resent; nor may the lineage be called
+        # dead (the bytes broadcast earlier may still land, consuming the lane's sequence). Park it and
+        # fence its lane: its unit goes to a human, everything else moves on other lanes. Whoever
+        # parked it reports it (raises); a racing resolver that lost the park waits quietly.
+        if lineages.park(conn, lineage, str(exc)):
+            raise
+        return Resolution("sent", verdicts, evidence={**evidence, "parked": str(exc)}, probes=probes)
     outcome = chain.send(envelope.decode())
     lineages.mark_sent_relaxed(conn, lineage.id, outcome.label)
     return Resolution("sent", verdicts, resent=outcome.status, evidence=evidence, probes=probes)
