@@ -4,6 +4,7 @@ of a user's authorisation entries that SQL cannot make (signature, network, who 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from stellar_sdk import Address, Keypair, scval, xdr
 
@@ -32,9 +33,35 @@ class XlmBalance:
 
 def xlm_balances(chain: ChainClient, addresses: list[str]) -> dict[str, XlmBalance]:
     """One getLedgerEntries for every account; a missing account is reported, not raised."""
-    keys = [xdr.LedgerKey(type=xdr.LedgerEntryType.ACCOUNT, account=xdr.LedgerKeyAccount(
+    return _xlm_balances_of(chain.ledger_entries(_account_keys(addresses)), addresses)
+
+
+def xlm_balances_by_host(chain: ChainClient, addresses: list[str]) -> list[dict[str, XlmBalance] | str]:
+    """xlm_balances as each distinct read host sees it (for a decision a majority must agree on):
+    per host its balances, or why it gave none (no answer, or one that does not decode)."""
+    from paygate_cli.chain.endpoints import endpoint_name
+    from paygate_cli.errors import Unavailable
+
+    chain._guard("getLedgerEntries")
+    keys = _account_keys(addresses)
+    views: list[dict[str, XlmBalance] | str] = []
+    for url, srv in zip(chain.read_urls, chain.readers, strict=True):
+        try:
+            answer = chain._retrying("getLedgerEntries", lambda srv=srv: srv.get_ledger_entries(keys), attempts=2)
+            views.append(_xlm_balances_of(answer, addresses))
+        except Unavailable as exc:
+            views.append(f"{endpoint_name(url)}: {str(exc)[:200]}")
+        except Exception as exc:  # an answer that does not decode is no view at all
+            views.append(f"{endpoint_name(url)}: malformed answer ({type(exc).__name__})")
+    return views
+
+
+def _account_keys(addresses: list[str]) -> list[xdr.LedgerKey]:
+    return [xdr.LedgerKey(type=xdr.LedgerEntryType.ACCOUNT, account=xdr.LedgerKeyAccount(
         account_id=Keypair.from_public_key(a).xdr_account_id())) for a in addresses]
-    answer = chain.ledger_entries(keys)
+
+
+def _xlm_balances_of(answer: Any, addresses: list[str]) -> dict[str, XlmBalance]:
     latest = int(answer.latest_ledger)
     found: dict[str, XlmBalance] = {}
     for entry in answer.entries or []:
@@ -59,8 +86,8 @@ class BadRelay(PaygateError):
 
 
 def bot_job_invocation(contract: str, function: str, args_xdr: str) -> Invocation:
-    """A permissionless call queued as a bot job: no user authorisation, the lane's source-account
-    authority only (admission and the drainer refuse anything else)."""
+    """A permissionless call queued as a bot job: it carries no authorisation entry, and the engine
+    refuses the envelope if the simulation recorded any (chain/authority.py: not even the lane's own)."""
     args = xdr.SCVal.from_xdr(args_xdr).vec
     return Invocation(contract, function, list(args.sc_vec) if args else [], [])
 
@@ -70,8 +97,9 @@ def relay_invocation(*, account: str, contract: str, function: str, args_xdr: st
                      own_accounts: set[str]) -> Invocation:
     """The deep checks admission cannot make in SQL, then the call to build. Every entry must be the
     user's own ADDRESS/ADDRESS_V2 authorisation of exactly this call, signed for this network, with
-    the nonce and expiration admission recorded; an entry that would authorise as one of our lanes
-    or the fee account is refused (the gateway must never lend its own authority to a relay)."""
+    the nonce and expiration admission recorded; an entry that would authorise as one of our lanes,
+    the fee account or the billing contract (`own_accounts`) is refused (the gateway must never lend
+    its own authority to a relay). The engine checks the signed envelope again (chain/authority.py)."""
     try:
         args_val = xdr.SCVal.from_xdr(args_xdr)
     except Exception as exc:  # any decode failure: the bytes are not an SCVal
@@ -159,17 +187,6 @@ def nonces_consumed_many(chain: ChainClient, wanted: list[tuple[str, list[int]]]
         if data is not None and data.key.nonce_key is not None:
             consumed.add((Address.from_xdr_sc_address(data.contract).address, int(data.key.nonce_key.nonce.int64)))
     return [[n for n in nonces if (account, n) in consumed] for account, nonces in wanted], int(answer.latest_ledger)
-
-
-def source_account_only(signed: SignedTransaction) -> None:
-    """Bot jobs: the only authorisation allowed is the lane's own (SOURCE_ACCOUNT) — a permissionless
-    call must not need anyone's signature."""
-    envelope = xdr.TransactionEnvelope.from_xdr(signed.envelope_xdr)
-    inner = envelope.fee_bump.tx.inner_tx.v1.tx
-    for op in inner.operations:
-        for entry in op.body.invoke_host_function_op.auth or []:
-            if entry.credentials.type != xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_SOURCE_ACCOUNT:
-                raise BadRelay("the call needs an authorisation other than the lane's own: not permissionless")
 
 
 def envelope_fee(signed: SignedTransaction) -> int:

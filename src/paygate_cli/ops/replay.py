@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from paygate_cli.errors import UsageError
+from paygate_cli.errors import Unavailable, UsageError
 from paygate_cli.ops.audit import record
 
 if TYPE_CHECKING:
@@ -87,6 +87,16 @@ SELECT paygate.emit_event('credit.replayed', jsonb_build_object('pending_credit_
 """
 
 
+def _require_majority_answered(answers: dict[str, Any], nonce: int) -> None:
+    """Fewer than a majority of read endpoints answered: the chain's view is unknown. That is an
+    outage (69, retry later), not something to refuse the row over."""
+    answered = sum(1 for v in answers.values() if isinstance(v, bool))
+    if answered < len(answers) // 2 + 1:
+        errors = "; ".join(f"{host}: {v}" for host, v in answers.items() if not isinstance(v, bool))
+        raise Unavailable(f"cannot re-verify authorisation nonce {nonce} on chain: {answered} of {len(answers)} "
+                          f"read endpoint(s) answered ({errors})"[:500], msgid="rpc.unavailable")
+
+
 def _deposit_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: dict[str, Any]) -> str | None:
     if row["status"] not in ("failed", "expired", "needs_human"):
         return f"not dead (status {row['status']})"
@@ -98,6 +108,7 @@ def _deposit_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: d
     from paygate_cli.chain.balances import nonce_consumed_by_quorum
 
     consumed, latest, answers = nonce_consumed_by_quorum(chain, row["account"], int(row["auth_nonce"]))
+    _require_majority_answered(answers, int(row["auth_nonce"]))
     if consumed or any(v is True for v in answers.values()):
         return (f"effect already on chain: authorisation nonce {row['auth_nonce']} is consumed "
                 f"(read endpoints: {answers})")
@@ -190,6 +201,7 @@ def _relay_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: dic
     latest: int | None = None
     for nonce in row["auth_nonces"]:
         consumed, seen, answers = nonce_consumed_by_quorum(chain, row["account"], int(nonce))
+        _require_majority_answered(answers, int(nonce))
         if consumed or any(v is True for v in answers.values()):
             return (f"effect already on chain: authorisation nonce {nonce} is consumed "
                     f"(read endpoints: {answers})")
@@ -224,7 +236,7 @@ SELECT j.id, j.status, j.job_key, j.contract, j.function, j.reason, j.attempts, 
         WHERE l.entitlement = 'bot_job:' || j.id AND l.state IN ('allocated', 'signed', 'sent')) AS live,
        (SELECT array_agg(l.id ORDER BY l.id) FROM paygate.lineages l
         WHERE l.entitlement = 'bot_job:' || j.id AND l.state = 'applied') AS applied,
-       EXISTS (SELECT 1 FROM paygate.relay_allowlist a
+       EXISTS (SELECT 1 FROM paygate.bot_job_allowlist a
                WHERE a.contract = j.contract AND a.function = j.function AND a.enabled) AS allowed
 FROM paygate.bot_jobs j
 WHERE CASE WHEN %(ids)s::bigint[] IS NULL
@@ -256,7 +268,7 @@ def _bot_job_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: d
     if row["applied"]:
         return f"effect already on chain: lineage {row['applied'][0]} applied"
     if not row["allowed"]:
-        return f"{row['contract']}.{row['function']} is not on the relay allow-list: it would fail again"
+        return f"{row['contract']}.{row['function']} is not on the bot-job allow-list: it would fail again"
     return None
 
 
@@ -362,6 +374,11 @@ def run(settings: Any, queue: str, *, ids: list[int] | None, all_dead: bool, sin
         raise UsageError("give row IDS or --all-dead (one of them)", msgid="usage.replay_rows")
     if ids and since is not None:
         raise UsageError("--since goes with --all-dead, not with IDS")
+    if spec.needs_chain:
+        from paygate_cli.settings import require_read_quorum
+
+        require_read_quorum(settings, f"replay {spec.name} refuses to decide",
+                            "a row is replayed only when a majority of them re-verifies its effect is not on chain")
     with connect(settings, "replay") as conn:
         chain = None
         if spec.needs_chain:

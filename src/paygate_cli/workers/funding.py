@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     import psycopg
 
+    from paygate_cli.chain.authority import Policy
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.journal.engine import Allocation, Driven, Engine, Job, Prepared
@@ -195,7 +196,7 @@ SELECT x.id FROM paygate.lineages x
 WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose IN ('deposit', 'credit')
   AND NOT EXISTS (SELECT 1 FROM paygate.pending_credits p
                   WHERE p.status = 'pending' AND (p.deposit_lineage_id = x.id OR p.credit_lineage_id = x.id))
-ORDER BY x.id
+ORDER BY x.parked_at IS NOT NULL, x.id  -- parked ones (migration 0020) never crowd out the rest
 LIMIT %(limit)s
 """
 # A tick's first look once it has work: how many lanes are free, and whether orphans wait.
@@ -294,10 +295,8 @@ def drive_taken_over(ctx: TickContext, rows: list[Deposit]) -> dict[str, int]:
             lineage_id = row.credit_lineage_id or row.deposit_lineage_id
             outcome = "released"
             if lineage_id is not None:
-                try:
-                    outcome = f"{purpose}_{_drive(deps, row, lineages.load(ctx.conn, lineage_id), purpose)}"
-                except LeaseLost:
-                    outcome = "lease_lost"
+                # Through _step: a finding (an envelope that does not decrypt) makes the row needs_human.
+                outcome = _step(deps, row, _drive_in_flight_one, row, purpose, lineage_id)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
     finally:
         deps.chain.close()
@@ -305,6 +304,10 @@ def drive_taken_over(ctx: TickContext, rows: list[Deposit]) -> dict[str, int]:
     if deps.engine.needs_human:
         outcomes["lane_fenced"] = deps.engine.needs_human
     return outcomes
+
+
+def _drive_in_flight_one(deps: Deps, row: Deposit, purpose: str, lineage_id: int) -> str:
+    return f"{purpose}_{_drive(deps, row, lineages.load(deps.conn, lineage_id), purpose)}"
 
 
 def tick(ctx: TickContext) -> TickResult:
@@ -473,6 +476,10 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
         raise NeedsHuman(f"deposit {row.id}: authorisation nonce {row.auth_nonce} of {row.account} is consumed on "
                          "chain but no journaled lineage of ours applied it", msgid="funding.nonce_consumed_elsewhere")
     if latest >= row.auth_expiration_ledger:
+        # Terminal for the user's deposit: the latest ledger from a majority of the read hosts, not
+        # the one node that answered the nonce read (it may lie about a future ledger).
+        latest = deps.chain.latest_ledger_quorum().sequence
+    if latest >= row.auth_expiration_ledger:
         # A transaction applies at the earliest in the next ledger: once the latest ledger reached
         # the expiration ledger, no future ledger can accept the authorisation.
         _finish(deps, row, "expired", f"authorisation expired at ledger {row.auth_expiration_ledger} "
@@ -523,15 +530,41 @@ def _finished(deps: Deps, lineage_id: int) -> lineages.Lineage:
 def _settle_all(deps: Deps) -> list[str]:
     """Settle every deposit whose credit applied this tick, in one statement (its own transaction,
     relaxed: SETTLE_RELAXED_SQL): the flips, the increments, the events. One outcome per deposit."""
+    import psycopg
+
     settling, deps.settling = deps.settling, []
     if not settling:
         return []
     crashpoint("funding.before_settle")
-    won = {int(r[0]) for r in lineages.one_statement(deps.conn, SETTLE_RELAXED_SQL, {
-        "ids": [row.id for row in settling], "by": "funding",
-        "deposit_txs": [row.deposit_tx for row in settling]}).fetchall()}
+    deferred: set[int] = set()
+    try:
+        won = _settle(deps, settling)
+    except psycopg.Error as exc:
+        # The statement locks each deposit, then its account; the observer's page locks an account
+        # (a charge_failed restore) before a deposit (a credit event), so the two can deadlock. The
+        # statement committed nothing: settle each deposit alone. One that deadlocks again stays
+        # pending on its applied credit, and the next tick (or the observer's event) settles it.
+        if exc.sqlstate not in ("40P01", "40001"):
+            raise
+        deps.ctx.log.warning("funding: the settle of %d deposit(s) met a concurrent writer (%s); settling "
+                             "each alone", len(settling), exc.sqlstate, extra={"msgid": "funding.settle_retry"})
+        won = set()
+        for row in settling:
+            try:
+                won |= _settle(deps, [row])
+            except psycopg.Error as again:
+                if again.sqlstate not in ("40P01", "40001"):
+                    raise
+                deferred.add(row.id)
+        if deferred:
+            deps.ctx.log.warning("funding: deposit(s) %s left pending on their applied credit after a deadlock; "
+                                 "the next tick settles them", sorted(deferred),
+                                 extra={"msgid": "funding.settle_deferred"})
     outcomes = []
     for row in settling:
+        if row.id in deferred:
+            outcomes.append("settle_deferred")
+            continue
         if row.id not in won:
             outcomes.append("settled_elsewhere")  # the observer won the flip and applied the increment
             continue
@@ -539,6 +572,12 @@ def _settle_all(deps: Deps) -> list[str]:
                           extra={"msgid": "funding.settled", "pending_credit_id": row.id})
         outcomes.append("settled")
     return outcomes
+
+
+def _settle(deps: Deps, rows: list[Deposit]) -> set[int]:
+    """SETTLE_RELAXED_SQL for these deposits, its own transaction; the ids whose flip it won."""
+    return {int(r[0]) for r in lineages.one_statement(deps.conn, SETTLE_RELAXED_SQL, {
+        "ids": [row.id for row in rows], "by": "funding", "deposit_txs": [row.deposit_tx for row in rows]}).fetchall()}
 
 
 # -- shared steps: the engine does the safety-critical sequence; funding says what it means ---------
@@ -558,6 +597,14 @@ class FundingJob:
     def crash(self) -> str:
         # The credit phase has its own crash points (a shared name would always fire at the deposit's).
         return "funding" if self.purpose == "deposit" else "funding.credit"
+
+    @property
+    def authority(self) -> Policy:
+        from paygate_cli.chain import authority
+
+        # The deposit: the depositor's own transfer authorisation only; the credit: the lane's
+        # operator authority over billing.credit only.
+        return authority.deposit(self.row.account) if self.purpose == "deposit" else authority.CREDIT
 
     def call(self, lane: str) -> Any:
         return self.invocation(lane) if callable(self.invocation) else self.invocation

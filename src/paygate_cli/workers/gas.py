@@ -13,11 +13,15 @@ Lanes whose spendable XLM is below their own minimum are reported too."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
+from paygate_cli.errors import Unavailable
 from paygate_cli.ticks.context import TickContext, TickResult
+
+if TYPE_CHECKING:
+    from paygate_cli.chain.relay import XlmBalance
 
 CONFIG_SQL = """
 SELECT gas_warning_floor, gas_critical_floor, gas_resume_floor, lane_min_balance FROM paygate.relay_config
@@ -25,7 +29,7 @@ SELECT gas_warning_floor, gas_critical_floor, gas_resume_floor, lane_min_balance
 # The rows, not the accumulator: the open reservations are the liability itself.
 RESERVED_SQL = "SELECT coalesce(sum(amount), 0)::bigint FROM paygate.fee_reservations WHERE status = 'reserved'"
 # The monitor is the only writer of its state row; FOR UPDATE orders two overlapping monitors.
-PREVIOUS_SQL = "SELECT level FROM paygate.gas_state FOR UPDATE"
+PREVIOUS_SQL = "SELECT level, ledger FROM paygate.gas_state FOR UPDATE"
 HALTED_SQL = "SELECT reason FROM paygate.halts WHERE kind = 'gas' FOR UPDATE"
 SET_HALT_SQL = """
 INSERT INTO paygate.halts (kind, reason, set_by) VALUES ('gas', %s, 'gas-monitor')
@@ -49,6 +53,10 @@ LANES_SQL = "SELECT address FROM paygate.lanes WHERE status <> 'retired' ORDER B
 AUDIT_SQL = "INSERT INTO paygate.audit_log (actor, action, target, details) VALUES ('gas-monitor', %s, 'gas', %s)"
 
 
+def _headroom(fee: XlmBalance, reserved: int) -> int:
+    return (fee.balance - fee.reserve - fee.selling_liabilities - reserved) if fee.exists else -reserved
+
+
 def level_of(headroom: int, warning: int, critical: int) -> str:
     if headroom < critical:
         return "critical"
@@ -57,7 +65,7 @@ def level_of(headroom: int, warning: int, critical: int) -> str:
 
 def tick(ctx: TickContext) -> TickResult:
     from paygate_cli.chain.keys import fee_account_address
-    from paygate_cli.chain.relay import xlm_balances
+    from paygate_cli.chain.relay import xlm_balances_by_host
     from paygate_cli.chain.rpc import ChainClient
 
     # Addresses only: the monitor watches balances and needs no seed (least privilege).
@@ -65,21 +73,39 @@ def tick(ctx: TickContext) -> TickResult:
     lanes = [lane for (lane,) in ctx.conn.execute(LANES_SQL)]
     chain = ChainClient(ctx.settings, guard_conn=ctx.conn)
     try:
-        balances = xlm_balances(chain, [fee_account, *lanes])  # no transaction open (rule 2)
+        views = xlm_balances_by_host(chain, [fee_account, *lanes])  # no transaction open (rule 2)
     finally:
         chain.close()
-    fee = balances[fee_account]
+    # The halt is a decision like the other money decisions: from a majority of the distinct read
+    # hosts, never one node's balance (a lying or lagging node could halt admission, or lift the halt).
+    answered = [v for v in views if not isinstance(v, str)]
+    need = len(views) // 2 + 1
+    if len(answered) < need:
+        raise Unavailable(f"gas: {len(answered)} of {len(views)} read hosts gave the fee account's balance, a "
+                          f"decision needs {need} ({'; '.join(v for v in views if isinstance(v, str))})"[:500],
+                          msgid="rpc.no_quorum")
     with ctx.conn.transaction():
         warning, critical, resume, lane_min = ctx.conn.execute(CONFIG_SQL).fetchone()
+        reserved = int(ctx.conn.execute(RESERVED_SQL).fetchone()[0])
+        ranked = sorted(answered, key=lambda v: _headroom(v[fee_account], reserved))
+        # ranked[need - 1] below a floor: a majority is below it; ranked[-need] at or above the resume
+        # floor: a majority is at or above it (both cannot hold: critical < resume).
+        balances, upper = ranked[need - 1], ranked[-need]
+        fee = balances[fee_account]
         low_lanes = [{"lane": b.address, "spendable": b.spendable if b.exists else None, "minimum": lane_min,
                       "exists": b.exists}
                      for b in (balances[lane] for lane in lanes) if not b.exists or b.spendable < lane_min]
-        reserved = int(ctx.conn.execute(RESERVED_SQL).fetchone()[0])
-        headroom = (fee.balance - fee.reserve - fee.selling_liabilities - reserved) if fee.exists else -reserved
+        headroom = _headroom(fee, reserved)
         level = level_of(headroom, warning, critical)
         previous = ctx.conn.execute(PREVIOUS_SQL).fetchone()
         previous_level = previous[0] if previous else "ok"
         halted = ctx.conn.execute(HALTED_SQL).fetchone() is not None
+        if previous is not None and previous[1] is not None and fee.ledger < int(previous[1]):
+            # The hosts are behind the last check: an older balance decides nothing. Wait for them.
+            waiting = (f"the read hosts' ledger {fee.ledger} is behind ledger {previous[1]} of the last check; "
+                       f"the gas state is kept")
+            ctx.log.warning("gas monitor waiting: %s", waiting, extra={"msgid": "gas.readers_behind"})
+            return TickResult(processed=0, details={"level": previous_level, "halted": halted, "waiting": waiting})
         facts: dict[str, Any] = {"fee_account": fee_account, "balance": fee.balance, "reserve": fee.reserve,
                                  "reserved_fees": reserved, "headroom": headroom, "warning_floor": warning,
                                  "critical_floor": critical, "resume_floor": resume, "ledger": fee.ledger}
@@ -89,7 +115,8 @@ def tick(ctx: TickContext) -> TickResult:
                       + ("" if fee.exists else " (the fee account does not exist on chain)"))
             if ctx.conn.execute(SET_HALT_SQL, (reason,)).fetchone() is not None:
                 action, halted = "halt", True
-        elif halted and headroom >= resume and ctx.conn.execute(CLEAR_HALT_SQL).fetchone() is not None:
+        elif halted and _headroom(upper[fee_account], reserved) >= resume \
+                and ctx.conn.execute(CLEAR_HALT_SQL).fetchone() is not None:
             action, halted = "resume", False
         if action is not None:
             ctx.conn.execute(AUDIT_SQL, (f"gas.{action}", Jsonb(facts)))

@@ -21,6 +21,7 @@ lapses):
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
     import psycopg
 
+    from paygate_cli.chain.authority import Policy
     from paygate_cli.chain.contracts import Invocation, SignedTransaction
     from paygate_cli.chain.rpc import SendOutcome
     from paygate_cli.journal.engine import Allocation, Driven, Engine, Prepared
@@ -125,6 +127,14 @@ UPDATE paygate.relays SET pending_failure = %(reason)s, updated_at = now()
 WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
 """
 RELEASE_RELAXED = "RETURNING set_config('synchronous_commit', 'off', true)"
+# The tick's leases renewed before each phase (workers/recovery.py's grace assumes it: within a phase
+# a worker waits on one RPC answer). Relaxed: a renewal lost in a database crash only lets a lease lapse.
+RENEW_SQL = """
+UPDATE paygate.relays r SET lease_expires_at = greatest(r.lease_expires_at, now() + make_interval(secs => %(lease)s))
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
+WHERE r.id = mine.id AND r.status = 'queued' AND r.lease_token = mine.token
+RETURNING set_config('synchronous_commit', 'off', true)
+"""
 RELEASE_SQL = """
 UPDATE paygate.relays r SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
@@ -156,12 +166,15 @@ SELECT f.id,
        paygate.emit_event('relay.' || f.status, f.payload), set_config('synchronous_commit', 'off', true)
 FROM flipped f ORDER BY f.id
 """
-# Terminal without a fee burned by us: the reservation is released in the same transaction.
+# Terminal without a fee burned by us: the reservation is released in the same transaction. Only
+# needs_human may keep a lineage (one whose envelope does not decrypt: parked, it may still land,
+# so the reservation stays open and the row keeps pointing at it as the evidence).
 FINISH_SQL = """
 UPDATE paygate.relays
 SET status = %(status)s, reason = %(reason)s, finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
     updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id IS NULL
+WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
+  AND (lineage_id IS NULL OR %(status)s = 'needs_human')
 RETURNING id
 """
 RELEASE_FEE_SQL = "SELECT paygate.release_relay_fee(%s, %s)"
@@ -173,7 +186,7 @@ SELECT x.id FROM paygate.lineages x
 WHERE x.purpose = 'relay' AND x.entitlement LIKE 'relay:%%' AND x.state IN ('allocated', 'signed', 'sent')
   AND x.created_at < now() - interval '1 minute'
   AND NOT EXISTS (SELECT 1 FROM paygate.relays r WHERE r.lineage_id = x.id AND r.status = 'queued')
-ORDER BY x.id LIMIT %(limit)s
+ORDER BY x.parked_at IS NOT NULL, x.id LIMIT %(limit)s  -- parked ones (migration 0020) never crowd out the rest
 """
 
 
@@ -216,6 +229,12 @@ class RelayJob:
         self.invocation = invocation
         # The authorisation's last ledger bounds the transaction: it can never apply after it.
         self.max_ledger: int | None = row.auth_expiration_ledger
+
+    @property
+    def authority(self) -> Policy:
+        from paygate_cli.chain.authority import relay
+
+        return relay(self.row.account)  # the user's own entries only, never one of our accounts
 
     def call(self, lane: str) -> Invocation:
         assert self.invocation is not None
@@ -283,6 +302,8 @@ class Deps:
     driven: dict[int, Driven] = field(default_factory=dict)
     included: list[tuple[Relay, lineages.Lineage]] = field(default_factory=list)
     ready: list[RelayJob] = field(default_factory=list)  # relays that may take a new lineage this tick
+    rows: list[Relay] = field(default_factory=list)  # what the tick claimed (their leases are renewed)
+    renewed_at: float = 0.0  # time.monotonic() of the last renewal (only to skip a needless one)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -314,7 +335,8 @@ def _deps(ctx: TickContext, *, takeover: bool = False) -> tuple[Deps, Any]:
         engine = Engine.for_takeover(ctx)
         return Deps(ctx, engine, set()), engine.chain
     engine = Engine.for_tick(ctx)
-    return Deps(ctx, engine, {*engine.signer.lanes, engine.signer.fee.public_key}), engine.chain
+    # Ours (chain/authority.py): the lanes, the fee account and the billing contract.
+    return Deps(ctx, engine, set(engine.ours.accounts)), engine.chain
 
 
 def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
@@ -322,10 +344,12 @@ def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
     the worker's own claim and driven by the worker's own step, limited to the lineage in flight
     (resolve it, resend its same bytes, dispose of it: settle or release the reservation once);
     never a new lineage, so no lane or fee key. The rows are then handed back to the worker."""
+    claimed_at = time.monotonic()
     rows = claim(ctx, grace=grace, lapsed_only=True)
     if not rows:
         return {}
     deps, chain = _deps(ctx, takeover=True)
+    deps.rows, deps.renewed_at = rows, claimed_at
     result = TickResult()
     try:
         outcomes = _advance_all(deps, rows, result, new_work=False)
@@ -338,11 +362,13 @@ def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
 
 
 def tick(ctx: TickContext) -> TickResult:
+    claimed_at = time.monotonic()
     rows = claim(ctx)
     if not rows:
         return TickResult()
     crashpoint("relay.after_claim")
     deps, chain = _deps(ctx)
+    deps.rows, deps.renewed_at = rows, claimed_at  # the claim's lease is the first renewal
     result = TickResult()
     try:
         _read_nonces(deps, [r for r in rows if r.lineage_id is None and not r.pending_failure])
@@ -394,10 +420,13 @@ def _advance_all(deps: Deps, rows: list[Relay], result: TickResult, *, new_work:
 
     # The lineages in flight first, all at once: their receipts are recorded in one statement.
     driving = [row for row in rows if row.lineage_id is not None]
+    renew(deps)
     states = deps.engine.drive_all([(RelayJob(row, None), _lineage_of(deps, row)) for row in driving])
     deps.driven = {row.id: state for row, state in zip(driving, states, strict=True)}
     for row in rows:
+        renew(deps)  # a row whose lineage just died reads its nonces afresh
         step(row, advance, row, new_work)
+    renew(deps)
     for outcome in _dispose_all(deps):
         count(outcome)
     # The relays ready for a new lineage: their lanes in one statement, then each built and signed.
@@ -405,12 +434,28 @@ def _advance_all(deps: Deps, rows: list[Relay], result: TickResult, *, new_work:
     if ready:
         allocations = deps.engine.allocate_many(list(ready), [job.row.entitlement for job in ready])
         for job, allocation in zip(ready, allocations, strict=True):
+            renew(deps)  # each build waits on the simulation: the rows prepared before it keep their lease
             step(job.row, _prepare, job, allocation)
     prepared, deps.prepared = deps.prepared, []
     if prepared:  # (a take-over prepares nothing, and its engine refuses to send)
+        renew(deps)
         for sent in deps.engine.send_prepared(prepared):
             count("lease_lost" if isinstance(sent, EngineLeaseLost) else "sent")
     return outcomes
+
+
+def renew(deps: Deps) -> None:
+    """Renew the lease of every row the tick claimed (one statement) before a phase that may wait on
+    the RPC, as funding and settlement do (their lease checks renew): a slow RPC never lets recovery
+    take a row from a live worker. Skipped while the last renewal is fresh (under a third of the
+    lease ago: the host clock only decides whether to ask, the lease itself is database time)."""
+    lease = float(deps.ctx.settings.funding_lease)
+    now = time.monotonic()
+    if not deps.rows or now - deps.renewed_at < lease / 3:
+        return
+    lineages.one_statement(deps.conn, RENEW_SQL, {"lease": lease, "ids": [r.id for r in deps.rows],
+                                                  "tokens": [r.token for r in deps.rows]})
+    deps.renewed_at = now
 
 
 def _read_nonces(deps: Deps, fresh: list[Relay]) -> None:

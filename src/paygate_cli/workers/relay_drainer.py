@@ -1,6 +1,8 @@
 """Relay drainer: bot jobs, the permissionless contract calls the product queues (e.g. closing the
-market's expired orders), each sent as one lineage at a time from a lane with source-account
-authorisation only, through the journal engine (the same rules as every money path).
+market's expired orders), each sent as one lineage at a time from a lane, carrying no
+authorisation at all, through the journal engine (the same rules as every money path). Only
+functions on the bot-job allow-list (paygate.bot_job_allowlist, not the relay's) are admitted and
+sent.
 
 - A job's lineage applied -> `applied`; included but failed on chain -> `failed` (the call ran and
   trapped: resending it would fail again), with the fee recorded.
@@ -9,17 +11,20 @@ authorisation only, through the journal engine (the same rules as every money pa
   `dead` (replayable), otherwise the next tick prepares a new lineage.
 - Simulation refuses the call (e.g. the order is not expired yet, or already closed) -> `failed`
   with the reason: the call cannot work now; the product queues a new job if it wants to retry.
+- The call needs anyone's authorisation (the simulation recorded an entry: a user's, or the
+  lane's own SOURCE_ACCOUNT one) -> `failed`, nothing anchored or sent (chain/authority.py).
 Dedup is per job key at admission (paygate.admit_bot_job)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
 from paygate_cli.db.connect import relaxed_transaction
-from paygate_cli.errors import PaygateError, Unavailable
+from paygate_cli.errors import NeedsHuman, PaygateError, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.ticks.context import TickContext, TickResult
 from paygate_cli.ticks.crash import crashpoint
@@ -27,6 +32,7 @@ from paygate_cli.ticks.crash import crashpoint
 if TYPE_CHECKING:
     import psycopg
 
+    from paygate_cli.chain.authority import Policy
     from paygate_cli.chain.contracts import Invocation, SignedTransaction
     from paygate_cli.chain.rpc import SendOutcome
     from paygate_cli.journal.engine import Engine
@@ -53,7 +59,9 @@ SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(se
 FROM claimable WHERE j.ctid = claimable.ctid
 RETURNING j.id, j.job_key, j.contract, j.function, j.args_xdr, j.lease_token, j.lineage_id, j.attempts,
           coalesce(j.max_attempts, (SELECT bot_job_max_attempts FROM paygate.relay_config)), j.pending_failure,
-          EXISTS (SELECT 1 FROM paygate.relay_allowlist a
+          -- The bot-job allow-list, never the relay's: a function safe to relay with a user's
+          -- signature is not therefore safe to call with no signature at all.
+          EXISTS (SELECT 1 FROM paygate.bot_job_allowlist a
                   WHERE a.contract = j.contract AND a.function = j.function AND a.enabled)
 """
 HOLD_SQL = """
@@ -94,12 +102,18 @@ FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
 WHERE j.id = mine.id AND j.status = 'queued' AND j.lease_token = mine.token
 """
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
+# The tick's leases renewed before each job's phase (workers/recovery.py's grace assumes it).
+RENEW_SQL = """
+UPDATE paygate.bot_jobs j SET lease_expires_at = greatest(j.lease_expires_at, now() + make_interval(secs => %(lease)s))
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
+WHERE j.id = mine.id AND j.status = 'queued' AND j.lease_token = mine.token
+"""
 ORPHANS_SQL = """
 SELECT x.id FROM paygate.lineages x
 WHERE x.purpose = 'relay' AND x.entitlement LIKE 'bot_job:%%' AND x.state IN ('allocated', 'signed', 'sent')
   AND x.created_at < now() - interval '1 minute'
   AND NOT EXISTS (SELECT 1 FROM paygate.bot_jobs j WHERE j.lineage_id = x.id AND j.status = 'queued')
-ORDER BY x.id LIMIT %(limit)s
+ORDER BY x.parked_at IS NOT NULL, x.id LIMIT %(limit)s  -- parked ones (migration 0020) never crowd out the rest
 """
 
 
@@ -115,7 +129,7 @@ class BotJob:
     attempts: int
     max_attempts: int
     pending_failure: str | None
-    allowed: bool  # still on the allow-list at claim time
+    allowed: bool  # still on the bot-job allow-list at claim time
 
     @property
     def entitlement(self) -> str:
@@ -163,16 +177,22 @@ class DrainerJob:
     def on_build_failure(self, conn: psycopg.Connection, lineage_id: int, exc: Exception) -> bool:
         return False
 
-    def check(self, signed: SignedTransaction) -> None:
-        from paygate_cli.chain.relay import source_account_only
+    @property
+    def authority(self) -> Policy:
+        from paygate_cli.chain.authority import BOT_JOB
 
-        source_account_only(signed)
+        return BOT_JOB  # no authorisation at all: the engine refuses any entry, the lane's own included
+
+    def check(self, signed: SignedTransaction) -> None:
+        return None  # what authority the envelope carries is the engine's check (chain/authority.py)
 
 
 @dataclass
 class Deps:
     ctx: TickContext
     engine: Engine
+    rows: list[BotJob] = field(default_factory=list)  # what the tick claimed (their leases are renewed)
+    renewed_at: float = 0.0  # time.monotonic() of the last renewal (only to skip a needless one)
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -205,6 +225,7 @@ def _advance_all(deps: Deps, rows: list[BotJob], result: TickResult, *, new_work
 
     outcomes: dict[str, int] = {}
     for row in rows:
+        renew(deps)  # each job waits on the RPC: the ones after it keep their lease meanwhile
         try:
             outcome = advance(deps, row, new_work=new_work)
         except (LeaseLost, EngineLeaseLost):
@@ -213,7 +234,23 @@ def _advance_all(deps: Deps, rows: list[BotJob], result: TickResult, *, new_work
         result.processed += 1
         if outcome == "lease_lost":
             result.failed += 1
+        elif outcome == "needs_human":
+            result.needs_human += 1
     return outcomes
+
+
+def renew(deps: Deps) -> None:
+    """Renew the lease of every job the tick claimed (one statement) unless the last renewal is
+    fresh (under a third of the lease ago: the host clock only decides whether to ask, the lease
+    itself is database time), so a slow RPC never lets recovery take a job from a live worker."""
+    lease = float(deps.ctx.settings.funding_lease)
+    now = time.monotonic()
+    if not deps.rows or now - deps.renewed_at < lease / 3:
+        return
+    with relaxed_transaction(deps.conn):  # a renewal lost in a database crash only lets a lease lapse
+        deps.conn.execute(RENEW_SQL, {"lease": lease, "ids": [r.id for r in deps.rows],
+                                      "tokens": [r.token for r in deps.rows]})
+    deps.renewed_at = now
 
 
 def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
@@ -221,10 +258,12 @@ def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
     the worker's own claim and driven by the worker's own step, limited to the lineage in flight
     (resolve it, resend its same bytes, record what it proved); never a new lineage, so no lane or
     fee key. The jobs are then handed back to the worker."""
+    claimed_at = time.monotonic()
     rows = claim(ctx, grace=grace, lapsed_only=True)
     if not rows:
         return {}
     deps, chain = _deps(ctx, takeover=True)
+    deps.rows, deps.renewed_at = rows, claimed_at
     try:
         outcomes = _advance_all(deps, rows, TickResult(), new_work=False)
     finally:
@@ -236,11 +275,13 @@ def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
 
 
 def tick(ctx: TickContext) -> TickResult:
+    claimed_at = time.monotonic()
     rows = claim(ctx)
     if not rows:
         return TickResult()
     crashpoint("relay_drainer.after_claim")
     deps, chain = _deps(ctx)
+    deps.rows, deps.renewed_at = rows, claimed_at  # the claim's lease is the first renewal
     result = TickResult()
     try:
         outcomes = _advance_all(deps, rows, result, new_work=True)
@@ -272,7 +313,13 @@ def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
     job = DrainerJob(row)
     if row.lineage_id is not None:
         lineage = engine.load(row.lineage_id)
-        state = engine.drive(job, lineage)
+        try:
+            state = engine.drive(job, lineage)
+        except NeedsHuman as exc:
+            # A finding about the lineage itself (its envelope does not decrypt: resolve parked it and
+            # fenced its lane). The job keeps pointing at it as the evidence; the sweep drives it to
+            # whatever the chain proves, and the job waits for a human.
+            return _finish(deps, row, "needs_human", str(exc), lineage=lineage)
         if state in ("applied", "failed"):
             done = engine.load(lineage.id)
             reason = None if state == "applied" else f"bot job call failed on chain ({done.result_code})"
@@ -293,7 +340,7 @@ def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
     if not new_work:
         return "released"  # nothing in flight: the worker prepares the next lineage
     if not row.allowed:
-        return _finish(deps, row, "failed", f"{row.contract}.{row.function} is no longer on the relay allow-list")
+        return _finish(deps, row, "failed", f"{row.contract}.{row.function} is not on the bot-job allow-list")
     with relaxed_transaction(deps.conn):
         got = engine.allocate(purpose=job.purpose, entitlement=row.entitlement)
         if got is None:
@@ -308,6 +355,10 @@ def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
     if isinstance(outcome, LaneFailed):
         return "lane_failed"
     assert isinstance(outcome, BuildFailed)  # no max_ledger: never Expired
+    if outcome.reason.startswith("authority refused"):
+        # The call needs someone's authorisation (recorded by the simulation): not permissionless,
+        # and never sent. Retrying cannot change that.
+        return _finish(deps, row, "failed", f"not a permissionless call: {outcome.reason}")
     return _finish(deps, row, "failed", f"the call cannot work now: {outcome.reason}")
 
 
@@ -323,7 +374,7 @@ def _finish(deps: Deps, row: BotJob, status: str, reason: str | None, *,
         deps.conn.execute(EMIT_SQL, (f"bot_job.{status}", Jsonb({
             "bot_job_id": row.id, "job_key": row.job_key, "contract": row.contract, "function": row.function,
             "reason": reason, "fee_charged": lineage.fee_charged if lineage else None})))
-    level = 20 if status == "applied" else 30
+    level = 20 if status == "applied" else 40 if status == "needs_human" else 30
     deps.ctx.log.log(level, "bot job %s (%s) %s%s", row.id, row.job_key, status, f": {reason}" if reason else "",
                      extra={"msgid": f"relay_drainer.{status}", "bot_job_id": row.id})
     return status

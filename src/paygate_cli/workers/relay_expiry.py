@@ -9,6 +9,8 @@ its ledger bound), nor while the relay worker holds the row's lease. A lineage i
 
 from __future__ import annotations
 
+from typing import Any
+
 from paygate_cli.ticks.context import TickContext, TickResult
 
 EXPIRE_SQL = """
@@ -49,11 +51,22 @@ def tick(ctx: TickContext) -> TickResult:
 
     chain = ChainClient(ctx.settings, guard_conn=ctx.conn)
     try:
-        latest = chain.latest_ledger().sequence  # ledger time, from the chain (DESIGN rule 9)
+        # Ledger time, from the chain (rule 9), and from a majority of the read hosts: expiry is
+        # terminal, and one host can claim any future ledger (ChainClient.latest_ledger_quorum).
+        head = chain.latest_ledger_quorum()
     finally:
         chain.close()
+    latest = head.sequence
+    facts: dict[str, Any] = {"latest_ledger": latest, "expired": 0}
+    if head.highest != latest:
+        facts["highest_claimed"] = head.highest  # a host ahead of the majority: not believed alone
+    seen = _observed_ledger(ctx)
+    if seen is not None and latest < seen:
+        # The hosts are behind what the observer already read: nothing expires early, it only waits.
+        facts["waiting"] = f"the read hosts' latest ledger {latest} is behind ledger {seen} already observed"
+        ctx.log.warning("relay expiry waiting: %s", facts["waiting"], extra={"msgid": "relay_expiry.readers_behind"})
     if earliest >= latest:
-        return TickResult(details={"latest_ledger": latest, "expired": 0})
+        return TickResult(details=facts)
     with ctx.conn.transaction():
         rows = ctx.conn.execute(EXPIRE_SQL, {"latest": latest, "batch": ctx.batch}).fetchall()
     for relay_id, released, _ in rows:
@@ -64,4 +77,14 @@ def tick(ctx: TickContext) -> TickResult:
                           extra={"msgid": "relay_expiry.reservation_closed", "relay_id": relay_id})
     ctx.log.log(20 if rows else 10, "relay expiry: %d relay(s) expired at latest ledger %d", len(rows), latest,
                 extra={"msgid": "relay_expiry.done"})
-    return TickResult(processed=len(rows), details={"latest_ledger": latest, "expired": len(rows)})
+    return TickResult(processed=len(rows), details={**facts, "expired": len(rows)})
+
+
+def _observed_ledger(ctx: TickContext) -> int | None:
+    """The ledger of the observer's cursor: a ledger the chain is known to have reached."""
+    row = ctx.conn.execute("SELECT cursor FROM paygate.observer_cursor").fetchone()
+    if row is None:
+        return None
+    from paygate_cli.chain.charges import cursor_ledger
+
+    return cursor_ledger(row[0])

@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from paygate_cli.errors import Unavailable
+from paygate_cli.errors import NeedsHuman, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.engine import Allocation, LeaseLost
 from paygate_cli.ticks.context import TickContext, TickResult
@@ -37,6 +37,7 @@ from paygate_cli.ticks.crash import crashpoint
 if TYPE_CHECKING:
     import psycopg
 
+    from paygate_cli.chain.authority import Policy
     from paygate_cli.chain.contracts import Invocation, SignedTransaction
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient, SendOutcome
@@ -199,7 +200,7 @@ SELECT x.id FROM paygate.lineages x
 WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose = 'charge_batch'
   AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b WHERE b.lineage_id = x.id AND b.closed_at IS NULL)
   AND x.created_at < now() - interval '5 seconds'  -- not one being claimed right now
-ORDER BY x.id
+ORDER BY x.parked_at IS NOT NULL, x.id  -- parked ones (migration 0020) never crowd out the rest
 LIMIT %(limit)s
 """
 RELEASE_BATCH_LEASE_SQL = """
@@ -263,6 +264,26 @@ SELECT r.id, r.status,
            'balance', (SELECT x.cached_balance::text FROM restored x WHERE x.address = r.account)))
        END
 FROM released r
+"""
+
+# A batch whose lineage a human must look at (an envelope that does not decrypt): the batch closes
+# and its charges become needs_human with the reason, each announced, in one statement under the lease.
+BATCH_NEEDS_HUMAN_SQL = """
+WITH closed AS (
+    UPDATE paygate.charge_batches
+    SET outcome = 'needs_human', closed_at = now(), lease_token = NULL, lease_expires_at = NULL
+    WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
+    RETURNING lineage_id
+), held AS (
+    UPDATE paygate.charges c SET status = 'needs_human', reason = %(reason)s, updated_at = now()
+    FROM closed WHERE c.lineage_id = closed.lineage_id AND c.status = 'authorized'
+    RETURNING c.id, c.charge_id, c.account, c.amount
+), announced AS (
+    SELECT paygate.emit_event('charge.needs_human', jsonb_build_object(
+        'charge_row_id', h.id, 'charge_id', encode(h.charge_id, 'hex'), 'account', h.account,
+        'amount', h.amount::text, 'reason', %(reason)s::text)) FROM held h
+)
+SELECT (SELECT count(*) FROM closed), (SELECT count(*) FROM held), (SELECT count(*) FROM announced)
 """
 
 
@@ -446,6 +467,12 @@ class BatchJob:
     max_ledger: int | None = None
     built: Invocation | None = None  # the last call built (check() reads the footprint knowing it)
     released: bool = False  # on_sent released the lease (else the tick does, after the engine's flush)
+
+    @property
+    def authority(self) -> Policy:
+        from paygate_cli.chain.authority import CHARGE_BATCH
+
+        return CHARGE_BATCH  # the lane's operator authority over billing.charge_batch, nothing else
 
     def call(self, lane: str) -> Invocation:
         from paygate_cli.chain.charges import charge_batch
@@ -645,8 +672,12 @@ def _drive_open_batches(deps: Deps, result: TickResult, *, grace: float = 0.0, l
         for (token, lineage), state in zip(taken, states, strict=True):
             if isinstance(state, LeaseLost):
                 outcome = "lease_lost"  # someone else has the batch: not a failure, not an alarm
+            elif isinstance(state, NeedsHuman):
+                outcome = _needs_human(deps, lineage, token, state)  # that batch's alone (exit 3, once)
+                if outcome == "needs_human":
+                    result.needs_human += 1
             elif isinstance(state, Exception):
-                raise state  # a finding for a human (exit 3)
+                raise state
             else:
                 outcome = _driven(deps, lineage, token, state)
             if outcome == "applied":
@@ -699,6 +730,21 @@ def _driven(deps: Deps, lineage: lineages.Lineage, token: uuid.UUID, state: str)
     deps.count("charges_retried", len(released) - failed)
     deps.count("charges_failed", failed)
     return "dead"
+
+
+def _needs_human(deps: Deps, lineage: lineages.Lineage, token: uuid.UUID, exc: NeedsHuman) -> str:
+    """A finding about the batch's lineage itself (its envelope does not decrypt: resolve parked it
+    and fenced its lane): the batch closes as handed to a human and its charges wait for one, still
+    debited and never claimable again (their lineage may still land; the sweep drives it to what the
+    chain proves). Guarded by the batch's lease."""
+    reason = f"charge_batch lineage {lineage.id}: {exc}"[:1000]
+    row = deps.conn.execute(BATCH_NEEDS_HUMAN_SQL, {"lineage": lineage.id, "token": token, "reason": reason}
+                            ).fetchone()
+    if not row[0]:
+        return "lease_lost"  # someone else has the batch now: theirs to report
+    deps.ctx.log.error("charge batch (lineage %s) needs a human, %d charge(s) held: %s", lineage.id, row[1], exc,
+                       extra={"msgid": exc.msgid, "lineage_id": lineage.id})
+    return "needs_human"
 
 
 def _max_attempts(deps: Deps) -> int:

@@ -1,0 +1,123 @@
+"""Terminal decisions are taken from a majority of the read hosts, never from one node.
+
+One read host here lies (a real loopback server on its own host address, standing in for a forked,
+wrong-network or compromised provider: it claims a far-future latest ledger, and that no account
+exists; everything else it passes through to the devnet); the other is a real devnet.
+- A relay's authorisation expires when the latest ledger is past its signatureExpirationLedger: on
+  the liar's word alone the relay must NOT expire; once the honest host has passed it too, it does.
+- The gas halt: the liar's "the fee account does not exist" must not halt admission."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import requests
+
+from tests.chain_env import ChainEnv, chain_environ
+from tests.cli import Result
+from tests.devnet_support import DevnetHandle, start_devnet
+from tests.relay_support import admit_relay, allow_market
+
+FAR_FUTURE = 10_000_000
+
+
+class Liar:
+    """A read host on 127.0.0.2: getLatestLedger claims FAR_FUTURE, getLedgerEntries finds nothing,
+    every other call is passed through to `upstream`."""
+
+    def __init__(self, upstream: str) -> None:
+        session = requests.Session()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                request = json.loads(raw or b"{}")
+                if request.get("method") == "getLatestLedger":
+                    answer: dict[str, Any] = {"jsonrpc": "2.0", "id": request.get("id", 1), "result": {
+                        "id": "f" * 64, "protocolVersion": 22, "sequence": FAR_FUTURE, "closeTime": "4000000000",
+                        "headerXdr": "", "metadataXdr": ""}}
+                else:
+                    answer = session.post(upstream, data=raw, headers={"Content-Type": "application/json"},
+                                          timeout=30).json()
+                    if request.get("method") == "getLedgerEntries" and "result" in answer:
+                        answer["result"]["entries"] = []
+                out = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.2", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.2:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
+    handle = start_devnet(tmp_path / "devnet", lanes=2, users=1)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def liar(devnet: DevnetHandle) -> Iterator[Liar]:
+    server = Liar(devnet.url)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def chain(devnet: DevnetHandle, liar: Liar, dsn: str, tmp_path: Path) -> ChainEnv:
+    environ = chain_environ(devnet, dsn, tmp_path / "keys")
+    environ["PAYGATE_RPC_READ_URLS"] = f"{liar.url},{devnet.url}"  # the liar first: the one asked first
+    return ChainEnv(devnet, dsn, environ)
+
+
+def details(result: Result) -> dict:
+    return json.loads(result.out)["run_tick"]["last_details"]
+
+
+def test_a_relay_is_not_expired_on_one_nodes_word(chain: ChainEnv, db: psycopg.Connection) -> None:
+    allow_market(db, chain.genesis["contracts"]["market"])
+    relay_id = admit_relay(db, chain.devnet, chain.genesis["users"][0], "r-liar", valid_ledgers=3)
+    expiration = db.execute("SELECT auth_expiration_ledger FROM paygate.relays WHERE id = %s",
+                            (relay_id,)).fetchone()[0]
+    assert expiration < FAR_FUTURE
+
+    result = chain.tick("relay_expiry")
+    assert result.code == 0, result.err
+    assert details(result)["expired"] == 0 and details(result)["highest_claimed"] == FAR_FUTURE
+    assert db.execute("SELECT status FROM paygate.relays WHERE id = %s", (relay_id,)).fetchone()[0] == "queued"
+
+    chain.devnet.close_ledger(n=expiration - chain.devnet.latest_ledger() + 1)  # the honest host passes it too
+    result = chain.tick("relay_expiry")
+    assert result.code == 0, result.err
+    assert details(result)["expired"] == 1
+    assert db.execute("SELECT status FROM paygate.relays WHERE id = %s", (relay_id,)).fetchone()[0] == "expired"
+
+
+def test_one_node_saying_the_fee_account_is_gone_does_not_halt_admission(chain: ChainEnv,
+                                                                        db: psycopg.Connection) -> None:
+    result = chain.tick("gas")
+    assert result.code == 0, result.err
+    assert details(result)["level"] == "ok" and details(result)["halted"] is False
+    assert db.execute("SELECT count(*) FROM paygate.halts WHERE kind = 'gas'").fetchone()[0] == 0
