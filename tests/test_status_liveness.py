@@ -6,6 +6,7 @@ Heartbeat rows are written straight into worker_runs (the rows the tick runner w
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 
 from paygate_cli.errors import ExitCode
 from tests.chain_env import chain_environ
-from tests.cli import run_cli
+from tests.cli import run_cli, spawn
 from tests.devnet_support import DevnetHandle, start_devnet
 
 RUN_SQL = """
@@ -112,3 +113,26 @@ def test_workers_shows_the_last_run_relative(dsn: str, db: psycopg.Connection) -
     assert funding["last_run"] == "12m ago" and funding["last_error"] == "deadlock detected"
     plain = run_cli("workers", "--plain", dsn=dsn).out
     assert any(line.startswith("funding\t") and "\t12m ago\t" in line for line in plain.splitlines())
+
+
+def test_lock_holder_shows_instance_os_pid_backend_pid_and_held_for(dsn: str, db: psycopg.Connection) -> None:
+    instance = "paygate-webhooks-7d9f8c6b5-x2x9q.worker-pool-eu-west-1.internal"  # longer than application_name
+    holder = spawn("run-tick", "webhooks", "--every", "0.2s", "--for", "30s", dsn=dsn, PAYGATE_INSTANCE_ID=instance)
+    try:
+        for _ in range(200):
+            report = json.loads(run_cli("status", "--json", dsn=dsn).out)["status"]
+            ticked = db.execute("SELECT count(*) FROM paygate.worker_runs WHERE pid = %s", (holder.pid,)).fetchone()[0]
+            if report["locks"] and ticked:
+                break
+            time.sleep(0.05)  # polling for the spawned process to take its lock, not a timing assertion
+        [lock] = report["locks"]
+        assert (lock["lock"], lock["slot"], lock["instance"], lock["os_pid"]) == ("webhooks", 0, instance, holder.pid)
+        backend = db.execute("SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'paygate:lock:webhooks%'"
+                             ).fetchone()[0]
+        assert lock["backend_pid"] == backend != holder.pid
+        assert lock["held_for_s"] is not None and lock["held_for_s"] >= 0 and lock["held_for"].endswith("s")
+        plain = run_cli("status", "--plain", dsn=dsn).out
+        assert f"lock:webhooks\t{instance} pid {holder.pid}\tslot 0, backend pid {backend}, held " in plain
+    finally:
+        holder.terminate()
+        holder.communicate(timeout=60)

@@ -48,8 +48,10 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
     rows += [{"check": f"rpc:{e['role']}", "value": e["status"],
               "detail": f"{e['url']} ledger {e.get('latest_ledger')} lag {e.get('lag_ledgers')}"}
              for e in report.get("rpc", {}).get("endpoints", [])]
-    rows += [{"check": f"lock:{lock['lock']}", "value": f"pid {lock['pid']}",
-              "detail": f"slot {lock['slot']}, {lock['application_name']}"} for lock in report["locks"]]
+    rows += [{"check": f"lock:{lock['lock']}", "value": f"{lock['instance'] or '?'} pid {lock['os_pid'] or '?'}",
+              "detail": f"slot {lock['slot']}, backend pid {lock['backend_pid']}, held "
+                        f"{lock['held_for'] or '(hidden from this role)'}, {lock['application_name']}"}
+             for lock in report["locks"]]
     rows += [{"check": f"cannot_work:{w['worker']}", "value": "missing", "detail": ", ".join(w["missing"])}
              for w in report.get("cannot_work", [])]
     rows += [{"check": f"worker:{w['worker']}", "value": w.get("liveness") or w["last_outcome"] or "never run",

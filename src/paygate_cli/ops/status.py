@@ -134,14 +134,36 @@ def ago(seconds: float | None) -> str:
     return f"{int(seconds)}s ago"
 
 
+# The runner names its lock connection `<prefix>:lock:<worker> pid=<OS pid> @<instance>`
+# (ticks/runner.py); application_name is visible to every role, unlike backend_start.
+_LOCK_APP = re.compile(r":lock:(?P<worker>\S+) pid=(?P<pid>\d+) @(?P<instance>.*)$")
+# The holder's full instance id from its latest heartbeat (application_name is cut at 63 bytes).
+HOLDER_INSTANCE_SQL = """
+SELECT instance_id FROM paygate.worker_runs
+WHERE worker = %s AND pid = %s AND slot = %s AND started_at > now() - interval '1 hour'
+ORDER BY started_at DESC LIMIT 1
+"""
+
+
 def lock_holders(conn: psycopg.Connection) -> list[dict[str, Any]]:
+    """Each advisory lock of this database's paygate namespace: the worker and slot, the instance and
+    OS pid of the process holding it, the Postgres backend pid, and for how long (since the holder's
+    lock connection opened: the runner takes the lock at once, waiting at most --lock-wait)."""
     names = {worker_id: name for name, worker_id in RESERVED_WORKER_IDS.items()}
     holders = []
-    for objid, pid, app, client, age in conn.execute(LOCK_HOLDERS_SQL, (LOCK_NAMESPACE,)):
+    for objid, pid, app, client, age in conn.execute(LOCK_HOLDERS_SQL, (LOCK_NAMESPACE,)).fetchall():
         worker_id, slot = describe_key(int(objid))
         holder = "migrate" if objid == MIGRATE_KEY else names.get(worker_id, f"unknown:{objid}")
-        holders.append({"lock": holder, "slot": slot, "pid": pid, "application_name": app,
-                        "client": client, "held_for_s": round(age or 0.0, 1)})
+        named = _LOCK_APP.search(app or "")
+        os_pid = int(named["pid"]) if named else None
+        instance = named["instance"] if named else None
+        if named and holder in WORKERS:
+            row = conn.execute(HOLDER_INSTANCE_SQL, (holder, os_pid, slot)).fetchone()
+            instance = row[0] if row else instance
+        holders.append({"lock": holder, "slot": slot, "instance": instance, "os_pid": os_pid,
+                        "backend_pid": pid, "pid": pid, "application_name": app, "client": client,
+                        "held_for_s": round(age, 1) if age is not None else None,
+                        "held_for": ago(age).removesuffix(" ago") if age is not None else None})
     return holders
 
 
