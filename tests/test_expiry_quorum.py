@@ -29,10 +29,11 @@ FAR_FUTURE = 10_000_000
 
 
 class Liar:
-    """A read host on 127.0.0.2: getLatestLedger claims FAR_FUTURE, getLedgerEntries finds nothing,
-    every other call is passed through to `upstream`."""
+    """A read host on 127.0.0.2: getLatestLedger claims FAR_FUTURE, getLedgerEntries finds nothing
+    (or, `hide_entries=False`, finds what the devnet has but in ledger FAR_FUTURE), every other call
+    is passed through to `upstream`."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, *, hide_entries: bool = True) -> None:
         session = requests.Session()
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,7 +51,10 @@ class Liar:
                     answer = session.post(upstream, data=raw, headers={"Content-Type": "application/json"},
                                           timeout=30).json()
                     if request.get("method") == "getLedgerEntries" and "result" in answer:
-                        answer["result"]["entries"] = []
+                        if hide_entries:
+                            answer["result"]["entries"] = []
+                        else:  # the entries as they are, read "in" a far-future ledger
+                            answer["result"]["latestLedger"] = FAR_FUTURE
                 out = json.dumps(answer).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -121,3 +125,28 @@ def test_one_node_saying_the_fee_account_is_gone_does_not_halt_admission(chain: 
     assert result.code == 0, result.err
     assert details(result)["level"] == "ok" and details(result)["halted"] is False
     assert db.execute("SELECT count(*) FROM paygate.halts WHERE kind = 'gas'").fetchone()[0] == 0
+
+
+def test_the_relay_worker_and_the_engine_never_expire_a_relay_on_one_nodes_word(
+        devnet: DevnetHandle, dsn: str, tmp_path: Path, db: psycopg.Connection) -> None:
+    """The relay's own phase 1 (its nonce read's latest ledger) and the engine's check before it
+    builds (the first healthy node's latest ledger) both read the liar first: neither may end a
+    relay that the honest majority says can still land. It lands."""
+    liar = Liar(devnet.url, hide_entries=False)
+    try:
+        environ = chain_environ(devnet, dsn, tmp_path / "keys")
+        environ["PAYGATE_RPC_READ_URLS"] = f"{liar.url},{devnet.url}"
+        chain = ChainEnv(devnet, dsn, environ)
+        allow_market(db, devnet.genesis["contracts"]["market"])
+        relay_id = admit_relay(db, devnet, devnet.genesis["users"][0], "r-liar-worker", valid_ledgers=20)
+        result = chain.tick("relay")
+        assert result.code == 0, result.err
+        assert db.execute("SELECT status FROM paygate.relays WHERE id = %s", (relay_id,)).fetchone()[0] == "queued"
+        assert db.execute("SELECT lineage_id IS NOT NULL FROM paygate.relays WHERE id = %s",
+                          (relay_id,)).fetchone()[0], "built and sent, not ended"
+        devnet.close_ledger()
+        result = chain.tick("relay")
+        assert result.code == 0, result.err
+        assert db.execute("SELECT status FROM paygate.relays WHERE id = %s", (relay_id,)).fetchone()[0] == "applied"
+    finally:
+        liar.close()

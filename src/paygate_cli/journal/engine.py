@@ -522,6 +522,15 @@ class Engine:
         seq = max(chain_seq, journal_seq or 0) + 1
         latest = self._latest()
         if job.max_ledger is not None and latest.sequence >= job.max_ledger:
+            # Terminal for the user's item, so not on one node's word (a lying or wrong-network node
+            # can claim any future ledger): the highest ledger a majority of read hosts reached. If
+            # they have not reached it, build on their (older: the safe side, see _latest) ledger.
+            from paygate_cli.chain.rpc import LatestLedger
+
+            quorum = self.chain.latest_ledger_quorum()
+            latest = LatestLedger(quorum.sequence, quorum.close_time)
+            self._seen_latest = (latest.sequence, latest.close_time, time.monotonic())
+        if job.max_ledger is not None and latest.sequence >= job.max_ledger:
             # The transaction could apply at the earliest in ledger latest + 1, after the
             # authorisation's last ledger: no future ledger can accept it.
             why = f"authorisation expired at ledger {job.max_ledger} (latest {latest.sequence})"

@@ -536,6 +536,10 @@ def _ready(deps: Deps, row: Relay) -> str:
         raise NeedsHuman(f"relay {row.id}: authorisation nonce(s) {consumed} of {row.account} are consumed on "
                          "chain but no journaled lineage of ours applied them", msgid="relay.nonce_consumed_elsewhere")
     if latest >= row.auth_expiration_ledger:
+        # Terminal for the user's relay: from a majority of the read hosts, not the one node that
+        # answered the nonce read (it may claim a future ledger).
+        latest = deps.engine.chain.latest_ledger_quorum().sequence
+    if latest >= row.auth_expiration_ledger:
         # The earliest ledger a new transaction could apply in is latest + 1: past the authorisation.
         return _finish(deps, row, "expired", f"authorisation expired at ledger {row.auth_expiration_ledger} "
                        f"(latest {latest}) before it could be used")
