@@ -8,25 +8,44 @@ import typer
 
 from paygate_cli.commands._common import DryRunFlag, JsonFlag, YesFlag, confirm, get_env, output_mode
 from paygate_cli.db.connect import connect
-from paygate_cli.ops.halts import halt, resume
+from paygate_cli.ops.halts import describe_halt, halt, operator_halt, refuse_second_halt, resume
 from paygate_cli.output import emit
 
 
 def halt_command(
     ctx: typer.Context,
     reason: Annotated[str, typer.Option("--reason", help="Why; shown by `status` and recorded in audit_log.")],
+    replace: Annotated[bool, typer.Option(
+        "--replace", help="Replace an operator halt already in place (audited with the old and new reason).")] = False,
     yes: YesFlag = False, dry_run: DryRunFlag = False, json_flag: JsonFlag = False,
 ) -> int:
     """Close admission (the operator halt). Workers keep draining committed work.
 
+    A halt already in place is never replaced silently: pass --replace to change its reason.
+
     Example: `paygate halt --reason "incident 42: RPC provider degraded" --yes`"""
     env = get_env(ctx)
-    if not dry_run:
-        confirm(env, "halt admission", yes=yes)
     with connect(env.settings, "halt") as conn:
-        result = halt(conn, reason=reason, actor=env.settings.effective_operator(), dry_run=dry_run)
-    emit(env, output_mode(json_flag), {"halt": result},
-         lines=[("would halt: " if dry_run else "halted: ") + reason])
+        if not dry_run:
+            # Refuse before asking: a confirmation for a halt that would be refused helps no one.
+            current = operator_halt(conn)
+            refuse_second_halt(current, replace=replace)
+            confirm(env, "replace the operator halt" if current is not None else "halt admission", yes=yes)
+        result = halt(conn, reason=reason, actor=env.settings.effective_operator(), dry_run=dry_run,
+                      replace=replace)
+    if dry_run:
+        current = result["current_operator_halt"]
+        if current is None:
+            line = "would halt: " + reason
+        elif replace:
+            line = f"would replace: {describe_halt(current)} -> {reason!r}"
+        else:
+            line = f"already {describe_halt(current)}; would refuse without --replace"
+    elif result["replaced"] is not None:
+        line = f"halted: {reason} (replaced: {describe_halt(result['replaced'])})"
+    else:
+        line = "halted: " + reason
+    emit(env, output_mode(json_flag), {"halt": result}, lines=[line])
     return 0
 
 
@@ -41,7 +60,8 @@ def resume_command(ctx: typer.Context, yes: YesFlag = False, dry_run: DryRunFlag
     with connect(env.settings, "resume") as conn:
         result = resume(conn, actor=env.settings.effective_operator(), dry_run=dry_run)
     if dry_run:
-        line = "would clear the operator halt" if result["would_resume"] else "no operator halt is set"
+        line = ("would clear the operator halt: " + describe_halt(result["current"][0])
+                if result["would_resume"] else "no operator halt is set")
     else:
         line = "operator halt cleared" if result["resumed"] else "no operator halt was set"
         if result["remaining_halts"]:
