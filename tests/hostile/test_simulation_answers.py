@@ -146,3 +146,20 @@ def test_a_minimum_resource_fee_above_the_bump_rate_raises_the_bump(chain: Chain
     inner_rate = inner.fee.uint32 - resource_fee  # one operation
     assert inner_rate > 10**9
     assert bump.fee.int64 >= inner_rate * 2 + resource_fee
+
+
+@pytest.mark.parametrize("forge", [no_results, two_results])
+def test_a_malformed_balance_read_is_unavailable_not_a_crash(
+        chain: ChainEnv, forger: SimulationForger, db: psycopg.Connection,
+        forge: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """The reconciler reads balances by simulation: an answer without exactly one result is the RPC's
+    fault (exit 69, retried on the next tick), never an IndexError out of the tick (70)."""
+    deposit(chain, db)
+    forger.forge = forge
+    environ = {"PAYGATE_RPC_READ_URLS": forger.url}
+    result = chain.tick("reconciler", **environ)
+    assert result.code == 69, (result.code, result.err[-2000:])
+    assert "results for one call" in result.err
+    forger.forge = None
+    result = chain.tick("reconciler", **environ)
+    assert result.code == 0, result.err[-2000:]

@@ -11,9 +11,9 @@ if TYPE_CHECKING:
 
 
 def _read(chain: ChainClient, *, source: str, contract: str, function: str, address: str) -> tuple[Any, int]:
-    from stellar_sdk import Account, TransactionBuilder, scval, xdr
+    from stellar_sdk import Account, TransactionBuilder, scval
 
-    from paygate_cli.chain.contracts import SimulationFailed
+    from paygate_cli.chain.contracts import SimulationFailed, simulated_return_value
 
     # Simulation never checks the sequence number: a fixed one saves a getLedgerEntries per read.
     builder = TransactionBuilder(Account(source, 0), chain.passphrase, base_fee=100)
@@ -22,7 +22,7 @@ def _read(chain: ChainClient, *, source: str, contract: str, function: str, addr
     simulation = chain.simulate(tx)
     if simulation.error:
         raise SimulationFailed(f"{function}({address}) read failed: {simulation.error}"[:500])
-    value = scval.to_native(xdr.SCVal.from_xdr(simulation.results[0].xdr))
+    value = scval.to_native(simulated_return_value(simulation, function))
     return value, int(simulation.latest_ledger)
 
 

@@ -387,7 +387,23 @@ def read_contract(chain: ChainClient, *, source: str, contract: str, function: s
     simulation = chain.simulate(tx)
     if simulation.error:
         raise SimulationFailed(f"{function} read failed: {simulation.error}"[:500])
-    return scval.to_native(xdr.SCVal.from_xdr(simulation.results[0].xdr))
+    return scval.to_native(simulated_return_value(simulation, function))
+
+
+def simulated_return_value(simulation: Any, function: str) -> xdr.SCVal:
+    """The one result of a read-only simulation, or Unavailable: an answer with no result, several,
+    or bytes that do not decode says nothing about the chain (the node is outside paygate), so the
+    read is retried later like an unanswered one, never a crash of the tick."""
+    results = simulation.results
+    if not isinstance(results, list) or len(results) != 1:
+        count = len(results) if isinstance(results, list) else 0
+        raise Unavailable(f"{function} read: the simulation answered {count} results for one call",
+                          msgid="rpc.malformed_answer")
+    try:
+        return xdr.SCVal.from_xdr(results[0].xdr)
+    except Exception as exc:  # any decode failure of foreign bytes
+        raise Unavailable(f"{function} read: the simulation's result does not decode ({type(exc).__name__})",
+                          msgid="rpc.malformed_answer") from None
 
 
 def billing_balance(chain: ChainClient, *, billing: str, account: str, source: str) -> int:
