@@ -133,6 +133,11 @@ def test_an_idle_lane_ahead_of_the_journal_is_fenced_with_evidence_once(chain: C
     assert resolved["resolved_by"] == "test-operator" and lane_row(db, lane)[3] == ours + 1
     assert db.execute("SELECT count(*) FROM paygate.audit_log WHERE action = 'lane.fence_resolved' AND target = %s",
                       (lane,)).fetchone()[0] == 1
+    # The reconciler counts the accepted sequence as the engine does: no lane_gap for the lane.
+    reconciled = chain.tick("reconciler")
+    assert reconciled.code == ExitCode.OK, reconciled.err[-2000:]
+    assert db.execute("SELECT count(*) FROM paygate.findings WHERE kind = 'lane_gap' AND resolved_at IS NULL"
+                      ).fetchone()[0] == 0
     db.execute("UPDATE paygate.lanes SET last_allocated_at = NULL WHERE address = %s", (lane,))  # taken next
     third = admit(chain, db, 2, "fence-3")
     assert all(code == ExitCode.OK for code in settle(chain, db, third))

@@ -23,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.journal import lineage as lineages
 from paygate_cli.ticks.context import TickContext, TickResult
 
 if TYPE_CHECKING:
@@ -81,12 +82,12 @@ SELECT (SELECT coalesce(sum(amount), 0) FROM paygate.charges WHERE status = 'set
 SNAPSHOT_SQL = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 # Plain sums over large tables: JIT compilation costs seconds here and saves nothing.
 NO_JIT_SQL = "SET LOCAL jit = off"
-LANES_SQL = """
-SELECT l.address,
-       (SELECT max(x.source_seq) FROM paygate.lineages x WHERE x.lane = l.address AND x.state IN ('applied', 'failed')),
+# The journal's last consumed sequence is the engine's own rule (a sequence an operator accepted
+# after a lane fence counts), so a lane the engine would use is never reported as a gap here.
+LANES_SQL = ("SELECT l.address, " + lineages.last_consumed_seq_sql("l.address") + """,
        (SELECT x.source_seq FROM paygate.lineages x WHERE x.lane = l.address AND x.state IN ('signed', 'sent'))
 FROM paygate.lanes l WHERE l.address = ANY(%s) ORDER BY l.address
-"""
+""")
 # Lanes share the read budget with accounts (at most half of it); with more lanes than that, a
 # random sample each tick covers them all over a few ticks without keeping state per lane.
 PICK_LANES_SQL = "SELECT address FROM paygate.lanes WHERE status <> 'retired' ORDER BY random() LIMIT %s"
