@@ -268,3 +268,39 @@ def test_every_form_is_scrubbed_from_log_lines(devnet: DevnetHandle, dsn: str, t
         if form in (world.password, world.database_url):
             continue  # the DSN's password is registered when settings parse the URL
         assert form not in scrub(f"... {form} ..."), f"a {len(form)}-char form is not scrubbed"
+
+
+def test_an_rpc_url_carrying_a_key_never_shows(world: Secrets, devnet: DevnetHandle, db: psycopg.Connection,
+                                               tmp_path: Path) -> None:
+    """Providers put API keys in the RPC URL (userinfo, path, query). Every command and the money
+    movers' ticks, through their ordinary and their RPC-down paths, name an endpoint by its host only."""
+    user_pw, path_key, query_key = (secrets.token_hex(10) for _ in range(3))
+    keyed = f"http://rpcuser:{user_pw}@127.0.0.1:{devnet.url.rsplit(':', 1)[1]}/v1/{path_key}?apikey={query_key}"
+    down = f"http://rpcuser:{user_pw}@127.0.0.1:9/v1/{path_key}?apikey={query_key}"
+    environ = world.environ(devnet, PAYGATE_RPC_URL=keyed, PAYGATE_RPC_READ_URLS=keyed)
+    transcript = Transcript()
+    user = devnet.genesis["users"][0]
+    entry, nonce, expiration = sign_deposit(devnet, user["secret"], DEPOSIT, valid_ledgers=300)
+    credit_id = admit_deposit(db, user["public"], DEPOSIT, entry, nonce, expiration, "grep-keyed-rpc")
+    for _ in range(6):
+        result = run(transcript, environ, "run-tick", "funding", "--once")
+        assert result.code == 0, result.err
+        devnet.close_ledger()
+    assert db.execute("SELECT status FROM paygate.pending_credits").fetchone()[0] == "settled"
+    for worker in ("observer", "reconciler", "gas", "relay_expiry"):
+        assert run(transcript, environ, "run-tick", worker, "--once", "--json").code in (0, 1)
+    for args in (("status",), ("status", "--json"), ("config", "show", "--sources", "--json"), ("nonce-inspect",),
+                 ("nonce-inspect", "--credit", str(credit_id), "--json"), ("reconcile-report",),
+                 ("key-retire-check", JOURNAL_KEY_ID, "--json")):
+        result = run(transcript, environ, *args)
+        assert result.code not in (ExitCode.SOFTWARE, ExitCode.CONFIG), f"{args}: {result.err}"
+    dead = world.environ(devnet, PAYGATE_RPC_URL=down, PAYGATE_RPC_READ_URLS=down, PAYGATE_RPC_TIMEOUT="1s")
+    other = devnet.genesis["users"][1]
+    entry, nonce, expiration = sign_deposit(devnet, other["secret"], DEPOSIT, valid_ledgers=300)
+    admit_deposit(db, other["public"], DEPOSIT, entry, nonce, expiration, "grep-keyed-rpc-down")
+    for args in (("run-tick", "funding", "--once"), ("status", "--json"), ("key-retire-check", JOURNAL_KEY_ID),
+                 ("replay", "deposits", str(credit_id), "--dry-run")):
+        result = run(transcript, dead, *args, process=True)
+        assert result.code not in (0, ExitCode.SOFTWARE), f"{args}: {result.err}"
+    assert any("127.0.0.1:9" in text for _, text in transcript.texts), "the host is named"
+    assert transcript.leaks([user_pw, path_key, query_key, keyed, down]) == []
