@@ -8,7 +8,8 @@ reserves its fee again through admission's own budget rule (paygate.take_relay_f
 Refused, per row and with the reason: a row that is not dead; a row whose lineage is not terminal
 (it could still land); a row whose effect is already on chain (re-verified by a majority of read
 endpoints, and refused if any endpoint sees it: a deposit's or a relay's authorisation nonce); a
-deposit or relay whose authorisation has expired; a relay the fee budget cannot cover."""
+deposit or relay whose authorisation has expired; a relay the fee budget cannot cover; a deposit
+whose authorisation fails funding's own validation today (the same call would fail again)."""
 
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ def _webhook_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: d
 # -- deposits --------------------------------------------------------------------------------------
 
 DEPOSIT_ROWS_SQL = """
-SELECT p.id, p.status, p.account, p.amount, p.auth_nonce, p.auth_expiration_ledger, p.reason, p.attempts,
-       p.deposit_tx, p.deposit_lineage_id, p.credit_lineage_id, p.idempotency_key, p.updated_at,
+SELECT p.id, p.status, p.account, p.amount, p.auth_entry, p.auth_nonce, p.auth_expiration_ledger, p.reason,
+       p.attempts, p.deposit_tx, p.deposit_lineage_id, p.credit_lineage_id, p.idempotency_key, p.updated_at,
        (SELECT array_agg(l.id || ':' || l.state ORDER BY l.id) FROM paygate.lineages l
         WHERE l.entitlement IN ('pending_credit:' || p.id || ':deposit', 'pending_credit:' || p.id || ':credit')
           AND l.state IN ('allocated', 'signed', 'sent')) AS live,
@@ -66,8 +67,7 @@ SELECT p.id, p.status, p.account, p.amount, p.auth_nonce, p.auth_expiration_ledg
         WHERE l.entitlement = 'pending_credit:' || p.id || ':deposit' AND l.state = 'applied') AS applied
 FROM paygate.pending_credits p
 WHERE CASE WHEN %(ids)s::bigint[] IS NULL
-           THEN p.status IN ('failed', 'expired', 'needs_human')
-                AND (%(since)s::timestamptz IS NULL OR p.updated_at >= %(since)s)
+           THEN p.status = ANY(%(dead)s) AND (%(since)s::timestamptz IS NULL OR p.updated_at >= %(since)s)
            ELSE p.id = ANY(%(ids)s) END
 ORDER BY p.id
 """
@@ -97,8 +97,35 @@ def _require_majority_answered(answers: dict[str, Any], nonce: int) -> None:
                           f"read endpoint(s) answered ({errors})"[:500], msgid="rpc.unavailable")
 
 
+# Dead deposits (workers/funding.py): `failed` (a bad authorisation quarantined, a transfer that
+# failed on chain, a rejection at send), `expired` (its authorisation ran out), `needs_human`.
+DEPOSIT_DEAD = ("failed", "expired", "needs_human")
+
+
+def _deposit_validation(settings: Any, row: dict[str, Any]) -> str | None:
+    """Funding's own check of the user's authorisation (signature, amount, USDC contract, the billing
+    contract as destination, nonce and expiry as admitted), run again with today's configuration: a
+    deposit it refuses would be quarantined again on its first claim. Passing it (a configuration
+    since put right) makes the row replayable. Only for dead rows with nothing live or applied: those
+    refusals come first."""
+    if row["status"] not in DEPOSIT_DEAD or row["live"] or row["deposit_tx"] is not None or row["applied"]:
+        return None
+    from paygate_cli.chain.contracts import BadAuthorization, check_deposit_auth
+
+    try:
+        auth = check_deposit_auth(row["auth_entry"], account=row["account"], amount=int(row["amount"]),
+                                  usdc=settings.usdc_contract or "", billing=settings.billing_contract or "",
+                                  passphrase=settings.network_passphrase)
+    except BadAuthorization as exc:
+        return f"failed validation (bad authorisation: {exc}): the same call would fail again"
+    if auth.nonce != int(row["auth_nonce"]) or auth.expiration_ledger != int(row["auth_expiration_ledger"]):
+        return ("failed validation (bad authorisation: nonce/expiration differ from the admitted row): "
+                "the same call would fail again")
+    return None
+
+
 def _deposit_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: dict[str, Any]) -> str | None:
-    if row["status"] not in ("failed", "expired", "needs_human"):
+    if row["status"] not in DEPOSIT_DEAD:
         return f"not dead (status {row['status']})"
     if row["live"]:
         return f"lineage {', '.join(row['live'])} is not terminal: it could still land"
@@ -283,14 +310,18 @@ class QueueSpec:
     # More writes in the replay's transaction after its CAS won; a reason rolls the replay back.
     after: Callable[[psycopg.Connection, dict[str, Any]], str | None] | None = None
     dead: tuple[str, ...] = ()  # the statuses --all-dead selects (rows_sql's %(dead)s)
+    # A refusal from configuration and the row alone, checked before `refusal`'s chain reads (None:
+    # no opinion); it needs the settings, which `refusal` does not get.
+    validate: Callable[[Any, dict[str, Any]], str | None] | None = None
     aliases: tuple[str, ...] = field(default_factory=tuple)
 
 
 QUEUES: dict[str, QueueSpec] = {spec.name: spec for spec in (
-    QueueSpec("webhooks", WEBHOOK_ROWS_SQL, _webhook_refusal, WEBHOOK_REPLAY_SQL, needs_chain=False,
+    QueueSpec("webhooks", WEBHOOK_ROWS_SQL, _webhook_refusal, WEBHOOK_REPLAY_SQL, needs_chain=False, dead=("dead",),
               aliases=("webhook", "webhook_deliveries", "webhook_outbox")),
     QueueSpec("deposits", DEPOSIT_ROWS_SQL, _deposit_refusal, DEPOSIT_REPLAY_SQL, needs_chain=True,
-              event_sql=DEPOSIT_EVENT_SQL, aliases=("deposit", "pending_credits", "funding")),
+              event_sql=DEPOSIT_EVENT_SQL, dead=DEPOSIT_DEAD, validate=_deposit_validation,
+              aliases=("deposit", "pending_credits", "funding")),
     QueueSpec("relays", RELAY_ROWS_SQL, _relay_refusal, RELAY_REPLAY_SQL, needs_chain=True,
               event_sql=RELAY_EVENT_SQL, after=_relay_reserve, dead=RELAY_DEAD, aliases=("relay",)),
     QueueSpec("bot_jobs", BOT_JOB_ROWS_SQL, _bot_job_refusal, BOT_JOB_REPLAY_SQL, needs_chain=False,
@@ -313,7 +344,7 @@ def _public(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan(conn: psycopg.Connection, chain: ChainClient | None, spec: QueueSpec, *, ids: list[int] | None,
-         since: Any) -> list[dict[str, Any]]:
+         since: Any, settings: Any = None) -> list[dict[str, Any]]:
     """Every selected row with its refusal reason (None: replayable). Reads only."""
     cursor = conn.execute(spec.rows_sql, {"ids": ids, "since": since, "dead": list(spec.dead)})
     names = [c.name for c in cursor.description or []]
@@ -322,7 +353,11 @@ def plan(conn: psycopg.Connection, chain: ChainClient | None, spec: QueueSpec, *
         missing = sorted(set(ids) - {r["id"] for r in rows})
         rows += [{"id": i, "missing": True} for i in missing]
     for row in rows:
-        row["refusal"] = "no such row" if row.get("missing") else spec.refusal(conn, chain, row)
+        if row.get("missing"):
+            row["refusal"] = "no such row"
+            continue
+        invalid = spec.validate(settings, row) if spec.validate is not None and settings is not None else None
+        row["refusal"] = invalid or spec.refusal(conn, chain, row)
     return rows
 
 
@@ -386,7 +421,7 @@ def run(settings: Any, queue: str, *, ids: list[int] | None, all_dead: bool, sin
 
             chain = ChainClient(settings, guard_conn=conn)
         try:
-            rows = plan(conn, chain, spec, ids=ids or None, since=since)
+            rows = plan(conn, chain, spec, ids=ids or None, since=since, settings=settings)
             replayable = sum(1 for r in rows if not r["refusal"])
             if replayable and not dry_run:
                 confirm(replayable)
@@ -397,4 +432,5 @@ def run(settings: Any, queue: str, *, ids: list[int] | None, all_dead: bool, sin
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o["outcome"]] = counts.get(o["outcome"], 0) + 1
-    return {"queue": spec.name, "dry_run": dry_run, "counts": counts, "rows": outcomes}
+    return {"queue": spec.name, "dry_run": dry_run, "all_dead_statuses": list(spec.dead) if all_dead else None,
+            "counts": counts, "rows": outcomes}
