@@ -208,3 +208,43 @@ def test_a_bot_job_whose_envelope_does_not_decrypt_needs_a_human_and_blocks_noth
         "SELECT status FROM paygate.bot_jobs WHERE id = %s", (fresh,)).fetchone()[0] == "applied")
     assert rdb.execute("SELECT x.lane FROM paygate.bot_jobs j JOIN paygate.lineages x ON x.id = j.lineage_id "
                        "WHERE j.id = %s", (fresh,)).fetchone()[0] != lane
+
+
+def test_a_parked_batch_that_lands_after_all_is_settled_from_the_chains_events(
+        devnet: DevnetHandle, dsn: str, tmp_path: Path, db: psycopg.Connection) -> None:
+    """The parked lineage's bytes were accepted and stay queued: they land after the lineage was
+    parked. The chain is the fact: the sweep records the receipt by hash (no decryption needed), and
+    the observer settles the charges that were handed to a human, once, quarantining nothing."""
+    chain = charge_chain(devnet, dsn, tmp_path / "keys")
+    users = chain.genesis["users"]
+    fund(chain, db, [(users[0], 10_000)])
+    held = [admit_charge(db, users[0]["public"], 10, f"late-{n}")[0] for n in range(2)]
+    chain.devnet.set_fault("hold_next", ledgers=3)
+    assert chain.tick("settlement").code == 0
+    lineage_id = db.execute("SELECT lineage_id FROM paygate.charges WHERE id = %s", (held[0],)).fetchone()[0]
+    in_flight(db, lineage_id)
+    tamper(db, lineage_id)
+    chain.devnet.close_ledger()
+    assert chain.tick("settlement").code == 3
+    assert {r[0] for r in db.execute("SELECT status FROM paygate.charges WHERE id = ANY(%s)", (held,))} == {
+        "needs_human"}
+    balance = db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s",
+                         (users[0]["public"],)).fetchone()[0]
+
+    chain.devnet.close_ledger(4)  # the held bytes land
+    # With no other charge work, settlement's sweep records the receipt (the lineage is an orphan
+    # once it is a few seconds old); then the observer reads the events.
+    import time
+
+    def applied() -> bool:
+        time.sleep(1)
+        return db.execute("SELECT state FROM paygate.lineages WHERE id = %s", (lineage_id,)).fetchone()[0] == "applied"
+
+    tick_until(chain, "settlement", applied)
+    result = chain.tick("observer")
+    assert result.code == 0, result.err[-2000:]
+    rows = db.execute("SELECT status, settled_ledger FROM paygate.charges WHERE id = ANY(%s)", (held,)).fetchall()
+    assert all(status == "settled" and ledger is not None for status, ledger in rows), rows
+    assert db.execute("SELECT count(*) FROM paygate.chain_events WHERE quarantined").fetchone()[0] == 0
+    assert db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s",
+                      (users[0]["public"],)).fetchone()[0] == balance  # debited once, at admission

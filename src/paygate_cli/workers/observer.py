@@ -79,6 +79,8 @@ ON CONFLICT (event_id) DO NOTHING
 
 # Set-based promotion of a page's `charge` events: only rows whose account and amount match the
 # event, and only from a non-terminal state; the rest are diagnosed one by one and quarantined.
+# `needs_human` is not terminal for the chain: a charge handed to a human because its batch's
+# envelope no longer decrypts is settled (or failed) by its event when those bytes land after all.
 # The outbox rows are paygate.emit_event's, in set form (one row per enabled endpoint per event):
 # calling the function once per row cost a third of the statement.
 SETTLE_CHARGES_SQL = """
@@ -92,7 +94,7 @@ WITH ev AS (
         updated_at = now()
     FROM ev
     WHERE c.charge_id = ev.charge_id AND c.account = ev.account AND c.amount = ev.amount
-      AND c.status = 'authorized'
+      AND c.status IN ('authorized', 'needs_human')
     RETURNING c.id, c.charge_id, c.account, c.amount, ev.event_id, ev.ledger
 ), emitted AS (
     INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload)
@@ -117,7 +119,7 @@ WITH ev AS (
         event_id = ev.event_id, reason = 'charge_failed on chain: ' || ev.reason, updated_at = now()
     FROM ev
     WHERE c.charge_id = ev.charge_id AND c.account = ev.account AND c.amount = ev.amount
-      AND c.status = 'authorized'
+      AND c.status IN ('authorized', 'needs_human')
     RETURNING c.id, c.charge_id, c.account, c.amount, ev.event_id, ev.ledger, ev.reason
 ), restored AS (
     UPDATE paygate.accounts a SET cached_balance = a.cached_balance + f.total, updated_at = now()

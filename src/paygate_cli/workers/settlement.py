@@ -406,8 +406,10 @@ def tick(ctx: TickContext) -> TickResult:
     claimable, drivable, orphans = ctx.conn.execute(HAS_WORK_SQL).fetchone()
     if ctx.draining:
         claimable = False  # a drained instance drives what is in flight and takes nothing new
-    if not claimable and not drivable:
-        return TickResult()  # idle: no stellar_sdk import, one query
+    if not claimable and not drivable and not orphans:
+        # Idle: no stellar_sdk import, one query. Orphans count as work: a live lineage no batch
+        # holds any more (e.g. one parked for a human) is resolved by nobody else, and pins its lane.
+        return TickResult()
     if not ctx.settings.billing_contract:
         from paygate_cli.errors import ConfigError
 
