@@ -32,7 +32,8 @@ def _runs(conn: psycopg.Connection) -> int:
 def test_tick_before_any_migrate_exits_78_naming_the_versions(empty_dsn: str) -> None:
     result = run_cli("run-tick", "webhooks", dsn=empty_dsn)
     assert result.code == ExitCode.CONFIG, result.err
-    assert f"schema is at version 0, this paygate needs {SHIPPED}: run `paygate migrate`" in result.err
+    assert f"has no paygate schema (schema is at version 0, this paygate needs {SHIPPED}); if it is the right " \
+           "one, run `paygate migrate`" in result.err
 
 
 def test_tick_on_a_schema_one_migration_behind_exits_78(empty_dsn: str) -> None:

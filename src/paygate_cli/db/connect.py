@@ -5,9 +5,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from paygate_cli.errors import ConfigError, DatabaseAuthFailed, ExitCode, PaygateError, Unavailable
+from paygate_cli.errors import (
+    ConfigError,
+    DatabaseAuthFailed,
+    DatabaseConfigInvalid,
+    ExitCode,
+    PaygateError,
+    Unavailable,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -35,11 +42,28 @@ def _is_refused(exc: BaseException) -> bool:
     return bool(_REFUSED.search(str(exc)))
 
 
+# libpq rejecting the connection settings themselves, before any network I/O (`sslmode=bogus`, a port
+# that is not a number, an SSL mode this libpq cannot do): configuration (78), never an outage (69).
+_INVALID_SETTING = re.compile(
+    r"invalid [a-z_]+ value|invalid integer value|invalid port number|could not match \d+ port numbers|"
+    r"could not match \d+ host names|not compiled in|invalid SSL protocol version range", re.IGNORECASE)
+# The OS refusing the Unix socket path: a socket directory this OS user may not enter, or a socket it
+# may not write. 78, not 77 and not 69: 77 is the database refusing a privilege to paygate's *role*
+# (a GRANT fixes it), while this is the filesystem refusing the *OS user* before Postgres is asked,
+# fixed only in the deployment (the DSN's host=, the user the unit runs as, its groups). No retry
+# fixes it, and calling it "unavailable" sends on-call looking for a server that is up.
+_SOCKET_DENIED = re.compile(r'on socket "[^"]*" failed: Permission denied', re.IGNORECASE)
+
+
+def _is_misconfigured(exc: BaseException) -> bool:
+    return bool(_INVALID_SETTING.search(str(exc)) or _SOCKET_DENIED.search(str(exc)))
+
+
 def _is_transient(exc: BaseException) -> bool:
     import psycopg
 
     return (isinstance(exc, psycopg.OperationalError) and exc.sqlstate in _TRANSIENT_SQLSTATES
-            and not _is_refused(exc))
+            and not _is_refused(exc) and not _is_misconfigured(exc))
 
 
 def describe_connect_error(exc: BaseException) -> str:
@@ -47,6 +71,70 @@ def describe_connect_error(exc: BaseException) -> str:
     password), and its hint; the last line alone ("Is the server running…") loses where."""
     text = " ".join(part.strip() for part in str(exc).strip().splitlines() if part.strip())
     return re.sub(r"^connection (failed|is bad): ", "", text) or type(exc).__name__
+
+
+# -- the target: which database a command is about to read or write -------------------------------
+# Only these connection keys are ever shown: never the password, passfile, sslpassword or options.
+_TARGET_KEYS = ("host", "hostaddr", "port", "dbname", "user", "service")
+
+
+def _target(host: str | None, port: str | None, dbname: str | None, user: str | None,
+            service: str | None = None) -> dict[str, Any]:
+    return {"host": host or None, "port": port or None, "database": dbname or user or None, "role": user or None,
+            "socket": (host or "/").startswith(("/", "@")), "service": service or None}
+
+
+def dsn_target(dsn: str) -> dict[str, Any]:
+    """The target a DSN names, with libpq's own defaults filled in the way libpq fills them (PG*
+    variables, the OS user; no host is the compiled-in socket directory, shown as None)."""
+    import psycopg
+    from psycopg import pq
+
+    try:
+        given = {o.keyword.decode(): o.val.decode() for o in pq.Conninfo.parse(dsn.encode())
+                 if o.val is not None and o.keyword.decode() in _TARGET_KEYS}
+    except (psycopg.Error, UnicodeError):
+        raise ConfigError("the database URL is not a valid libpq connection string") from None
+    defaults = {o.keyword.decode(): o.val.decode() for o in pq.Conninfo.get_defaults()
+                if o.val is not None and o.keyword.decode() in _TARGET_KEYS}
+    value = {key: given.get(key) or defaults.get(key) for key in _TARGET_KEYS}
+    return _target(value["host"] or value["hostaddr"], value["port"], value["dbname"], value["user"],
+                   value["service"])
+
+
+def connection_target(conn: psycopg.Connection) -> dict[str, Any]:
+    """What a live connection reached: for a multi-host DSN, the host that answered."""
+    info = conn.info
+    return _target(info.host, str(info.port) if info.port else None, info.dbname, info.user)
+
+
+def database_target(settings: Settings, conn: psycopg.Connection | None = None) -> dict[str, Any]:
+    """The database and named context a command acts on (README, "Which database am I on?"): from
+    the live connection when there is one, else from the configured DSN."""
+    target = connection_target(conn) if conn is not None else dsn_target(settings.dsn())
+    context = settings.values.get("context")
+    production = bool(settings.values.get("context_production"))
+    if production and not context:
+        raise ConfigError("PAYGATE_CONTEXT_PRODUCTION is set but PAYGATE_CONTEXT names no context: a write "
+                          "against production is confirmed by typing the context's name",
+                          msgid="config.context")
+    return {**target, "context": context, "production": production}
+
+
+def describe_target(target: dict[str, Any]) -> str:
+    """One line: `database paygate on host db1:5432 as role paygate_runtime, context prod-eu (production)`."""
+    where = target.get("host")
+    port = target.get("port") or "5432"
+    if target.get("service") and not where:
+        place = f"service {target['service']}"
+    elif target.get("socket"):
+        place = f"socket {where or '(libpq default directory)'} port {port}"
+    else:
+        place = f"host {where}:{port}" if "," not in (where or "") else f"hosts {where} ports {port}"
+    line = f"database {target.get('database') or '?'} on {place} as role {target.get('role') or '?'}"
+    if target.get("context"):
+        line += f", context {target['context']}" + (" (production)" if target.get("production") else "")
+    return line
 
 
 def connect(settings: Settings, purpose: str, *, autocommit: bool = True,
@@ -98,6 +186,14 @@ def connect(settings: Settings, purpose: str, *, autocommit: bool = True,
         if _is_refused(exc):
             raise DatabaseAuthFailed(f"Postgres refused the login (fix the database URL, role or password; "
                                      f"retrying will not help): {detail}") from None
+        if _SOCKET_DENIED.search(str(exc)):
+            raise DatabaseConfigInvalid(
+                f"this OS user may not reach the Postgres socket (fix the database URL's host= socket "
+                f"directory, or run as a user allowed into it; retrying will not help): {detail}",
+                msgid="db.socket_denied") from None
+        if _INVALID_SETTING.search(str(exc)):
+            raise DatabaseConfigInvalid(f"the database URL has an invalid setting (retrying will not help): "
+                                        f"{detail}") from None
         raise Unavailable(f"cannot connect to Postgres: {detail}", msgid="db.unavailable") from None
 
 

@@ -73,7 +73,15 @@ def current_version(conn: psycopg.Connection) -> int:
         return 0
 
 
-def schema_behind_message(current: int, needed: int) -> str:
+def schema_behind_message(current: int, needed: int, conn: psycopg.Connection | None = None) -> str:
+    if current == 0:
+        # No paygate schema at all: as likely a DSN that reached another database (an empty
+        # `postgres://` takes libpq's defaults) as a first deploy. Say so before "run migrate".
+        from paygate_cli.db.connect import connection_target, describe_target
+
+        where = describe_target(connection_target(conn)) if conn is not None else "this database"
+        return (f"wrong database? {where} has no paygate schema (schema is at version 0, this paygate needs "
+                f"{needed}); if it is the right one, run `paygate migrate`")
     return f"schema is at version {current}, this paygate needs {needed}: run `paygate migrate`"
 
 
@@ -83,7 +91,7 @@ def require_schema(conn: psycopg.Connection) -> None:
     needed = shipped_version()
     current = current_version(conn)
     if current < needed:
-        raise SchemaBehind(schema_behind_message(current, needed))
+        raise SchemaBehind(schema_behind_message(current, needed, conn))
 
 
 def explain_missing_object(settings: Settings) -> SchemaBehind | None:
@@ -169,7 +177,7 @@ def schema_state(conn: psycopg.Connection) -> dict[str, object]:
     return {
         "schema_version": current,
         "expected_version": needed,
-        "message": schema_behind_message(current, needed) if current < needed else None,
+        "message": schema_behind_message(current, needed, conn) if current < needed else None,
         "pending": [f"{m.version:04d}_{m.name}" for m in available if m.version not in applied],
     }
 
