@@ -96,15 +96,42 @@ _ROOT_OPTIONS_WITH_VALUE = {"--config", "--log-format", "--log-level"}
 
 
 def _command_name(args: list[str]) -> str | None:
+    index = _command_index(args)
+    return None if index is None else args[index]
+
+
+def _command_index(args: list[str]) -> int | None:
     skip = False
-    for arg in args:
+    for index, arg in enumerate(args):
         if skip:
             skip = False
         elif arg in _ROOT_OPTIONS_WITH_VALUE:
             skip = True
+        elif arg == "--":
+            return None
         elif not arg.startswith("-"):
-            return arg
+            return index
     return None
+
+
+# Output flags a person types on either side of the command name (`paygate --json status` and
+# `paygate status --json`): each command declares its own --json/--plain (its document), the root
+# declares --wide (every table). A flag on the other side is moved to where it is declared.
+_COMMAND_FLAGS = ("--json", "--plain")
+_ROOT_FLAGS = ("--wide",)
+
+
+def _place_output_flags(args: list[str]) -> list[str]:
+    index = _command_index(args)
+    if index is None:
+        return args
+    before, after = args[:index], args[index:]
+    to_command = [a for a in before if a in _COMMAND_FLAGS]
+    before = [a for a in before if a not in _COMMAND_FLAGS]
+    end = after.index("--") if "--" in after else len(after)  # after `--` every word is an argument
+    to_root = [a for a in after[:end] if a in _ROOT_FLAGS]
+    after = [a for a in after[:end] if a not in _ROOT_FLAGS] + to_command + after[end:]
+    return to_root + before + after
 
 
 COMPLETE_VAR = "_PAYGATE_COMPLETE"
@@ -152,6 +179,7 @@ def _main(argv: Sequence[str] | None, env: Env) -> int:
         from typer._completion_classes import completion_init
 
         completion_init()
+    args = _place_output_flags(args)
     command = _command_name(args)
     app = make_app(command if command in COMMANDS and not completing else None)
 

@@ -26,11 +26,16 @@ def root(
     log_level: Annotated[str | None, typer.Option("--log-level", help="debug | info | warning | error")] = None,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Tables at full width on a terminal (no folding, no "
+                                                      "one-record-per-block layout); also after the command.")]
+    = False,
 ) -> None:
     """paygate: see `paygate COMMAND --help`. Exit codes: 0 ok, 1 failed items, 2 usage, 3 needs a
-    human, 69 dependency unavailable, 70 bug, 75 skipped (lock held), 77 permission, 78 config."""
+    human, 69 dependency unavailable, 70 bug, 75 skipped (lock held), 77 permission, 78 config.
+    A command's --json and --plain may also come before its name (`paygate --json status`)."""
     env = get_env(ctx)
     env.config_path = config_path
+    env.wide = wide
     env.override(log_format=log_format, log_level=log_level)
     # Logging must work before settings load (a bad config still logs its error), so it reads only
     # the flags and the two plain variables here.

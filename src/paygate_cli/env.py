@@ -23,6 +23,7 @@ class Env:
     config_path: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     json_errors: bool = False  # set by --json: a fatal error also becomes a JSON object on stderr
+    wide: bool = False  # set by --wide: tables at their full width on a terminal, never folded
     # Resolved by the root callback (flags > PAYGATE_LOG_*); the final error line uses them too.
     log_format: str | None = None
     log_level: str | None = None

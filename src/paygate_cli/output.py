@@ -31,6 +31,8 @@ def mode_from_flags(json_flag: bool, plain_flag: bool = False) -> Mode:
 
 
 def _default(value: Any) -> Any:
+    if isinstance(value, Shown):
+        return value.raw
     if isinstance(value, datetime | date):
         return value.isoformat()
     if isinstance(value, Decimal):
@@ -46,7 +48,99 @@ def to_json(document: dict[str, Any]) -> str:
     return json.dumps({"schema_version": SCHEMA_VERSION, **document}, default=_default, sort_keys=False)
 
 
+# -- what a person reads: money, ages and durations -------------------------------------------------
+#
+# Amounts are stored as integer units of the asset's smallest unit (numeric(39,0)): USDC through its
+# Stellar Asset Contract and XLM fees both have 7 decimals (1 USDC = 10_000_000 units, 1 XLM =
+# 10_000_000 stroops). Human output shows the raw units *and* the asset amount; --json, --plain and
+# csv keep the raw number (a `Shown` cell carries both).
+ASSET_DECIMALS = {"USDC": 7, "XLM": 7}
+
+
+class Shown:
+    """A cell with a raw value (for --json/--plain/csv) and the text a person reads."""
+
+    __slots__ = ("raw", "text")
+
+    def __init__(self, raw: Any, text: str) -> None:
+        self.raw, self.text = raw, text
+
+    def __str__(self) -> str:  # f-strings in human sentences read the person's form
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"Shown({self.raw!r}, {self.text!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Shown) and (self.raw, self.text) == (other.raw, other.text)
+
+    def __hash__(self) -> int:
+        return hash((self.raw, self.text))
+
+
+def asset_amount(units: Any, asset: str) -> str:
+    """`-630000` USDC units -> `-0.063 USDC`; exact (Decimal), trailing zeros dropped."""
+    decimals = ASSET_DECIMALS[asset]
+    value = Decimal(str(units)).scaleb(-decimals)
+    text = f"{value:,.{decimals}f}".rstrip("0").rstrip(".")
+    return f"{'0' if text in ('-0', '') else text} {asset}"
+
+
+def amount(units: Any, asset: str) -> Shown | None:
+    """A money cell: `-630000 (-0.063 USDC)` for a person, the raw units for scripts."""
+    if units is None:
+        return None
+    try:
+        return Shown(units, f"{units} ({asset_amount(units, asset)})")
+    except (ArithmeticError, ValueError):  # not a number (never expected): shown as it is
+        return Shown(units, str(units))
+
+
+def duration_text(seconds: float | None) -> str:
+    """`7d`, `2h30m`, `5m3s`, `45s`, `1.5s`, `250ms`: at most two units, never `604800.0`."""
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, float(seconds))
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms" if seconds else "0s"
+    if seconds < 10 and not float(seconds).is_integer():
+        return f"{seconds:.1f}".rstrip("0").rstrip(".") + "s"
+    whole = round(seconds)
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, whole = divmod(whole, size)
+        if count or (parts and len(parts) < 2 and whole):
+            parts.append(f"{count}{unit}")
+        if len(parts) == 2 or (parts and not whole):
+            break
+    return "".join(parts) or "0s"
+
+
+def duration(seconds: float | None) -> Shown | None:
+    return None if seconds is None else Shown(seconds, duration_text(seconds))
+
+
+def ago_text(seconds: float | None) -> str:
+    """`12m ago` (or `never`): how long since something happened."""
+    return "never" if seconds is None else f"{duration_text(seconds)} ago"
+
+
+def ago(seconds: float | None) -> Shown:
+    return Shown(seconds, ago_text(seconds))
+
+
+def _human(value: Any) -> str:
+    """A cell as a person reads it: a `Shown`'s text; no Python `None`."""
+    if isinstance(value, Shown):
+        return value.text
+    if isinstance(value, list | tuple):
+        return ",".join(_human(v) for v in value)
+    return _cell(value)
+
+
 def _cell(value: Any) -> str:
+    if isinstance(value, Shown):
+        value = value.raw
     if value is None:
         return ""
     if isinstance(value, datetime):
@@ -136,22 +230,26 @@ def emit(
         env.stdout.flush()
         return
 
+    if rows is not None and not rows:  # an empty boxed table reads as "something is cut"
+        lines = [*lines, f"{title}: no rows" if title else "no rows"]
+        rows = None
     if rows is None and lines:  # plain sentences need no rich (and its ~70 ms import on every cron run)
         for line in lines:
             env.stdout.write(line + "\n")
         env.stdout.flush()
         return
 
-    if not env.stdout_isatty and _render_box_table(env, rows, columns, title, lines):
+    wide = env.wide
+    if (not env.stdout_isatty or wide) and _render_box_table(env, rows, columns, title, lines):
         return
 
     from rich.console import Console
     from rich.table import Table
 
     no_color = bool(env.environ.get("NO_COLOR") or env.environ.get("PAYGATE_NO_COLOR"))
-    # Off a terminal there is no width to fit: rich's default of 80 columns would cut and wrap cells
-    # so `paygate workers | grep settlement` finds nothing. Tables never pad to the width.
-    width = None if env.stdout_isatty else _UNBOUNDED_WIDTH
+    # Off a terminal (or under --wide) there is no width to fit: rich's default of 80 columns would
+    # cut and wrap cells so `paygate workers | grep settlement` finds nothing. Tables never pad.
+    width = _terminal_width(env) if env.stdout_isatty and not wide else _UNBOUNDED_WIDTH
     console = Console(file=env.stdout, no_color=no_color, highlight=False, soft_wrap=False, width=width)
     console.on_broken_pipe = _reader_gone  # type: ignore[method-assign]  # rich would exit 1 on its own
     for line in lines:
@@ -159,13 +257,48 @@ def emit(
     if rows is not None:
         table = Table(title=title, show_lines=False)
         for column in columns or []:
-            table.add_column(column)
-        for row in rows:
-            table.add_row(*[_cell(row.get(c)) for c in columns or []])
-        console.print(table)
+            # Never an ellipsis: `-630000…` is another amount. A cell too long for its column folds.
+            table.add_column(column, overflow="fold")
+        cells = [[_human(row.get(c)) for c in columns or []] for row in rows]
+        for row_cells in cells:
+            table.add_row(*row_cells)
+        if env.stdout_isatty and not wide and _natural_width(console, table) > console.width:
+            _print_records(console, title, list(columns or []), cells)  # one record per block
+        else:
+            console.print(table)
     elif not lines:
         for key, value in document.items():
-            console.print(f"{key}: {_cell(value)}", markup=False)
+            console.print(f"{key}: {_human(value)}", markup=False)
+
+
+def _natural_width(console: Any, table: Any) -> int:
+    """The table's width with no terminal to fit (console.measure caps it at the console's width)."""
+    from rich.measure import Measurement
+
+    return Measurement.get(console, console.options.update_width(_UNBOUNDED_WIDTH), table).maximum
+
+
+def _terminal_width(env: Env) -> int | None:
+    """The terminal's width: $COLUMNS of the command's environment, else rich asks the terminal."""
+    text = env.environ.get("COLUMNS", "")
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _print_records(console: Any, title: str | None, columns: list[str], cells: list[list[str]]) -> None:
+    """A table wider than the terminal, as `column  value` blocks: every value whole (a value
+    longer than the line folds onto the next one); `--wide` draws the table instead."""
+    from rich.table import Table
+
+    if title:
+        console.print(title, markup=False)
+    for index, row_cells in enumerate(cells, start=1):
+        console.print(f"-- {index} of {len(cells)} --", markup=False)
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(no_wrap=True)
+        grid.add_column(overflow="fold")
+        for column, text in zip(columns, row_cells, strict=True):
+            grid.add_row(column, text)
+        console.print(grid)
 
 
 # -- rich's table, without rich, off a terminal ------------------------------------------------------
@@ -203,7 +336,7 @@ def _render_box_table(env: Env, rows: Sequence[dict[str, Any]] | None, columns: 
             or _forced_terminal(os.environ):
         return False
     header = [str(c) for c in columns]
-    body = [[_cell(row.get(c)) for c in columns] for row in rows]
+    body = [[_human(row.get(c)) for c in columns] for row in rows]
     if not all(_rich_would_render_as_is(text) for text in (*lines, *header, *(t for r in body for t in r))):
         return False
     widths = [max([len(header[i]), *(len(r[i]) for r in body)]) + 2 for i in range(len(header))]

@@ -16,6 +16,45 @@ class Shell(StrEnum):
     fish = "fish"
 
 
+# -- candidates for the completion script (typer `autocompletion=` callbacks) ----------------------
+#
+# Called on every Tab with what is typed so far. Static lists answer at once; the database ones go
+# through ops.completion with a 1 s budget, and any failure at all (no configuration, database down,
+# a schema without the table) offers nothing rather than an error in the middle of a prompt.
+REPLAY_QUEUES = ("webhooks", "deposits", "relays", "bot_jobs")  # ops/replay.py QUEUES (a test keeps them equal)
+REPORT_FORMATS = ("table", "json", "csv", "markdown")  # commands/reconcile.py FORMATS
+
+
+def complete_replay_queues(incomplete: str) -> list[str]:
+    return [q for q in REPLAY_QUEUES if q.startswith(incomplete)]
+
+
+def complete_report_formats(incomplete: str) -> list[str]:
+    return [f for f in REPORT_FORMATS if f.startswith(incomplete)]
+
+
+def _from_database(ctx: typer.Context, lookup: str, incomplete: str) -> list[str]:
+    import logging
+
+    try:
+        from paygate_cli.ops import completion
+
+        logging.disable(logging.CRITICAL)  # no log line may reach the terminal mid-prompt
+        return list(getattr(completion, lookup)(get_env(ctx).settings, incomplete))
+    except Exception:
+        return []
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def complete_lanes(ctx: typer.Context, incomplete: str) -> list[str]:
+    return _from_database(ctx, "lane_addresses", incomplete)
+
+
+def complete_instances(ctx: typer.Context, incomplete: str) -> list[str]:
+    return _from_database(ctx, "instance_ids", incomplete)
+
+
 def completion_command(ctx: typer.Context, shell: Annotated[Shell, typer.Argument(help="bash, zsh or fish")]) -> int:
     """Print a shell completion script (it calls paygate back for the candidates).
 

@@ -7,13 +7,15 @@ from typing import Annotated
 import typer
 
 from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode
+from paygate_cli.commands.completion import complete_lanes
 from paygate_cli.errors import ExitCode
-from paygate_cli.output import emit
+from paygate_cli.output import amount, emit
 
 
 def nonce_inspect_command(
     ctx: typer.Context,
-    lane: Annotated[str | None, typer.Option("--lane", help="One lane (default: every lane).")] = None,
+    lane: Annotated[str | None, typer.Option("--lane", help="One lane (default: every lane).",
+                                             autocompletion=complete_lanes)] = None,
     credit: Annotated[int | None, typer.Option("--credit", help="A pending credit (deposit) id.")] = None,
     relay: Annotated[int | None, typer.Option("--relay", help="A relay id.")] = None,
     json_flag: JsonFlag = False, plain_flag: PlainFlag = False,
@@ -31,11 +33,11 @@ def nonce_inspect_command(
         relay_report = report["relay"]
         auth = relay_report["authorisation"]
         rows = [{"lineage": lin["id"], "state": lin["state"], "lane": lin["lane"], "seq": lin["source_seq"],
-                 "inner_hash": lin["inner_hash"], "fee_charged": lin["fee_charged"],
+                 "inner_hash": lin["inner_hash"], "fee_charged": amount(lin["fee_charged"], "XLM"),
                  "would": lin["resolution"]["would"]} for lin in relay_report["lineages"]]
         lines = [f"relay {relay}: {relay_report['relay']['status']}; nonces {auth['nonces']} consumed on chain: "
-                 f"{auth['consumed_on_chain'] or 'none'}; expires at ledger {auth['expiration_ledger']} "
-                 f"(latest {auth['latest_ledger']}); fee {relay_report['fee_reservation']['status']}"]
+                 f"{auth['consumed_on_chain'] or 'none'}; expires at ledger {_known(auth['expiration_ledger'])} "
+                 f"(latest {_known(auth['latest_ledger'])}); fee {relay_report['fee_reservation']['status']}"]
         emit(env, mode, report, rows=rows, lines=lines)
     elif "credit" in report:
         credit_report = report["credit"]
@@ -45,7 +47,7 @@ def nonce_inspect_command(
                 for lin in credit_report["lineages"]]
         lines = [f"deposit {credit}: {credit_report['pending_credit']['status']}; nonce {auth['nonce']} "
                  f"{'consumed' if auth['consumed_on_chain'] else 'not consumed'} on chain; expires at ledger "
-                 f"{auth['expiration_ledger']} (latest {auth['latest_ledger']})"]
+                 f"{_known(auth['expiration_ledger'])} (latest {_known(auth['latest_ledger'])})"]
         emit(env, mode, report, rows=rows, lines=lines)
     else:
         rows = [{"lane": r["lane"], "status": r["status"], "chain_seq": r["chain_seq"],
@@ -56,6 +58,11 @@ def nonce_inspect_command(
                  "finding": r["finding"]} for r in report["lanes"]]
         emit(env, mode, report, rows=rows, lines=[_fence_line(r) for r in report["lanes"] if r["fence"]])
     return ExitCode.NEEDS_HUMAN if report["needs_human"] else ExitCode.OK
+
+
+def _known(value: object) -> str:
+    """A ledger number, or "unknown" when the chain did not say (never Python's None)."""
+    return "unknown" if value is None else str(value)
 
 
 def _fence_line(lane: dict) -> str:

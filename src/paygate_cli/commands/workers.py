@@ -8,7 +8,7 @@ from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mo
 from paygate_cli.db.connect import connect
 from paygate_cli.db.locks import LOCK_NAMESPACE
 from paygate_cli.ops.status import last_runs
-from paygate_cli.output import emit
+from paygate_cli.output import duration, emit
 from paygate_cli.ticks.registry import WORKERS
 
 
@@ -29,7 +29,7 @@ def workers_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag:
             "worker": spec.name,
             "lock": f"({LOCK_NAMESPACE}, {spec.lock_keys()[0]}"
                     + (f"..{spec.lock_keys()[-1]})" if spec.concurrency > 1 else ")"),
-            "cadence_s": spec.cadence, "batch": spec.batch, "concurrency": spec.concurrency,
+            "cadence_s": duration(spec.cadence), "batch": spec.batch, "concurrency": spec.concurrency,
             "single_writer": spec.single_writer, "last_outcome": run.get("last_outcome"),
             "last_run": run.get("last_run_ago") if not offline else None,
             "last_success": run.get("last_success"), "last_error": run.get("last_error"),
