@@ -19,6 +19,28 @@ from dataclasses import dataclass
 
 START_SLOT = "none"  # the slot label of a run that never held a slot
 
+
+def require_parent(directory: str, where: str = "--metrics-dir") -> str:
+    """The metrics directory may be created, but only inside a directory that exists: a mistyped
+    path (`/var/lib/node_exportr/textfile`) is a configuration error (78), never a tree of new
+    directories that no collector reads."""
+    from paygate_cli.errors import ConfigError
+
+    path = os.path.abspath(directory)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(path) and not os.path.isdir(parent):
+        raise ConfigError(f"{where} {path}: its parent directory {parent} does not exist (a typo?); "
+                          "create it, or point the metrics directory at an existing one",
+                          msgid="config.metrics_dir")
+    return path
+
+
+def _ensure_directory(directory: str) -> None:
+    """Create the metrics directory itself when missing (never its parents)."""
+    path = require_parent(directory)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path)
+
 HELP = {
     "paygate_tick_last_run_timestamp_seconds": "Unix time the last tick (or failed start) of this slot finished",
     "paygate_tick_last_success_timestamp_seconds": "Unix time of the worker's last successful tick (worker_runs)",
@@ -66,7 +88,7 @@ def write_textfile(directory: str, metrics: TickMetrics) -> str:
             continue
         gauge = Gauge(name, HELP[name], ["worker", "slot", "paygate_instance"], registry=registry)
         gauge.labels(metrics.worker, slot, metrics.instance).set(value)
-    os.makedirs(directory, exist_ok=True)
+    _ensure_directory(directory)
     path = textfile_path(directory, metrics.worker, metrics.slot)
     write_to_textfile(path, registry)  # temp file + rename: the collector never reads half a file
     if metrics.slot is not None:
@@ -129,7 +151,7 @@ def write_state_textfile(directory: str, state: StateMetrics) -> str:
               registry=registry).labels(state.instance).set(state.findings_open)
     Gauge("paygate_state_timestamp_seconds", STATE_HELP["paygate_state_timestamp_seconds"], ["paygate_instance"],
           registry=registry).labels(state.instance).set(state.written)
-    os.makedirs(directory, exist_ok=True)
+    _ensure_directory(directory)
     path = os.path.join(directory, STATE_FILE)
     write_to_textfile(path, registry)
     return path
