@@ -76,9 +76,10 @@ def test_funding_refuses_to_start_on_one_host_with_78_and_one_line(dsn: str, tmp
     assert result.code == ExitCode.CONFIG, result.err
     lines = [line for line in result.err.splitlines() if line.strip()]
     assert len(lines) == 1 and "PAYGATE_RPC_READ_URLS" in lines[0] and "3 distinct hosts" in lines[0], result.err
-    # Nothing ran: no heartbeat row for a worker that refused to start.
+    # No tick ran: the one heartbeat row says why the worker cannot start (slot -1: it holds none).
     with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM paygate.worker_runs WHERE worker = 'funding'").fetchone() == (0,)
+        assert conn.execute("SELECT slot, outcome, error LIKE 'cannot start: %%' FROM paygate.worker_runs"
+                            " WHERE worker = 'funding'").fetchall() == [(-1, "error", True)]
     shown = run_cli("config", "show", "--json", environ={**environ, "PAYGATE_RPC_ALLOW_SINGLE_ENDPOINT": "1"})
     assert shown.code == 0 and "rpc_allow_single_endpoint" in shown.out
 
