@@ -9,6 +9,7 @@ import typer
 
 from paygate_cli import __version__
 from paygate_cli.commands._common import get_env
+from paygate_cli.commands.completion import complete_log_formats, complete_log_levels
 from paygate_cli.logs import configure_logging
 
 
@@ -22,8 +23,10 @@ def root(
     ctx: typer.Context,
     config_path: Annotated[str | None, typer.Option("--config", help="TOML config file.",
                                                     show_default=False)] = None,
-    log_format: Annotated[str | None, typer.Option("--log-format", help="auto | text | json")] = None,
-    log_level: Annotated[str | None, typer.Option("--log-level", help="debug | info | warning | error")] = None,
+    log_format: Annotated[str | None, typer.Option("--log-format", help="auto | text | json",
+                                                   autocompletion=complete_log_formats)] = None,
+    log_level: Annotated[str | None, typer.Option("--log-level", help="debug | info | warning | error",
+                                                  autocompletion=complete_log_levels)] = None,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
     wide: Annotated[bool, typer.Option("--wide", help="Tables at full width on a terminal (no folding, no "

@@ -33,6 +33,14 @@ def complete_report_formats(incomplete: str) -> list[str]:
     return [f for f in REPORT_FORMATS if f.startswith(incomplete)]
 
 
+def complete_log_formats(incomplete: str) -> list[str]:
+    return [f for f in ("auto", "text", "json") if f.startswith(incomplete)]
+
+
+def complete_log_levels(incomplete: str) -> list[str]:
+    return [level for level in ("debug", "info", "warning", "error") if level.startswith(incomplete)]
+
+
 def _from_database(ctx: typer.Context, lookup: str, incomplete: str) -> list[str]:
     import logging
 
