@@ -262,7 +262,7 @@ def emit(
         cells = [[_human(row.get(c)) for c in columns or []] for row in rows]
         for row_cells in cells:
             table.add_row(*row_cells)
-        if env.stdout_isatty and not wide and _natural_width(console, table) > console.width:
+        if env.stdout_isatty and not wide and _narrowest_width(console, table) > console.width:
             _print_records(console, title, list(columns or []), cells)  # one record per block
         else:
             console.print(table)
@@ -271,11 +271,12 @@ def emit(
             console.print(f"{key}: {_human(value)}", markup=False)
 
 
-def _natural_width(console: Any, table: Any) -> int:
-    """The table's width with no terminal to fit (console.measure caps it at the console's width)."""
+def _narrowest_width(console: Any, table: Any) -> int:
+    """The narrowest the table can be with every word whole (its longest word per column): wider
+    than the terminal, an address or an amount would be split, so it is shown as records instead."""
     from rich.measure import Measurement
 
-    return Measurement.get(console, console.options.update_width(_UNBOUNDED_WIDTH), table).maximum
+    return Measurement.get(console, console.options.update_width(_UNBOUNDED_WIDTH), table).minimum
 
 
 def _terminal_width(env: Env) -> int | None:
@@ -285,8 +286,8 @@ def _terminal_width(env: Env) -> int | None:
 
 
 def _print_records(console: Any, title: str | None, columns: list[str], cells: list[list[str]]) -> None:
-    """A table wider than the terminal, as `column  value` blocks: every value whole (a value
-    longer than the line folds onto the next one); `--wide` draws the table instead."""
+    """A table that cannot fit the terminal without splitting a word, as `column  value` blocks (a
+    value longer than the line still folds onto the next one); `--wide` draws the table instead."""
     from rich.table import Table
 
     if title:
