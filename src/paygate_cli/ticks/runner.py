@@ -195,25 +195,42 @@ def preflight(settings: Settings, spec: WorkerSpec) -> None:
         check_network(settings)
 
 
+# The preflight's own bound per endpoint: an endpoint that is down must not hold every start of
+# every chain worker for the full RPC timeout; not answering here is not a verdict anyway.
+NETWORK_CHECK_TIMEOUT = 2.0
+
+
 def check_network(settings: Settings) -> None:
-    """Each endpoint's getNetwork against PAYGATE_NETWORK_PASSPHRASE (plain HTTP, no stellar_sdk): a
-    node of another network would take every read and every send. An endpoint that does not answer
-    is left to the chain client's own retries and quorum (69 there), not called a config error."""
+    """Each endpoint's getNetwork against PAYGATE_NETWORK_PASSPHRASE (plain HTTP, no stellar_sdk, the
+    endpoints asked at once): a node of another network would take every read and every send. An
+    endpoint that does not answer is left to the chain client's own retries and quorum (69 there),
+    not called a configuration error."""
     from paygate_cli.chain.endpoints import endpoint_name, redact_urls
     from paygate_cli.chain.health import get_network_passphrase
     from paygate_cli.settings import distinct_read_urls
 
     urls = [settings.rpc_url, *distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)]
-    for url in urls:
+    timeout = min(settings.rpc_timeout, NETWORK_CHECK_TIMEOUT)
+
+    def ask(url: str) -> str | None:
         try:
-            served = get_network_passphrase(url, settings.rpc_timeout)
+            return get_network_passphrase(url, timeout)
         except Exception as exc:  # unreachable or not an RPC answer: not a verdict on the network
-            log.warning("could not ask %s for its network: %s", endpoint_name(url),
-                        redact_urls(scrub(f"{type(exc).__name__}: {exc}"))[:200],
-                        extra={"msgid": "tick.network_unchecked"})
-            continue
-        if served != settings.network_passphrase:
-            raise ConfigError(f"RPC endpoint {endpoint_name(url)} serves the network {served!r}, not the configured "
+            log.debug("could not ask %s for its network: %s", endpoint_name(url),
+                      redact_urls(scrub(f"{type(exc).__name__}: {exc}"))[:200],
+                      extra={"msgid": "tick.network_unchecked"})
+            return None
+
+    if len(urls) == 1:
+        served = [ask(urls[0])]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(urls)) as pool:
+            served = list(pool.map(ask, urls))
+    for url, network in zip(urls, served, strict=True):
+        if network is not None and network != settings.network_passphrase:
+            raise ConfigError(f"RPC endpoint {endpoint_name(url)} serves the network {network!r}, not the configured "
                               f"{settings.network_passphrase!r} (PAYGATE_NETWORK_PASSPHRASE)",
                               msgid="config.wrong_network")
 
