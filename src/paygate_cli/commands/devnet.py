@@ -111,6 +111,10 @@ def fault(
     ledgers: Annotated[int, typer.Option("--ledgers", help="Ledgers for account_lag / node_lag / hold_next.")] = 0,
     method: Annotated[list[str] | None, typer.Option("--method", help="Limit to this RPC method (repeatable).")]
     = None,
+    account: Annotated[str | None, typer.Option("--account", help="reject_send: only sends from this source (G…).")]
+    = None,
+    code: Annotated[str | None, typer.Option("--code", help="reject_send: the ERROR code (default txBAD_SEQ).")]
+    = None,
     json_flag: JsonFlag = False,
     plain_flag: PlainFlag = False,
 ) -> None:
@@ -125,6 +129,10 @@ def fault(
             params["count"] = count
         if method:
             params["methods"] = method
+        if account is not None:
+            params["account"] = account
+        if code is not None:
+            params["code"] = code
         result = _call(url, "devnet_setFault", params)
     _show(ctx, result, json_flag, plain_flag)
 

@@ -22,8 +22,14 @@ KINDS = {
     "hold_next": "the next accepted transaction stays queued `ledgers` ledgers before it lands",
     "drop_next": "the next accepted transaction is never included: dropped after 4 ledgers and banned",
     "down": "every non-admin request has its connection closed without an answer",
+    "reject_send": "sendTransaction answers ERROR with `code` (default txBAD_SEQ) without queuing, for "
+                   "transactions whose (inner) source is `account` (default: every one); a chain behind "
+                   "the journal answers a lane's sends this way",
 }
-COUNTED = {"http_503", "http_504", "slow", "lose_send_answer", "try_again_later", "hold_next", "drop_next"}
+COUNTED = {"http_503", "http_504", "slow", "lose_send_answer", "try_again_later", "hold_next", "drop_next",
+           "reject_send"}
+# What reject_send may answer: the codes a node gives for bytes it will not queue.
+REJECT_CODES = ("txBAD_SEQ", "txTOO_LATE", "txTOO_EARLY", "txBAD_AUTH", "txINSUFFICIENT_BALANCE", "txNO_ACCOUNT")
 
 
 class FaultError(ValueError):
@@ -37,9 +43,12 @@ class Fault:
     ms: int = 0
     ledgers: int = 0
     methods: list[str] | None = None  # only these RPC methods (None = every affected method)
+    account: str | None = None  # reject_send: only transactions from this source (None = every one)
+    code: str = "txBAD_SEQ"  # reject_send: the transaction result code answered
 
-    def applies_to(self, method: str) -> bool:
-        return self.methods is None or method in self.methods
+    def applies_to(self, method: str, account: str | None = None) -> bool:
+        return (self.methods is None or method in self.methods) and (
+            self.account is None or account is None or account == self.account)
 
 
 class Faults:
@@ -48,7 +57,7 @@ class Faults:
         self._faults: list[Fault] = []
 
     def set(self, kind: object, count: object = None, ms: object = 0, ledgers: object = 0,
-            methods: object = None) -> Fault:
+            methods: object = None, account: object = None, code: object = None) -> Fault:
         if kind not in KINDS:
             raise FaultError(f"unknown fault kind {kind!r}; known: {', '.join(sorted(KINDS))}")
         for name, v in (("count", count), ("ms", ms), ("ledgers", ledgers)):
@@ -56,6 +65,10 @@ class Faults:
                 raise FaultError(f"{name} must be a non-negative integer")
         if methods is not None and (not isinstance(methods, list) or not all(isinstance(m, str) for m in methods)):
             raise FaultError("methods must be a list of method names")
+        if account is not None and (kind != "reject_send" or not isinstance(account, str)):
+            raise FaultError("account is a source account (G…), for reject_send only")
+        if code is not None and (kind != "reject_send" or code not in REJECT_CODES):
+            raise FaultError(f"code is for reject_send only, one of {', '.join(REJECT_CODES)}")
         if kind == "slow" and not ms:
             raise FaultError("slow needs ms > 0")
         if kind in ("account_lag", "node_lag", "hold_next") and not ledgers:
@@ -64,7 +77,7 @@ class Faults:
         if count is None and kind in ("hold_next", "drop_next"):
             count = 1  # "the next" transaction
         fault = Fault(kind=kind, count=count, ms=int(ms or 0), ledgers=int(ledgers or 0),  # type: ignore[arg-type]
-                      methods=methods)  # type: ignore[arg-type]
+                      methods=methods, account=account, code=code or "txBAD_SEQ")  # type: ignore[arg-type]
         with self._lock:
             if kind in ("down", "account_lag", "node_lag"):
                 self._faults = [f for f in self._faults if f.kind != kind]
@@ -75,11 +88,12 @@ class Faults:
         with self._lock:
             self._faults = [f for f in self._faults if kind is not None and f.kind != kind]
 
-    def take(self, kind: str, method: str) -> Fault | None:
-        """The active fault of `kind` for `method`, consuming one use of a counted fault."""
+    def take(self, kind: str, method: str, account: str | None = None) -> Fault | None:
+        """The active fault of `kind` for `method` (and a transaction from `account`), consuming one
+        use of a counted fault."""
         with self._lock:
             for f in self._faults:
-                if f.kind == kind and f.applies_to(method):
+                if f.kind == kind and f.applies_to(method, account):
                     if f.count is not None:
                         f.count -= 1
                         if f.count <= 0:

@@ -16,7 +16,7 @@ from stellar_sdk import StrKey, xdr
 from paygate_cli.devnet import fees
 from paygate_cli.devnet.ledger import PROTOCOL_VERSION, Devnet, TxRecord
 from paygate_cli.devnet.validate import InvalidXdr, Parsed, decode_b64, parse_envelope
-from paygate_cli.devnet.xdrutil import account_id_to_g, event_id, parse_event_id, toid
+from paygate_cli.devnet.xdrutil import account_id_to_g, event_id, fee_bump_result, parse_event_id, toid, tx_result
 
 if TYPE_CHECKING:
     from paygate_cli.devnet.faults import Faults
@@ -274,13 +274,17 @@ class Methods:
         except InvalidXdr as exc:
             raise RpcError(INVALID_PARAMS, "invalid_xdr", str(exc)) from exc
 
-    def send_transaction(self, params: dict, p: Parsed | None = None, *, forced_status: str | None = None
-                         ) -> tuple[dict, Parsed | None]:
+    def send_transaction(self, params: dict, p: Parsed | None = None, *, forced_status: str | None = None,
+                         forced_error: xdr.TransactionResultCode | None = None) -> tuple[dict, Parsed | None]:
         if p is None:
             p = self.parse_tx_param(params)
         d = self.dev
         if forced_status is not None:
             status, err = forced_status, None
+        elif forced_error is not None:  # the reject_send fault: refused as stellar-core refuses bytes
+            status = "ERROR"
+            err = (fee_bump_result(p.fee, p.inner_hash, forced_error) if p.fee_bump
+                   else tx_result(p.fee, forced_error))
         else:
             status, err = d.submit(p)
         out: dict[str, Any] = {"status": status, "hash": p.full_hash.hex(), "latestLedger": d.latest,

@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from stellar_sdk import Keypair, StrKey
+from stellar_sdk import Keypair, StrKey, xdr
 
 from paygate_cli.devnet import friendbot, persist
 from paygate_cli.devnet.faults import FaultError, Faults
@@ -163,7 +163,10 @@ class DevnetServer:
         with self.dev.lock:
             p = self.methods.parse_tx_param(params)
             forced = "TRY_AGAIN_LATER" if self.faults.take("try_again_later", "sendTransaction") else None
-            result, queued_p = self.methods.send_transaction(params, p, forced_status=forced)
+            reject = self.faults.take("reject_send", "sendTransaction", p.source) if forced is None else None
+            result, queued_p = self.methods.send_transaction(
+                params, p, forced_status=forced, forced_error=getattr(xdr.TransactionResultCode, reject.code)
+                if reject is not None else None)
             if queued_p is not None:
                 q = next(q for q in self.dev.queue if q.p is queued_p)
                 hold = self.faults.take("hold_next", "sendTransaction")
@@ -268,7 +271,8 @@ class DevnetServer:
     def set_fault(self, params: dict) -> dict:
         try:
             self.faults.set(params.get("kind"), params.get("count"), params.get("ms", 0),
-                            params.get("ledgers", 0), params.get("methods"))
+                            params.get("ledgers", 0), params.get("methods"), params.get("account"),
+                            params.get("code"))
         except FaultError as exc:
             raise RpcError(INVALID_PARAMS, str(exc)) from exc
         log.warning("fault set: %s", params)

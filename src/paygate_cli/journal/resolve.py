@@ -106,14 +106,17 @@ class Resolution:
     probes: list[Probe] = field(default_factory=list)  # what the read endpoints answered (engine reuses them)
     written: Lineage | None = None  # the lineage as this call's own CAS recorded its receipt
     receipt: Receipt | None = None  # applied / failed: what the chain proved (recorded, or left to the caller)
+    repeated_rejection: dict[str, Any] | None = None  # this resend opened the lane's finding (journal/rejections.py)
 
 
 def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, lineage: Lineage, *,
-            receipts: list[Receipt] | None = None) -> Resolution:
+            receipts: list[Receipt] | None = None, rejection_threshold: int = 5) -> Resolution:
     """Advance one live, signed lineage as far as the chain proves. `conn` must be outside a
     transaction (the chain client refuses otherwise); each terminal write is its own CAS.
     `receipts`: a receipt (applied / failed) is appended there instead of recorded now, for the
-    caller to record with others in one statement (record_receipts) before it acts on any of them."""
+    caller to record with others in one statement (record_receipts) before it acts on any of them.
+    `rejection_threshold`: consecutive resends rejected with one ERROR code that open the lane's
+    `repeated_rejection` finding (journal/rejections.py)."""
     if not lineage.live or lineage.state == "allocated":
         return Resolution(lineage.state)
     assert lineage.inner_hash is not None
@@ -193,5 +196,8 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
             raise
         return Resolution("sent", verdicts, evidence={**evidence, "parked": str(exc)}, probes=probes)
     outcome = chain.send(envelope.decode())
-    lineages.mark_sent_relaxed(conn, lineage.id, outcome.label)
-    return Resolution("sent", verdicts, resent=outcome.status, evidence=evidence, probes=probes)
+    from paygate_cli.journal.rejections import mark_sent_counting
+
+    counted = mark_sent_counting(conn, lineage, outcome, threshold=rejection_threshold)
+    return Resolution("sent", verdicts, resent=outcome.status, evidence=evidence, probes=probes,
+                      repeated_rejection=counted.opened if counted is not None else None)

@@ -32,6 +32,17 @@ SELECT """ + lineages.last_consumed_seq_sql("%(lane)s") + """,
        (SELECT id FROM paygate.lineages l WHERE l.lane = %(lane)s AND l.state IN ('allocated', 'signed', 'sent'))
 FROM paygate.lineages WHERE lane = %(lane)s
 """
+# The lane's open repeated_rejection finding (journal/rejections.py) and the in-flight lineage's
+# count: the evidence that a "chain behind the journal" is not a lagging read.
+REJECTION_SQL = """
+SELECT f.id, f.summary, f.details, f.first_seen, f.last_seen, f.seen_count,
+       (SELECT jsonb_build_object('lineage_id', x.id, 'code', x.rejected_code, 'consecutive_rejections',
+                                  x.rejected_count, 'first_rejected_at', x.first_rejected_at,
+                                  'last_send_status', x.last_send_status)
+        FROM paygate.lineages x WHERE x.lane = %(lane)s AND x.state IN ('signed', 'sent') AND x.rejected_count > 0)
+FROM (SELECT 1) one
+LEFT JOIN paygate.findings f ON f.kind = 'repeated_rejection' AND f.subject = %(lane)s AND f.resolved_at IS NULL
+"""
 CREDIT_SQL = """
 SELECT id, account, amount::text, auth_nonce, auth_expiration_ledger, status, reason, deposit_lineage_id,
        credit_lineage_id, encode(deposit_tx, 'hex'), attempts, lease_expires_at
@@ -84,6 +95,10 @@ def inspect_lanes(conn: psycopg.Connection, chain_of: Callable[[], ChainClient],
         live = lineages.load(conn, live_id) if live_id else None
         fence = None if fence_row[0] is None else dict(zip(
             ("finding_id", "summary", "evidence", "first_seen", "last_seen", "seen_count"), fence_row, strict=True))
+        rejection_row = conn.execute(REJECTION_SQL, {"lane": address}).fetchone()
+        rejection = None if rejection_row[0] is None else dict(zip(
+            ("finding_id", "summary", "evidence", "first_seen", "last_seen", "seen_count"), rejection_row[:6],
+            strict=True))
         finding = "ok"
         if fence is not None:
             # Fenced for a sequence used outside the journal: never "ok" until an operator resolved it
@@ -98,6 +113,14 @@ def inspect_lanes(conn: psycopg.Connection, chain_of: Callable[[], ChainClient],
             finding = "chain behind the journal (lagging read endpoint?)"
         elif max_seq is None:
             finding = "no journaled use yet"
+        if rejection is not None and fence is None:
+            # Every resend refused with one code: not a lagging read but a chain that will not take
+            # the journal's sequence (a reset network, another deployment's RPC).
+            evidence = rejection["evidence"] or {}
+            finding = (f"sends rejected: ERROR {evidence.get('code')} on {evidence.get('consecutive_rejections')} "
+                       f"consecutive resends of lineage {evidence.get('lineage_id')}"
+                       + (" with the chain behind the journal" if max_seq is not None and chain_seq < max_seq else "")
+                       + " (a reset network or a wrong RPC?) — needs a human")
         if finding in ("ok", "no journaled use yet") and status == "drained" and drain_reason:
             finding = f"drained by {drained_by}: {drain_reason}"  # e.g. a lane failure: why it takes no work
         report.append({
@@ -105,7 +128,9 @@ def inspect_lanes(conn: psycopg.Connection, chain_of: Callable[[], ChainClient],
             "drain_reason": drain_reason, "chain_seq": chain_seq,
             "journal_last_consumed_seq": max_seq, "journal_consumed_count": consumed, "accepted_seq": accepted_seq,
             "in_flight": live.public() | {"resolution": preview(chain_of(), live)} if live else None,
-            "fence": fence, "finding": finding, "needs_human": fence is not None or finding.startswith("gap"),
+            "fence": fence, "repeated_rejection": rejection, "rejections_in_flight": rejection_row[6],
+            "finding": finding,
+            "needs_human": fence is not None or rejection is not None or finding.startswith("gap"),
         })
     return report
 

@@ -112,6 +112,22 @@ _FAILING = ("error", "failed", "needs_human")
 _SEED = re.compile(r"\bS[A-Z2-7]{55}\b")
 
 
+# A lane whose resends are all refused (journal/rejections.py) is named with its evidence: its lag
+# reads 0 and its ticks exit 0, so this line is what says the lane moves nothing.
+REJECTION_FINDINGS_SQL = """
+SELECT subject, details->>'code', details->>'consecutive_rejections', details->>'lineage_id'
+FROM paygate.findings WHERE kind = 'repeated_rejection' AND resolved_at IS NULL ORDER BY subject
+"""
+
+
+def _rejection_problems(conn: psycopg.Connection, findings: list[dict[str, Any]]) -> list[str]:
+    if not any(f["kind"] == "repeated_rejection" for f in findings):
+        return []
+    return [f"lane {lane}: sends rejected (ERROR {code} on {count} consecutive resends of lineage {lineage}; "
+            f"see `paygate nonce-inspect --lane {lane}`)"
+            for lane, code, count, lineage in conn.execute(REJECTION_FINDINGS_SQL)]
+
+
 def redact(text: str | None) -> str | None:
     """A heartbeat's error as `status` may show it: every secret this process read, anything shaped
     like a Stellar seed, and every URL beyond its host removed (an RPC URL can carry an API key)."""
@@ -316,7 +332,8 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
         report["drains"] = drained(conn)  # drained instances/lanes are deliberate: shown, not a problem
         report["findings"] = open_findings_summary(conn)
         problems += [f"{f['count']} open {f['kind']} finding(s) (see `paygate reconcile-report`)"
-                     for f in report["findings"]]
+                     for f in report["findings"] if f["kind"] != "repeated_rejection"]
+        problems += _rejection_problems(conn, report["findings"])
         report.update(queues=queue_depths(conn), workers=last_runs(conn), gas=gas(conn))
     except tolerated as exc:
         # A schema behind this build may lack what these read; the report already says why (not ready).
