@@ -111,7 +111,12 @@ def _deposit_validation(settings: Any, row: dict[str, Any]) -> str | None:
     if row["status"] not in DEPOSIT_DEAD or row["live"] or row["deposit_tx"] is not None or row["applied"]:
         return None
     from paygate_cli.chain.contracts import BadAuthorization, check_deposit_auth
+    from paygate_cli.errors import ConfigError
 
+    missing = [name for name, value in (("PAYGATE_USDC_CONTRACT", settings.usdc_contract),
+                                        ("PAYGATE_BILLING_CONTRACT", settings.billing_contract)) if not value]
+    if missing:
+        raise ConfigError(f"replay deposits checks each authorisation as funding does: set {' and '.join(missing)}")
     try:
         auth = check_deposit_auth(row["auth_entry"], account=row["account"], amount=int(row["amount"]),
                                   usdc=settings.usdc_contract or "", billing=settings.billing_contract or "",
