@@ -167,7 +167,7 @@ def test_on_a_tty_a_progress_bar_goes_to_stderr_and_the_table_to_stdout(dsn: str
     out, err = io.StringIO(), _FakeTTY()
     env = Env(stdin=_FakeTTY("y\n"), stdout=out, stderr=err, environ=base_environ(dsn, NO_COLOR="1"))
     assert main(["replay", "webhooks", "--all-dead"], env=env) == 0  # confirmed at the prompt
-    assert "replay 3 webhooks row(s)? [y/N]" in err.getvalue()
+    assert "replay 3 webhooks row(s) on database " in err.getvalue() and "? [y/N]" in err.getvalue()
     assert "3 replayed" in out.getvalue() and all(str(i) in out.getvalue() for i in ids)
     assert db.execute("SELECT count(*) FROM paygate.webhook_outbox WHERE status = 'pending'").fetchone()[0] == 3
 

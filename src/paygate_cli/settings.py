@@ -211,10 +211,30 @@ def _pg_timeout(text: Any, name: str) -> float:
     return seconds
 
 
+_CONTEXT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def _context_name(text: Any, name: str) -> str | None:
+    """A context is typed back to confirm a production write: one short word, nothing to misread."""
+    value = str(text).strip()
+    if not value:
+        return None
+    if not _CONTEXT_NAME.fullmatch(value):
+        raise ConfigError(f"{name}: {value[:80]!r} is not a context name (letters, digits, '.', '_', '-'; "
+                          "at most 63)")
+    return value
+
+
 FIELDS: tuple[Field, ...] = (
     Field("database_url", None, _opt_str, "libpq DSN (may also come from PAYGATE_DATABASE_URL_FILE)"),
     Field("instance_id", None, _opt_str, "this host's instance id (default: hostname)"),
     Field("operator", None, _opt_str, "actor recorded in audit_log (default: OS user)"),
+    Field("context", None, _context_name,
+          "a name for the deployment this configuration points at (prod-eu, staging): shown with the database "
+          "by status, migrate, every --dry-run and confirmation; `--context NAME` on a write must match it"),
+    Field("context_production", False, _parse_bool,
+          "the context is production: a write is confirmed by typing the context's name, and without a TTY "
+          "needs `--yes --context NAME`"),
     Field("application_name", "paygate", _str, "libpq application_name prefix"),
     Field("connect_timeout", 5.0, _dur, "Postgres connect timeout"),
     Field("statement_timeout", 30.0, _pg_timeout, "Postgres statement_timeout"),
@@ -239,6 +259,9 @@ FIELDS: tuple[Field, ...] = (
     Field("base_fee", 100, _parse_int, "inclusion fee per operation of inner transactions (stroops)"),
     Field("fee_bump_base_fee", 200, _parse_int, "inclusion fee rate of the fee bump (stroops)"),
     Field("rpc_timeout", 10.0, _dur, "per-request RPC timeout"),
+    Field("repeated_rejection_threshold", 5, _parse_int,
+          "consecutive resends of one lineage rejected with the same ERROR code (txBAD_SEQ on a chain behind "
+          "the journal) that open a repeated_rejection finding on its lane (the tick exits 3 once)"),
     Field("funding_lease", 30.0, _dur, "lease on a claimed deposit"),
     Field("webhook_timeout", 5.0, _dur, "per-delivery HTTP timeout"),
     Field("webhook_max_attempts", 8, _parse_int, "attempts before an outbox row is dead"),
@@ -268,6 +291,13 @@ SECRETS: dict[str, str] = {
 }
 # These may also be given in plain form: a DSN often carries no password (peer/cert auth, PGPASSFILE).
 _PLAIN_ALLOWED = {"database_url"}
+# Settings that may come from a secret file instead (PAYGATE_<NAME>_FILE, `<name>_file` in the config
+# file, or $CREDENTIALS_DIRECTORY/<name with dashes>): providers put API keys in RPC URLs. Either the
+# plain form or the file, never both; the value is then an ordinary setting (shown by host only).
+URL_FILES: dict[str, str] = {
+    "rpc_url": "Stellar RPC write endpoint URL",
+    "rpc_read_urls": "Stellar RPC read endpoint URLs, one a line (or comma-separated)",
+}
 
 FIELD_BY_NAME = {field.name: field for field in FIELDS}
 
@@ -382,7 +412,8 @@ def load_settings(
     explicit = bool(config_path or environ.get("PAYGATE_CONFIG"))
     file_values = _load_toml(path, explicit) if path else {}
 
-    unknown = sorted(set(file_values) - set(FIELD_BY_NAME) - {f"{s}_file" for s in SECRETS} - set(SECRETS))
+    unknown = sorted(set(file_values) - set(FIELD_BY_NAME) - {f"{s}_file" for s in (*SECRETS, *URL_FILES)}
+                     - set(SECRETS))
     if unknown:
         raise ConfigError(f"config file {path}: unknown setting(s): {', '.join(unknown)}")
 
@@ -398,9 +429,11 @@ def load_settings(
             raw, source = file_values[field.name], f"file {path}"
         else:
             raw, source = field.default, "default"
+        # A bad value is blamed on where it came from: the file and its key, or the variable.
+        where = f"config file {path}: {field.name}" if source == f"file {path}" else variable
         if source != "default":
-            _check_text(raw, variable if source != f"file {path}" else f"config file {path}: {field.name}")
-        values[field.name] = field.parse(raw, variable) if source != "default" else raw
+            _check_text(raw, where)
+        values[field.name] = field.parse(raw, where) if source != "default" else raw
         sources[field.name] = source
 
     secrets: dict[str, Secret] = {}
@@ -434,6 +467,8 @@ def load_settings(
             secrets[name] = read_secret_file(cred, variable="CREDENTIALS_DIRECTORY")
             sources[name] = f"credential {cred}"
 
+    _url_files(environ, file_values, path, credentials_dir, values, sources)
+
     if "database_url" in secrets:
         values["database_url"] = None
     for dsn in (values.get("database_url"), secrets["database_url"].reveal() if "database_url" in secrets else None):
@@ -441,6 +476,60 @@ def load_settings(
         if password:
             remember(password)
     return Settings(values=values, sources=sources, secrets=secrets, config_file=str(path) if path else None)
+
+
+def _url_files(environ: Mapping[str, str], file_values: Mapping[str, Any], path: Path | None,
+               credentials_dir: str | None, values: dict[str, Any], sources: dict[str, str]) -> None:
+    """RPC URLs read from secret files (URL_FILES), replacing the plain setting they stand for.
+    Errors name the variables and the file, never the URL."""
+    from urllib.parse import urlsplit
+
+    for name in URL_FILES:
+        file_var, plain_var = env_var(name) + "_FILE", env_var(name)
+        field = FIELD_BY_NAME[name]
+        secret: Secret | None = None
+        if environ.get(file_var):
+            if environ.get(plain_var):
+                raise ConfigError(f"set either {plain_var} or {file_var}, not both")
+            if sources[name] == "flag":
+                continue
+            secret, source, where = read_secret_file(environ[file_var], variable=file_var), f"file via {file_var}", \
+                file_var
+        elif environ.get(plain_var) or sources[name] == "flag":
+            continue
+        elif f"{name}_file" in file_values:
+            if name in file_values:
+                raise ConfigError(f"config file {path}: set either '{name}' or '{name}_file', not both")
+            file_value = file_values[f"{name}_file"]
+            if not isinstance(file_value, str) or not file_value:
+                raise ConfigError(f"config file {path}: '{name}_file' must be a file path (a string)")
+            where = f"{path}: {name}_file"
+            secret, source = read_secret_file(file_value, variable=where), f"file via {path}"
+        elif credentials_dir and name not in file_values \
+                and (Path(credentials_dir) / name.replace("_", "-")).is_file():
+            cred = Path(credentials_dir) / name.replace("_", "-")
+            secret, source, where = read_secret_file(cred, variable="CREDENTIALS_DIRECTORY"), f"credential {cred}", \
+                f"CREDENTIALS_DIRECTORY {name.replace('_', '-')}"
+        if secret is None:
+            continue
+        text = secret.reveal()
+        lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+        if name == "rpc_url" and len(lines) != 1:
+            raise ConfigError(f"{where}: must hold exactly one URL (it holds {len(lines)} lines)")
+        raw = ",".join(lines)
+        _check_text(raw, where)
+        if name == "rpc_url":
+            normalise_rpc_url(raw, where)  # refuses a non-URL without echoing it
+        values[name] = field.parse(raw, where)
+        sources[name] = source
+        for url in raw.split(","):  # the key-bearing parts on their own too, for the log scrubber
+            try:
+                parts = urlsplit(url.strip())
+            except ValueError:
+                continue
+            for piece in (parts.query, parts.password):
+                if piece:
+                    remember(piece)
 
 
 def redact_dsn(dsn: str) -> str:

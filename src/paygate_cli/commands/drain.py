@@ -6,7 +6,18 @@ from typing import Annotated, Any
 
 import typer
 
-from paygate_cli.commands._common import DryRunFlag, JsonFlag, YesFlag, confirm, get_env, output_mode
+from paygate_cli.commands._common import (
+    ContextFlag,
+    DryRunFlag,
+    JsonFlag,
+    YesFlag,
+    confirm,
+    get_env,
+    output_mode,
+    target_line,
+    target_of,
+)
+from paygate_cli.commands.completion import complete_instances, complete_lanes
 from paygate_cli.db.connect import connect
 from paygate_cli.env import Env
 from paygate_cli.errors import ConfigError, UsageError
@@ -14,8 +25,9 @@ from paygate_cli.output import emit
 from paygate_cli.settings import parse_duration
 
 InstanceOpt = Annotated[str | None, typer.Option("--instance", help="An instance id (PAYGATE_INSTANCE_ID of a host).",
-                                                 show_default=False)]
-LaneOpt = Annotated[str | None, typer.Option("--lane", help="A lane address (G…).", show_default=False)]
+                                                 show_default=False, autocompletion=complete_instances)]
+LaneOpt = Annotated[str | None, typer.Option("--lane", help="A lane address (G…).", show_default=False,
+                                             autocompletion=complete_lanes)]
 WaitOpt = Annotated[str | None, typer.Option(
     "--wait", help="Block until nothing is in flight (e.g. 120s): exit 0, or 75 when the time runs out.",
     show_default=False)]
@@ -57,7 +69,7 @@ def drain_command(
     wait: WaitOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Drain an instance that has never run a tick here "
                                                         "(a host not started yet).")] = False,
-    yes: YesFlag = False, dry_run: DryRunFlag = False, json_flag: JsonFlag = False,
+    yes: YesFlag = False, dry_run: DryRunFlag = False, json_flag: JsonFlag = False, context: ContextFlag = None,
 ) -> int:
     """Stop an instance's ticks from taking new claims (they finish what they hold), or stop
     allocating a lane. Audited.
@@ -69,13 +81,21 @@ def drain_command(
     target = Target.of(instance, lane)
     if wait is not None:
         _seconds(wait)  # a bad --wait is a usage error before anything changes
-    if not dry_run:
-        confirm(env, f"drain {target.kind} {target.name}", yes=yes)
+    where = target_of(env)
+    confirm(env, f"drain {target.kind} {target.name}", yes=yes, context=context, dry_run=dry_run, target=where)
     with connect(env.settings, "drain") as conn:
         result = drain(conn, target, reason=reason, actor=env.settings.effective_operator(), dry_run=dry_run,
                        force=force)
         if wait is not None and not dry_run:
-            result["wait"] = _wait(env, conn, target, wait)
+            try:
+                result["wait"] = _wait(env, conn, target, wait)
+            except KeyboardInterrupt:
+                # Only the waiting stops: the drain is committed and stays until `undrain` (exit 130).
+                flag = "--instance" if target.kind == "instance" else "--lane"
+                env.stderr.write(f"interrupted: stopped waiting; {target.kind} {target.name} stays drained "
+                                 f"(`paygate undrain {flag} {target.name}` to undo)\n")
+                env.stderr.flush()
+                raise
             result["in_flight"] = {k: 0 for k in result["in_flight"]}
     if dry_run:
         line = (f"would drain {target.kind} {target.name}" if result["would_drain"]
@@ -83,12 +103,13 @@ def drain_command(
     else:
         line = f"{target.kind} {target.name} drained" + ("" if result["changed"] else " (already)")
     line += f"; in flight: {_describe(result['in_flight'])}"
-    emit(env, output_mode(json_flag), {"drain": result}, lines=[line])
+    emit(env, output_mode(json_flag), {"drain": result, "target": where},
+         lines=[line, target_line(where)] if dry_run else [line])
     return 0
 
 
 def undrain_command(ctx: typer.Context, instance: InstanceOpt = None, lane: LaneOpt = None, yes: YesFlag = False,
-                    dry_run: DryRunFlag = False, json_flag: JsonFlag = False) -> int:
+                    dry_run: DryRunFlag = False, json_flag: JsonFlag = False, context: ContextFlag = None) -> int:
     """Let a drained instance or lane take new work again. Audited.
 
     Example: `paygate undrain --instance host-a --yes`"""
@@ -96,15 +117,16 @@ def undrain_command(ctx: typer.Context, instance: InstanceOpt = None, lane: Lane
 
     env = get_env(ctx)
     target = Target.of(instance, lane)
-    if not dry_run:
-        confirm(env, f"undrain {target.kind} {target.name}", yes=yes)
+    where = target_of(env)
+    confirm(env, f"undrain {target.kind} {target.name}", yes=yes, context=context, dry_run=dry_run, target=where)
     with connect(env.settings, "undrain") as conn:
         result = undrain(conn, target, actor=env.settings.effective_operator(), dry_run=dry_run)
     if dry_run:
         line = f"would undrain {target.kind} {target.name}" if result["would_undrain"] else "not drained"
     else:
         line = f"{target.kind} {target.name} " + ("undrained" if result["undrained"] else "was not drained")
-    emit(env, output_mode(json_flag), {"undrain": result}, lines=[line])
+    emit(env, output_mode(json_flag), {"undrain": result, "target": where},
+         lines=[line, target_line(where)] if dry_run else [line])
     return 0
 
 

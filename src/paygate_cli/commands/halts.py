@@ -6,7 +6,17 @@ from typing import Annotated
 
 import typer
 
-from paygate_cli.commands._common import DryRunFlag, JsonFlag, YesFlag, confirm, get_env, output_mode
+from paygate_cli.commands._common import (
+    ContextFlag,
+    DryRunFlag,
+    JsonFlag,
+    YesFlag,
+    confirm,
+    get_env,
+    output_mode,
+    target_line,
+    target_of,
+)
 from paygate_cli.db.connect import connect
 from paygate_cli.ops.halts import describe_halt, halt, operator_halt, refuse_second_halt, resume
 from paygate_cli.output import emit
@@ -17,7 +27,7 @@ def halt_command(
     reason: Annotated[str, typer.Option("--reason", help="Why; shown by `status` and recorded in audit_log.")],
     replace: Annotated[bool, typer.Option(
         "--replace", help="Replace an operator halt already in place (audited with the old and new reason).")] = False,
-    yes: YesFlag = False, dry_run: DryRunFlag = False, json_flag: JsonFlag = False,
+    yes: YesFlag = False, dry_run: DryRunFlag = False, json_flag: JsonFlag = False, context: ContextFlag = None,
 ) -> int:
     """Close admission (the operator halt). Workers keep draining committed work.
 
@@ -26,11 +36,14 @@ def halt_command(
     Example: `paygate halt --reason "incident 42: RPC provider degraded" --yes`"""
     env = get_env(ctx)
     with connect(env.settings, "halt") as conn:
+        target = target_of(env, conn)
+        confirm(env, "halt admission", yes=yes, context=context, dry_run=True, target=target)  # --context
         if not dry_run:
             # Refuse before asking: a confirmation for a halt that would be refused helps no one.
             current = operator_halt(conn)
             refuse_second_halt(current, replace=replace)
-            confirm(env, "replace the operator halt" if current is not None else "halt admission", yes=yes)
+            confirm(env, "replace the operator halt" if current is not None else "halt admission", yes=yes,
+                    context=context, target=target)
         result = halt(conn, reason=reason, actor=env.settings.effective_operator(), dry_run=dry_run,
                       replace=replace)
     if dry_run:
@@ -45,18 +58,19 @@ def halt_command(
         line = f"halted: {reason} (replaced: {describe_halt(result['replaced'])})"
     else:
         line = "halted: " + reason
-    emit(env, output_mode(json_flag), {"halt": result}, lines=[line])
+    emit(env, output_mode(json_flag), {"halt": result, "target": target},
+         lines=[line, target_line(target)] if dry_run else [line])
     return 0
 
 
 def resume_command(ctx: typer.Context, yes: YesFlag = False, dry_run: DryRunFlag = False,
-                   json_flag: JsonFlag = False) -> int:
+                   json_flag: JsonFlag = False, context: ContextFlag = None) -> int:
     """Clear the operator halt (the gas halt clears itself when headroom returns).
 
     Example: `paygate resume --yes`"""
     env = get_env(ctx)
-    if not dry_run:
-        confirm(env, "resume admission", yes=yes)
+    target = target_of(env)
+    confirm(env, "resume admission", yes=yes, context=context, dry_run=dry_run, target=target)
     with connect(env.settings, "resume") as conn:
         result = resume(conn, actor=env.settings.effective_operator(), dry_run=dry_run)
     if dry_run:
@@ -66,7 +80,8 @@ def resume_command(ctx: typer.Context, yes: YesFlag = False, dry_run: DryRunFlag
         line = "operator halt cleared" if result["resumed"] else "no operator halt was set"
         if result["remaining_halts"]:
             line += "; still set: " + ", ".join(h["kind"] for h in result["remaining_halts"])
-    emit(env, output_mode(json_flag), {"resume": result}, lines=[line])
+    emit(env, output_mode(json_flag), {"resume": result, "target": target},
+         lines=[line, target_line(target)] if dry_run else [line])
     return 0
 
 

@@ -7,8 +7,18 @@ from typing import Annotated
 
 import typer
 
-from paygate_cli.commands._common import DryRunFlag, JsonFlag, get_env, output_mode
-from paygate_cli.db.connect import connect
+from paygate_cli.commands._common import (
+    ContextFlag,
+    DryRunFlag,
+    JsonFlag,
+    YesFlag,
+    confirm,
+    get_env,
+    output_mode,
+    target_line,
+    target_of,
+)
+from paygate_cli.db.connect import connect, describe_target
 from paygate_cli.db.migrate import create_roles, migrate
 from paygate_cli.db.privileges import READONLY_ROLE, RUNTIME_ROLE
 from paygate_cli.logs import get_logger
@@ -25,15 +35,27 @@ def migrate_command(
     ] = READONLY_ROLE,
     dry_run: DryRunFlag = False,
     json_flag: JsonFlag = False,
+    yes: YesFlag = False,
+    context: ContextFlag = None,
 ) -> int:
     """Apply pending migrations in order, under an advisory lock (safe from two hosts at once).
+
+    Against a production context (PAYGATE_CONTEXT_PRODUCTION) it asks for the context's name on a TTY,
+    and needs `--yes --context NAME` without one; elsewhere it asks nothing.
 
     Example: `paygate migrate --dry-run`, then `paygate migrate --roles`"""
     env = get_env(ctx)
     with connect(env.settings, "migrate") as conn:
+        target = target_of(env, conn)  # what libpq reached, before anything is written there
+        confirm(env, "migrate", yes=yes, context=context, dry_run=dry_run, outside_production=False, target=target)
         result = migrate(conn, dry_run=dry_run)
         if roles and not dry_run:
             result["roles"] = create_roles(conn, runtime=role_name, readonly=readonly_role_name)
+    lines = [target_line(target)]
+    if not result["already_applied"] and (dry_run or result["applied"]):
+        # An empty database: the right one on a first deploy, or a DSN pointing somewhere else.
+        lines.append(f"wrong database? {describe_target(target)} had no paygate schema: migrate "
+                     + ("would create it there" if dry_run else "created it there"))
     if dry_run:
         line = f"pending: {', '.join(result['pending']) or 'none'}"
     else:
@@ -47,7 +69,7 @@ def migrate_command(
                 get_logger("migrate").warning(
                     "no privileges granted on unclassified table(s) %s: add them to paygate_cli/db/privileges.py",
                     ", ".join(unclassified), extra={"msgid": "migrate.unclassified_tables"})
-    emit(env, output_mode(json_flag), {"migrate": result}, lines=[line])
+    emit(env, output_mode(json_flag), {"migrate": result, "target": target}, lines=[line, *lines])
     return 0
 
 

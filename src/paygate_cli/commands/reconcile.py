@@ -7,15 +7,15 @@ import csv
 import io
 import os
 import tempfile
-from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import typer
 
-from paygate_cli.commands._common import get_env
+from paygate_cli.commands._common import get_env, parse_since
+from paygate_cli.commands.completion import complete_report_formats
 from paygate_cli.db.connect import connect
 from paygate_cli.errors import ConfigError, ExitCode, UsageError
-from paygate_cli.output import Mode, _cell, emit, to_json
+from paygate_cli.output import Mode, _cell, _human, _tsv, amount, duration, emit, to_json
 from paygate_cli.settings import parse_duration
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -29,27 +29,21 @@ SECTIONS: dict[str, list[str]] = {
     "stuck": ["queue", "count", "oldest"],
     "findings": ["id", "kind", "subject", "summary", "first_seen", "seen_count", "resolved_at"],
 }
+# Columns holding USDC units (the token's 7-decimal units): a person also reads them in USDC.
+USDC_COLUMNS = frozenset({"chain_balance", "cached_balance", "drift", "in_flight", "lagging", "unexplained"})
 
 
-def _since(text: str | None) -> datetime | None:
-    """An ISO timestamp or a duration back from now ('1h', '30min', '7d')."""
-    if not text:
-        return None
-    days = text.strip().lower().removesuffix("days").removesuffix("day").removesuffix("d")
-    if days != text.strip().lower():
-        try:
-            return datetime.now(UTC) - timedelta(days=float(days))
-        except ValueError:
-            pass
-    try:
-        return datetime.now(UTC) - timedelta(seconds=parse_duration(text, name="--since"))
-    except ConfigError:
-        pass
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise UsageError(f"--since: {text!r} is neither a duration (1h, 30min) nor an ISO timestamp") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+def _shown(section: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as a person reads them: amounts also in USDC, ages as `12m`."""
+    shown = []
+    for row in rows:
+        row = dict(row)
+        for column in USDC_COLUMNS & row.keys():
+            row[column] = amount(row[column], "USDC")
+        if "age_s" in row:
+            row["age_s"] = duration(row["age_s"])
+        shown.append(row)
+    return shown
 
 
 def _csv(document: dict[str, Any]) -> str:
@@ -64,12 +58,22 @@ def _csv(document: dict[str, Any]) -> str:
     return buffer.getvalue()
 
 
+def _plain(document: dict[str, Any]) -> str:
+    """--plain: the csv's columns as tab-separated lines (raw numbers) for grep/awk/cut."""
+    columns = ["section", *sorted({c for cols in SECTIONS.values() for c in cols})]
+    lines = ["\t".join(columns)]
+    for section in SECTIONS:
+        for row in document[section]:
+            lines.append("\t".join([section] + [_tsv(_cell(row.get(c))) for c in columns[1:]]))
+    return "\n".join(lines) + "\n"
+
+
 def _markdown(document: dict[str, Any], headline: str) -> str:
     from tabulate import tabulate
 
     parts = [f"## Reconcile report\n\n{headline}\n"]
     for section, columns in SECTIONS.items():
-        rows = [[_cell(row.get(c)) for c in columns] for row in document[section]]
+        rows = [[_human(row.get(c)) for c in columns] for row in _shown(section, document[section])]
         parts.append(f"### {section.replace('_', ' ')}\n")
         parts.append(tabulate(rows, headers=columns, tablefmt="github") + "\n" if rows else "_none_\n")
     return "\n".join(parts)
@@ -80,13 +84,16 @@ def _text_tables(document: dict[str, Any], headline: str) -> str:
 
     parts = [headline]
     for section, columns in SECTIONS.items():
-        rows = [[_cell(row.get(c)) for c in columns] for row in document[section]]
+        rows = [[_human(row.get(c)) for c in columns] for row in _shown(section, document[section])]
         parts.append(f"\n{section.replace('_', ' ')}:")
         parts.append(tabulate(rows, headers=columns, tablefmt="simple") if rows else "  none")
     return "\n".join(parts) + "\n"
 
 
-def _write_atomically(path: str, text: str) -> None:
+def _write_atomically(path: str, text: str, *, force: bool = False) -> None:
+    if not force and os.path.lexists(path):  # a report never silently replaces someone's file
+        raise UsageError(f"--out {path[:200]}: the file exists; pass --force to replace it",
+                         msgid="usage.out_exists")
     try:
         _replace_file(path, text)
     except OSError as exc:  # an unwritable --out (a directory, /proc, a missing parent) is the caller's to fix
@@ -112,13 +119,18 @@ def reconcile_report_command(
     since: Annotated[str | None, typer.Option("--since", help="Only checks/events since (1h, or ISO time).",
                                               show_default=False)] = None,
     account: Annotated[str | None, typer.Option("--account", help="One account (G…).", show_default=False)] = None,
-    fmt: Annotated[str, typer.Option("--format", help="table | json | csv | markdown (for an incident ticket).")]
+    fmt: Annotated[str, typer.Option("--format", help="table | json | csv | markdown (for an incident ticket).",
+                                     autocompletion=complete_report_formats)]
     = "table",
-    out: Annotated[str | None, typer.Option("--out", help="Write the report to FILE instead of stdout.",
+    out: Annotated[str | None, typer.Option("--out", help="Write the report to FILE instead of stdout ('-' is "
+                                                         "stdout); an existing FILE needs --force.",
                                             show_default=False)] = None,
+    force: Annotated[bool, typer.Option("--force", help="Let --out replace an existing file.")] = False,
     older_than: Annotated[str, typer.Option("--older-than", help="Lineages/rows waiting longer are listed.")]
     = "10min",
     json_flag: Annotated[bool, typer.Option("--json", help="Same as --format json.")] = False,
+    plain_flag: Annotated[bool, typer.Option("--plain", help="Tab-separated lines (the csv's columns, raw numbers) "
+                                                             "for grep/awk.")] = False,
 ) -> int:
     """Totals and per-account drift by regime, unresolved lineages, quarantined events, stuck rows,
     lane gaps, open findings. Exit 3 on any unexplained drift (or lane gap), 1 when an account was
@@ -128,15 +140,19 @@ def reconcile_report_command(
     from paygate_cli.ops.reconcile import report
 
     env = get_env(ctx)
-    fmt = "json" if json_flag else fmt.lower()
-    if fmt not in FORMATS:
+    if json_flag and plain_flag:
+        raise UsageError("--json and --plain are mutually exclusive")
+    fmt = "json" if json_flag else "plain" if plain_flag else fmt.lower()
+    if fmt not in (*FORMATS, "plain"):
         raise UsageError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if out == "-":  # the usual spelling of "stdout"
+        out = None
     try:
         older = parse_duration(older_than, name="--older-than")
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     with connect(env.settings, "reconcile-report") as conn:
-        document = report(conn, since=_since(since), account=account, older_than=older)
+        document = report(conn, since=parse_since(since), account=account, older_than=older)
     # A lane gap is a nonce gap (the exit-code contract's other "needs a human" of this report). An
     # account the reconciler never checked is not known to be right: 1 (not verified yet), never 0.
     never = document["accounts_never_checked"]
@@ -160,21 +176,23 @@ def reconcile_report_command(
         text = to_json({"reconcile_report": document}) + "\n"
     elif fmt == "csv":
         text = _csv(document)
+    elif fmt == "plain":
+        text = _plain(document)
     elif fmt == "markdown":
         text = _markdown(document, headline)
     elif out:
         text = _text_tables(document, headline)
     else:
         lines = [headline]
-        emit(env, Mode.HUMAN, {}, rows=document["totals"], columns=SECTIONS["totals"], lines=lines,
-             title="accounts by regime")
+        emit(env, Mode.HUMAN, {}, rows=_shown("totals", document["totals"]), columns=SECTIONS["totals"],
+             lines=lines, title="accounts by regime")
         for section in list(SECTIONS)[1:]:
             if document[section]:
-                emit(env, Mode.HUMAN, {}, rows=document[section], columns=SECTIONS[section],
+                emit(env, Mode.HUMAN, {}, rows=_shown(section, document[section]), columns=SECTIONS[section],
                      title=section.replace("_", " "))
         return code
     if out:
-        _write_atomically(out, text)
+        _write_atomically(out, text, force=force)
         env.stderr.write(f"reconcile report written to {out} ({headline})\n")
     else:
         env.stdout.write(text)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import typer
 
-from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode
+from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode, target_line, target_of
 from paygate_cli.db.connect import connect
-from paygate_cli.errors import DatabaseAuthFailed, ExitCode, Unavailable
+from paygate_cli.errors import DatabaseAuthFailed, DatabaseConfigInvalid, ExitCode, Unavailable
 from paygate_cli.ops.status import ago, readiness, unreachable
-from paygate_cli.output import Mode, emit
+from paygate_cli.output import Mode, asset_amount, duration_text, emit
 
 
 def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: PlainFlag = False) -> int:
@@ -20,33 +22,39 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
     try:
         with connect(env.settings, "status", attempts=2) as conn:
             report = readiness(conn, env.settings)
-    except (Unavailable, DatabaseAuthFailed) as exc:
+            report["target"] = target_of(env, conn)  # which database this is: never a reassuring answer from another
+    except (Unavailable, DatabaseAuthFailed, DatabaseConfigInvalid) as exc:
         # Still print the document (not ready, with the reason), then end with the error's own code.
         report = unreachable(str(exc), env.settings)
+        report["target"] = target_of(env)
         emit(env, mode, {"status": report}, rows=[{"check": "ready", "value": False,
-                                                   "detail": "; ".join(report["problems"])}],
+                                                   "detail": "; ".join(report["problems"])},
+                                                  _target_row(report["target"])],
              columns=["check", "value", "detail"],
-             lines=[] if mode is not Mode.HUMAN else ["NOT READY: " + "; ".join(report["problems"])])
+             lines=[] if mode is not Mode.HUMAN else ["NOT READY: " + "; ".join(report["problems"]),
+                                                      target_line(report["target"])])
         raise
     rows = [{"check": "ready", "value": report["ready"], "detail": "; ".join(report["problems"])},
+            _target_row(report["target"]),
             {"check": "schema", "value": report["schema"]["schema_version"],
              "detail": f"expected {report['schema']['expected_version']}"}]
     rows += [{"check": f"halt:{h['kind']}", "value": "set", "detail": f"{h['reason']} (by {h['set_by']})"}
              for h in report["halts"]]
     rows += [{"check": f"drained:{d['kind']}", "value": d["target"],
               "detail": f"{d['reason'] or ''} (by {d['drained_by']})"} for d in report.get("drains", [])]
-    rows += [{"check": f"findings:{f['kind']}", "value": f["count"], "detail": f"oldest {f['oldest']}"}
+    rows += [{"check": f"findings:{f['kind']}", "value": f["count"], "detail": f"oldest {_when(f['oldest'])}"}
              for f in report.get("findings", [])]
     rows += [{"check": f"queue:{q['queue']}", "value": q["depth"],
-              "detail": f"oldest {q['oldest_age_s']}s" if q["oldest_age_s"] is not None else ""}
+              "detail": f"oldest waiting {duration_text(q['oldest_age_s'])}" if q["oldest_age_s"] is not None else ""}
              for q in report["queues"]]
     if report.get("gas", {}).get("level"):
         g = report["gas"]
-        rows.append({"check": "gas", "value": g["level"], "detail": f"headroom {g['headroom']} stroops, "
-                     f"fees reserved {g['fees_reserved']}, settled {g['fees_settled']}"
+        rows.append({"check": "gas", "value": g["level"], "detail": f"headroom {_xlm(g['headroom'])}, "
+                     f"fees reserved {_xlm(g['fees_reserved'])}, settled {_xlm(g['fees_settled'])}"
                      + (f", {len(g['low_lanes'])} lane(s) low" if g["low_lanes"] else "")})
     rows += [{"check": f"rpc:{e['role']}", "value": e["status"],
-              "detail": f"{e['url']} ledger {e.get('latest_ledger')} lag {e.get('lag_ledgers')}"}
+              "detail": f"{e['url']} " + (f"ledger {e['latest_ledger']} lag {e.get('lag_ledgers', 0)}"
+                                          if e.get("latest_ledger") is not None else "no ledger")}
              for e in report.get("rpc", {}).get("endpoints", [])]
     rows += [{"check": f"lock:{lock['lock']}", "value": f"{lock['instance'] or '?'} pid {lock['os_pid'] or '?'}",
               "detail": f"slot {lock['slot']}, backend pid {lock['backend_pid']}, held "
@@ -56,14 +64,31 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
              for w in report.get("cannot_work", [])]
     rows += [{"check": f"worker:{w['worker']}", "value": w.get("liveness") or w["last_outcome"] or "never run",
               "detail": f"last run {w['last_run_ago']}, last success {ago(w['last_success_age_s'])}"
-                        f" (cadence {w.get('cadence_s', '?')}s)"
+                        f" (cadence {duration_text(w['cadence_s']) if w.get('cadence_s') else '?'})"
                         + (f"; {w['last_finished_outcome']}: {w['last_error']}"
                            if w["last_error"] and w["last_finished_outcome"] != "ok" else "")}
              for w in report["workers"]]
     lines = [] if mode is not Mode.HUMAN else [
-        "READY" if report["ready"] else "NOT READY: " + "; ".join(report["problems"])]
+        "READY" if report["ready"] else "NOT READY: " + "; ".join(report["problems"]), target_line(report["target"])]
     emit(env, mode, {"status": report}, rows=rows, columns=["check", "value", "detail"], lines=lines)
     return ExitCode.OK if report["ready"] else ExitCode.FAILED
+
+
+def _target_row(target: dict[str, object]) -> dict[str, object]:
+    from paygate_cli.db.connect import describe_target
+
+    return {"check": "target", "value": target.get("context") or target.get("database"),
+            "detail": describe_target(target)}
+
+
+def _xlm(stroops: object) -> str:
+    """Fee amounts are XLM stroops: both forms, or "unknown" (never Python's None)."""
+    return "unknown" if stroops is None else f"{stroops} stroops ({asset_amount(stroops, 'XLM')})"
+
+
+def _when(moment: object) -> str:
+    return "unknown" if moment is None else moment.isoformat(timespec="seconds") if isinstance(moment, datetime) \
+        else str(moment)
 
 
 def register(app: typer.Typer) -> None:
