@@ -248,3 +248,27 @@ def test_a_parked_batch_that_lands_after_all_is_settled_from_the_chains_events(
     assert db.execute("SELECT count(*) FROM paygate.chain_events WHERE quarantined").fetchone()[0] == 0
     assert db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s",
                       (users[0]["public"],)).fetchone()[0] == balance  # debited once, at admission
+
+
+def test_a_parked_relay_lineage_is_driven_to_its_end_with_no_other_relay_waiting(
+        chain: ChainEnv, rdb: psycopg.Connection) -> None:
+    """A quiet relay queue still resolves the lineages no queued relay holds (here the parked one,
+    whose held bytes land after all): nothing else would, and a live lineage pins its lane."""
+    users = chain.genesis["users"]
+    stuck = admit_relay(rdb, chain.devnet, users[0], "r-parked-quiet")
+    chain.devnet.set_fault("hold_next", ledgers=3)
+    assert chain.tick("relay").code == 0
+    lineage_id = relay_rows(rdb)[stuck]["lineage_id"]
+    in_flight(rdb, lineage_id)
+    tamper(rdb, lineage_id)
+    chain.devnet.close_ledger()
+    assert chain.tick("relay").code == 3
+    assert relay_rows(rdb)[stuck]["status"] == "needs_human"
+    chain.devnet.close_ledger(4)  # the held bytes land
+    with rdb.transaction():  # as if the orphan grace (a minute) had passed, without waiting for it
+        rdb.execute("SET LOCAL session_replication_role = replica")
+        rdb.execute("UPDATE paygate.lineages SET created_at = created_at - interval '2 minutes' WHERE id = %s",
+                    (lineage_id,))
+    result = chain.tick("relay")
+    assert result.code == 0, result.err[-2000:]
+    assert rdb.execute("SELECT state FROM paygate.lineages WHERE id = %s", (lineage_id,)).fetchone()[0] == "applied"

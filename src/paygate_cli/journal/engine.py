@@ -832,7 +832,8 @@ class Engine:
             return lineage.state
         prefix = job.crash if job is not None else "journal.sweep"
         crashpoint(f"{prefix}.before_resolve")
-        resolution = resolve(conn, self.chain, self.keyring, lineage, receipts=receipts)
+        resolution = resolve(conn, self.chain, self.keyring, lineage, receipts=receipts,
+                             rejection_threshold=self.ctx.settings.repeated_rejection_threshold)
         self._note(lineage.lane, resolution.probes)
         if resolution.state in ("applied", "failed") and lineage.source_seq is not None:
             # A receipt proves the lane's sequence reached this one (the journal will say so too).
@@ -851,6 +852,16 @@ class Engine:
                                lineage.lane, lineage.source_seq, lineage.id,
                                extra={"msgid": "journal.foreign_sequence_use", "lineage_id": lineage.id,
                                       "lane": lineage.lane, "chain_seq": resolution.evidence.get("chain_seq")})
+        if resolution.repeated_rejection is not None:
+            # Resent again and again, refused with the same code each time: the lane's finding opened
+            # just now (journal/rejections.py); a human is asked once (exit 3), the lineage waits on.
+            found = resolution.repeated_rejection
+            self.needs_human += 1
+            self.ctx.log.error("lane %s: lineage %s rejected with ERROR %s on %s consecutive resends (a chain "
+                               "behind the journal?); repeated_rejection finding opened",
+                               lineage.lane, lineage.id, found["code"], found["consecutive_rejections"],
+                               extra={"msgid": "journal.repeated_rejection", "lineage_id": lineage.id,
+                                      "lane": lineage.lane, "code": found["code"]})
         if resolution.evidence.get("decision") == "wait":
             # Disagreement or no majority of covering answers: never decided, but reported.
             self.ctx.log.warning("lineage %s waits: no majority of read endpoints agrees (%s)", lineage.id,
@@ -935,6 +946,22 @@ class TakeoverEngine(Engine):
     def _refuse(self, what: str) -> NoReturn:
         raise SigningRefused(f"{what} on a take-over engine (Engine.for_takeover): it holds no lane or fee key and "
                              "never starts a transaction; a path that signs builds Engine.for_tick")
+
+
+def sweep_when_idle(ctx: TickContext, orphans_sql: str) -> tuple[int, int] | None:
+    """For a tick that claimed nothing: drive the live lineages no row of the path holds any more
+    (a unit settled elsewhere, or handed to a human with its lineage parked), since nothing else
+    resolves them and each pins its lane. None when there are none, so an idle tick stays one query
+    and never loads stellar_sdk; else (lineages driven, alarms raised: exit 3). Sweeping resolves and resends
+    journaled bytes only, so it runs with the take-over engine: no lane or fee key."""
+    if ctx.conn.execute(orphans_sql, {"limit": 1}).fetchone() is None:
+        return None
+    engine = Engine.for_takeover(ctx)
+    try:
+        driven = engine.sweep(orphans_sql)
+    finally:
+        engine.chain.close()
+    return driven, engine.needs_human
 
 
 def stall_reason(conn: psycopg.Connection, settings: Any, lanes: list[str]) -> str | None:

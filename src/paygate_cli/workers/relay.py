@@ -361,11 +361,22 @@ def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
     return outcomes
 
 
+def _idle(ctx: TickContext) -> TickResult:
+    """Nothing to claim: still drive the lineages no queued row holds any more (journal.engine)."""
+    from paygate_cli.journal.engine import sweep_when_idle
+
+    swept = sweep_when_idle(ctx, ORPHANS_SQL)
+    if swept is None:
+        return TickResult()
+    driven, alarms = swept
+    return TickResult(needs_human=alarms, details={"orphans_driven": driven})
+
+
 def tick(ctx: TickContext) -> TickResult:
     claimed_at = time.monotonic()
     rows = claim(ctx)
     if not rows:
-        return TickResult()
+        return _idle(ctx)
     crashpoint("relay.after_claim")
     deps, chain = _deps(ctx)
     deps.rows, deps.renewed_at = rows, claimed_at  # the claim's lease is the first renewal
