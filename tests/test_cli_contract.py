@@ -60,7 +60,8 @@ def test_missing_config_file_named_explicitly_exits_78(dsn: str) -> None:
 
 
 def test_missing_secret_file_exits_78(dsn: str) -> None:
-    result = run_cli("status", dsn=dsn, PAYGATE_FEE_SECRET_FILE="/nonexistent/fee-secret")
+    # A command that reads every secret (the read-only commands read none they do not use).
+    result = run_cli("config", "show", dsn=dsn, PAYGATE_FEE_SECRET_FILE="/nonexistent/fee-secret")
     assert result.code == ExitCode.CONFIG
     assert "PAYGATE_FEE_SECRET_FILE" in result.err and "does not exist" in result.err
 

@@ -27,6 +27,9 @@ class Env:
     # Resolved by the root callback (flags > PAYGATE_LOG_*); the final error line uses them too.
     log_format: str | None = None
     log_level: str | None = None
+    # The secret files the running command uses (None: all). Set by the read-only commands, which
+    # must work from a shell that holds none of the fleet's seeds and keys.
+    secrets_used: frozenset[str] | None = None
     _settings: Settings | None = None
 
     @property
@@ -45,8 +48,14 @@ class Env:
     def settings(self) -> Settings:
         """Loaded on first use, so `--help` and `completion` never read config or secrets."""
         if self._settings is None:
-            self._settings = load_settings(self.environ, overrides=self.overrides, config_path=self.config_path)
+            self._settings = load_settings(self.environ, overrides=self.overrides, config_path=self.config_path,
+                                           only_secrets=self.secrets_used)
         return self._settings
+
+    def use_only_secrets(self, *names: str) -> None:
+        """Read only these secret files when settings load (drops any settings already loaded)."""
+        self.secrets_used = frozenset(names)
+        self._settings = None
 
     def override(self, **values: Any) -> None:
         """Apply command-line flags (highest precedence); drops any settings already loaded."""

@@ -11,7 +11,7 @@ import math
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -405,8 +405,12 @@ def load_settings(
     *,
     overrides: Mapping[str, Any] | None = None,
     config_path: str | None = None,
+    only_secrets: Collection[str] | None = None,
 ) -> Settings:
-    """Resolve every setting and secret. `overrides` are command-line flags (highest precedence)."""
+    """Resolve every setting and secret. `overrides` are command-line flags (highest precedence).
+    `only_secrets`: the secret files (SECRETS and URL_FILES names) a command uses; the others are
+    not read at all, so a read-only command never fails on a seed or key it has no use for (a plain
+    secret in the environment or the config file is refused all the same)."""
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     path = find_config_file(config_path, environ)
     explicit = bool(config_path or environ.get("PAYGATE_CONFIG"))
@@ -453,6 +457,8 @@ def load_settings(
                 )
         elif environ.get(file_var) and environ.get(plain_var):
             raise ConfigError(f"set either {plain_var} or {file_var}, not both")
+        if only_secrets is not None and name not in only_secrets:
+            continue
         if environ.get(file_var):
             secrets[name] = read_secret_file(environ[file_var], variable=file_var)
             sources[name] = f"file via {file_var}"
@@ -467,7 +473,7 @@ def load_settings(
             secrets[name] = read_secret_file(cred, variable="CREDENTIALS_DIRECTORY")
             sources[name] = f"credential {cred}"
 
-    _url_files(environ, file_values, path, credentials_dir, values, sources)
+    _url_files(environ, file_values, path, credentials_dir, values, sources, only_secrets)
 
     if "database_url" in secrets:
         values["database_url"] = None
@@ -479,12 +485,15 @@ def load_settings(
 
 
 def _url_files(environ: Mapping[str, str], file_values: Mapping[str, Any], path: Path | None,
-               credentials_dir: str | None, values: dict[str, Any], sources: dict[str, str]) -> None:
+               credentials_dir: str | None, values: dict[str, Any], sources: dict[str, str],
+               only_secrets: Collection[str] | None = None) -> None:
     """RPC URLs read from secret files (URL_FILES), replacing the plain setting they stand for.
     Errors name the variables and the file, never the URL."""
     from urllib.parse import urlsplit
 
     for name in URL_FILES:
+        if only_secrets is not None and name not in only_secrets:
+            continue
         file_var, plain_var = env_var(name) + "_FILE", env_var(name)
         field = FIELD_BY_NAME[name]
         secret: Secret | None = None

@@ -20,6 +20,12 @@ YesFlag = Annotated[bool, typer.Option("--yes", "-y", help="Do it without asking
 DryRunFlag = Annotated[bool, typer.Option("--dry-run", "-n", help="Show what would change; change nothing.")]
 
 
+# The secret files the read-only commands use: the database's, and the RPC URLs for those that read
+# the chain. None of them needs a lane seed, the fee seed or a journal key (docs/architecture.md).
+DATABASE_SECRETS = ("database_url",)
+CHAIN_READ_SECRETS = (*DATABASE_SECRETS, "rpc_url", "rpc_read_urls")
+
+
 def get_env(ctx: typer.Context) -> Env:
     env = ctx.find_root().obj
     if not isinstance(env, Env):  # invoked without __main__ (e.g. typer's test runner)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode
+from paygate_cli.commands._common import CHAIN_READ_SECRETS, JsonFlag, PlainFlag, get_env, output_mode
 from paygate_cli.commands.completion import complete_lanes
 from paygate_cli.errors import ExitCode
 from paygate_cli.output import amount, emit
@@ -27,6 +27,7 @@ def nonce_inspect_command(
     from paygate_cli.ops.nonce_inspect import nonce_inspect
 
     env = get_env(ctx)
+    env.use_only_secrets(*CHAIN_READ_SECRETS)
     mode = output_mode(json_flag, plain_flag)
     report = nonce_inspect(env.settings, lane=lane, credit_id=credit, relay_id=relay)
     if "relay" in report:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from paygate_cli.commands._common import get_env, parse_since
+from paygate_cli.commands._common import DATABASE_SECRETS, get_env, parse_since
 from paygate_cli.commands.completion import complete_report_formats
 from paygate_cli.db.connect import connect
 from paygate_cli.errors import ConfigError, ExitCode, UsageError
@@ -140,6 +140,7 @@ def reconcile_report_command(
     from paygate_cli.ops.reconcile import report
 
     env = get_env(ctx)
+    env.use_only_secrets(*DATABASE_SECRETS)
     if json_flag and plain_flag:
         raise UsageError("--json and --plain are mutually exclusive")
     fmt = "json" if json_flag else "plain" if plain_flag else fmt.lower()

@@ -6,7 +6,15 @@ from datetime import datetime
 
 import typer
 
-from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode, target_line, target_of
+from paygate_cli.commands._common import (
+    CHAIN_READ_SECRETS,
+    JsonFlag,
+    PlainFlag,
+    get_env,
+    output_mode,
+    target_line,
+    target_of,
+)
 from paygate_cli.db.connect import connect
 from paygate_cli.errors import DatabaseAuthFailed, DatabaseConfigInvalid, ExitCode, Unavailable
 from paygate_cli.ops.status import ago, readiness, unreachable
@@ -18,6 +26,7 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
 
     Example: `paygate status --json | jq .status.problems` (exit 1 when not ready)."""
     env = get_env(ctx)
+    env.use_only_secrets(*CHAIN_READ_SECRETS)
     mode = output_mode(json_flag, plain_flag)
     try:
         with connect(env.settings, "status", attempts=2) as conn:
@@ -25,7 +34,7 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
             report["target"] = target_of(env, conn)  # which database this is: never a reassuring answer from another
     except (Unavailable, DatabaseAuthFailed, DatabaseConfigInvalid) as exc:
         # Still print the document (not ready, with the reason), then end with the error's own code.
-        report = unreachable(str(exc), env.settings)
+        report = unreachable(str(exc))
         report["target"] = target_of(env)
         emit(env, mode, {"status": report}, rows=[{"check": "ready", "value": False,
                                                    "detail": "; ".join(report["problems"])},
@@ -60,7 +69,7 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
               "detail": f"slot {lock['slot']}, backend pid {lock['backend_pid']}, held "
                         f"{lock['held_for'] or '(hidden from this role)'}, {lock['application_name']}"}
              for lock in report["locks"]]
-    rows += [{"check": f"cannot_work:{w['worker']}", "value": "missing", "detail": ", ".join(w["missing"])}
+    rows += [{"check": f"cannot_start:{w['worker']}", "value": "cannot start", "detail": w["error"]}
              for w in report.get("cannot_work", [])]
     rows += [{"check": f"worker:{w['worker']}", "value": w.get("liveness") or w["last_outcome"] or "never run",
               "detail": f"last run {w['last_run_ago']}, last success {ago(w['last_success_age_s'])}"

@@ -228,10 +228,13 @@ def liveness(runs: list[dict[str, Any]], depths: list[dict[str, Any]]) -> list[s
     return problems
 
 
-def workers_that_cannot_work(settings: Any) -> list[dict[str, Any]]:
-    """Workers whose configuration lacks what they need (the same check `run-tick` makes)."""
-    return [{"worker": spec.name, "missing": missing} for spec in WORKERS.values()
-            if (missing := spec.missing(settings))]
+def workers_that_cannot_start(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Workers whose last finished run is the tick runner's "cannot start" record (its preflight
+    found a setting or secret missing where the worker runs). Read from the heartbeats: the shell
+    running `status` holds none of the fleet's secrets, and needs none."""
+    return [{"worker": run["worker"], "error": run["last_error"], "since": run["last_finished"]}
+            for run in runs
+            if run["last_finished_outcome"] == "error" and (run["last_error"] or "").startswith("cannot start")]
 
 
 # The gas monitor's last reading (workers/gas.py) and the relay fee accumulator.
@@ -314,12 +317,11 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
                              "(not PgBouncer transaction pooling)"},
         "schema": schema,
         "halts": [], "locks": lock_holders(conn), "queues": [], "workers": [], "drains": [], "findings": [],
+        "cannot_work": [],
     }
     if schema["schema_version"] == 0:
         return report  # nothing else exists to look at yet
     if settings is not None:
-        report["cannot_work"] = workers_that_cannot_work(settings)
-        problems += [f"{w['worker']} cannot work: missing {', '.join(w['missing'])}" for w in report["cannot_work"]]
         report["rpc"] = rpc_health(settings)
         problems += report["rpc"]["problems"]
     tolerated = _missing_object_errors() if schema["message"] else ()
@@ -335,6 +337,7 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
                      for f in report["findings"] if f["kind"] != "repeated_rejection"]
         problems += _rejection_problems(conn, report["findings"])
         report.update(queues=queue_depths(conn), workers=last_runs(conn), gas=gas(conn))
+        report["cannot_work"] = workers_that_cannot_start(report["workers"])  # liveness() names their problem
     except tolerated as exc:
         # A schema behind this build may lack what these read; the report already says why (not ready).
         report["incomplete"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
@@ -352,16 +355,12 @@ def _missing_object_errors() -> tuple[type[Exception], ...]:
     return (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedFunction)
 
 
-def unreachable(error: str, settings: Any = None) -> dict[str, Any]:
+def unreachable(error: str) -> dict[str, Any]:
     """The report when the database cannot be reached: still a document (a probe parsing `--json`
     must get one), not ready, with the reason."""
     report: dict[str, Any] = {
         "ready": False, "problems": [f"database unreachable: {error}"],
         "database": {"reachable": False, "error": error},
-        "schema": None, "halts": [], "locks": [], "queues": [], "workers": [],
+        "schema": None, "halts": [], "locks": [], "queues": [], "workers": [], "cannot_work": [],
     }
-    if settings is not None:
-        report["cannot_work"] = workers_that_cannot_work(settings)
-        report["problems"] += [f"{w['worker']} cannot work: missing {', '.join(w['missing'])}"
-                               for w in report["cannot_work"]]
     return report
