@@ -27,15 +27,28 @@ class HealthError(Exception):
     """The endpoint answered, but not with a getHealth result."""
 
 
+class RpcTimeout(Exception):
+    """The endpoint did not answer within the timeout; said as `getHealth timed out after 10s`
+    (never the URL: callers name the endpoint by its host)."""
+
+
 def _call(url: str, method: str, timeout: float) -> dict:
+    import urllib.error
     import urllib.request
 
     url, headers = split_credentials(url)
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method}).encode()
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    with opener.open(request, timeout=max(0.1, timeout)) as answer:  # HTTP >= 400 raises HTTPError
-        document = json.loads(answer.read())
+    try:
+        with opener.open(request, timeout=max(0.1, timeout)) as answer:  # HTTP >= 400 raises HTTPError
+            document = json.loads(answer.read())
+    except TimeoutError:  # reading the answer (socket.timeout is TimeoutError)
+        raise RpcTimeout(f"{method} timed out after {timeout:g}s") from None
+    except urllib.error.URLError as exc:  # connecting: urllib wraps the timeout
+        if isinstance(exc.reason, TimeoutError):
+            raise RpcTimeout(f"{method} timed out after {timeout:g}s") from None
+        raise
     if not isinstance(document, dict):
         raise HealthError(f"{method} answer is not a JSON-RPC object")
     if document.get("error") is not None:

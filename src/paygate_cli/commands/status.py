@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 
 import typer
@@ -16,8 +17,9 @@ from paygate_cli.commands._common import (
     target_of,
 )
 from paygate_cli.db.connect import connect
+from paygate_cli.env import Env
 from paygate_cli.errors import DatabaseAuthFailed, DatabaseConfigInvalid, ExitCode, Unavailable
-from paygate_cli.ops.status import ago, readiness, unreachable
+from paygate_cli.ops.status import ago, distinct_rpc_urls, readiness, unreachable
 from paygate_cli.output import Mode, asset_amount, duration_text, emit
 
 
@@ -29,7 +31,7 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
     env.use_only_secrets(*CHAIN_READ_SECRETS)
     mode = output_mode(json_flag, plain_flag)
     try:
-        with connect(env.settings, "status", attempts=2) as conn:
+        with connect(env.settings, "status", attempts=2) as conn, _progress(env, mode):
             report = readiness(conn, env.settings)
             report["target"] = target_of(env, conn)  # which database this is: never a reassuring answer from another
     except (Unavailable, DatabaseAuthFailed, DatabaseConfigInvalid) as exc:
@@ -81,6 +83,19 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
         "READY" if report["ready"] else "NOT READY: " + "; ".join(report["problems"]), target_line(report["target"])]
     emit(env, mode, {"status": report}, rows=rows, columns=["check", "value", "detail"], lines=lines)
     return ExitCode.OK if report["ready"] else ExitCode.FAILED
+
+
+def _progress(env: Env, mode: Mode) -> AbstractContextManager[object]:
+    """A spinner on stderr while the endpoints answer (each may take up to PAYGATE_RPC_TIMEOUT), for
+    a person at a terminal only: never with --json or --plain, never into a pipe or a log."""
+    if mode is not Mode.HUMAN or not env.stderr_isatty:
+        return nullcontext()
+    from rich.console import Console
+
+    count = len(distinct_rpc_urls(env.settings))
+    what = (f"asking {count} RPC endpoint{'s' if count != 1 else ''} and the database" if count
+            else "asking the database")
+    return Console(file=env.stderr).status(f"{what}…", spinner="dots")
 
 
 def _target_row(target: dict[str, object]) -> dict[str, object]:

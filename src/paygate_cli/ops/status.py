@@ -261,31 +261,78 @@ def queue_depths(conn: psycopg.Connection) -> list[dict[str, Any]]:
     return depths
 
 
-def rpc_health(settings: Any) -> dict[str, Any]:
-    """Each RPC endpoint's getHealth and latest ledger; lag is measured against the furthest one.
-    The write endpoint and the distinct read endpoints, as the chain client counts them."""
+def rpc_endpoints(settings: Any) -> list[tuple[str, str]]:
+    """(role, URL) of the write endpoint and the distinct read endpoints, as the chain client counts
+    them; [] without RPC configured."""
     if not settings.rpc_url:
-        return {"configured": False, "endpoints": [], "problems": []}
-    from paygate_cli.chain.health import get_health, get_network_passphrase
+        return []
     from paygate_cli.settings import distinct_read_urls
 
-    read_urls = distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)
-    endpoints = []
-    from paygate_cli.chain.endpoints import endpoint_name, redact_urls
+    return [("write", settings.rpc_url),
+            *[("read", u) for u in distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)]]
 
-    for role, url in [("write", settings.rpc_url), *[("read", u) for u in read_urls]]:
-        name = endpoint_name(url)  # shown by host only: a URL may carry a provider's API key
+
+def distinct_rpc_urls(settings: Any) -> list[str]:
+    """The URLs `status` asks: each once, though the write URL is often a read URL as well."""
+    return list(dict.fromkeys(_url_key(url) for _, url in rpc_endpoints(settings)))
+
+
+def _url_key(url: str) -> str:
+    from paygate_cli.errors import ConfigError
+    from paygate_cli.settings import normalise_rpc_url
+
+    try:
+        return normalise_rpc_url(url)
+    except ConfigError:
+        return url  # asked as it is: the failure is then that endpoint's finding
+
+
+def _probe_failure(exc: Exception) -> str:
+    from paygate_cli.chain.endpoints import redact_urls
+    from paygate_cli.chain.health import RpcTimeout
+
+    if isinstance(exc, RpcTimeout):
+        return str(exc)  # "getHealth timed out after 10s": the endpoint is named beside it, by host
+    return f"{type(exc).__name__}: {redact_urls(str(exc))}"[:200]
+
+
+def rpc_health(settings: Any) -> dict[str, Any]:
+    """Each RPC endpoint's getHealth, latest ledger and network; lag is measured against the
+    furthest one. Every distinct URL is asked once per method, all of them at once (threads): a slow
+    or dead endpoint costs `status` one RPC timeout, not one per endpoint and method."""
+    endpoints_of = rpc_endpoints(settings)
+    if not endpoints_of:
+        return {"configured": False, "endpoints": [], "problems": []}
+    from concurrent.futures import ThreadPoolExecutor
+
+    from paygate_cli.chain.endpoints import endpoint_name
+    from paygate_cli.chain.health import get_health, get_network_passphrase
+
+    urls = {_url_key(url): url for _, url in reversed(endpoints_of)}  # each key -> its first spelling
+    calls = {"health": get_health, "network": get_network_passphrase}
+
+    def ask(key: str, call: str) -> tuple[Any, str | None]:
         try:
-            health = get_health(url, settings.rpc_timeout)
-            endpoints.append({"role": role, "url": name, "status": health.status,
-                              "latest_ledger": health.latest_ledger, "oldest_ledger": health.oldest_ledger})
-            # A healthy node of another network (mainnet vs a local one) answers everything: compare.
-            network = endpoints[-1]["network_passphrase"] = get_network_passphrase(url, settings.rpc_timeout)
-            if network != settings.network_passphrase:
-                endpoints[-1]["status"] = "wrong network"
+            return calls[call](urls[key], settings.rpc_timeout), None
         except Exception as exc:  # any failure of one endpoint is a finding, not a crash of status
-            endpoints.append({"role": role, "url": name, "status": "unreachable",
-                              "error": f"{type(exc).__name__}: {redact_urls(str(exc))}"[:200]})
+            return None, _probe_failure(exc)
+
+    with ThreadPoolExecutor(max_workers=len(urls) * len(calls)) as pool:
+        futures = {(key, call): pool.submit(ask, key, call) for key in urls for call in calls}
+        answers = {pair: future.result() for pair, future in futures.items()}
+    endpoints: list[dict[str, Any]] = []
+    for role, url in endpoints_of:
+        key, name = _url_key(url), endpoint_name(url)  # shown by host only: a URL may carry a provider's API key
+        (health, health_error), (network, network_error) = answers[(key, "health")], answers[(key, "network")]
+        error = health_error or network_error
+        if error is not None:
+            endpoints.append({"role": role, "url": name, "status": "unreachable", "error": error})
+            continue
+        endpoints.append({"role": role, "url": name, "status": health.status, "latest_ledger": health.latest_ledger,
+                          "oldest_ledger": health.oldest_ledger, "network_passphrase": network})
+        # A healthy node of another network (mainnet vs a local one) answers everything: compare.
+        if network != settings.network_passphrase:
+            endpoints[-1]["status"] = "wrong network"
     furthest = max((e["latest_ledger"] for e in endpoints if e.get("latest_ledger")), default=None)
     problems = []
     for endpoint in endpoints:
@@ -295,6 +342,8 @@ def rpc_health(settings: Any) -> dict[str, Any]:
             problems.append(f"RPC {endpoint['role']} endpoint {endpoint['url']} serves "
                             f"{endpoint['network_passphrase']!r}, not the configured network "
                             f"{settings.network_passphrase!r} (PAYGATE_NETWORK_PASSPHRASE)")
+        elif endpoint["status"] == "unreachable":
+            problems.append(f"RPC {endpoint['role']} endpoint {endpoint['url']} is unreachable: {endpoint['error']}")
         elif endpoint["status"] != "healthy":
             problems.append(f"RPC {endpoint['role']} endpoint {endpoint['url']} is {endpoint['status']}")
     return {"configured": True, "endpoints": endpoints, "problems": problems}
