@@ -15,7 +15,7 @@ import pytest
 
 from paygate_cli.db.privileges import READONLY_ROLE
 from paygate_cli.errors import ExitCode
-from tests.chain_env import chain_environ
+from tests.chain_env import admit_deposit, chain_environ, sign_deposit
 from tests.cli import Result, run_cli, run_proc
 from tests.devnet_support import DevnetHandle, start_devnet
 from tests.test_roles import as_role
@@ -52,8 +52,7 @@ def document(result: Result, key: str) -> dict:
 def test_read_only_commands_need_no_secrets(devnet: DevnetHandle, dsn: str, db: psycopg.Connection,
                                             tmp_path: Path) -> None:
     assert run_cli("migrate", "--roles", dsn=dsn).code == 0
-    lane = devnet.genesis["lanes"][0]["public"] if "public" in devnet.genesis["lanes"][0] \
-        else devnet.genesis["lanes"][0]["address"]
+    lane = devnet.genesis["lanes"][0]["public"]
     db.execute("INSERT INTO paygate.lanes (address) VALUES (%s)", (lane,))
     shells = operator_shells(devnet, dsn, tmp_path)
     for name in ("unset", "unreadable"):
@@ -77,6 +76,15 @@ def test_read_only_commands_need_no_secrets(devnet: DevnetHandle, dsn: str, db: 
         assert isinstance(row["chain_seq"], int)
         human = run_proc("nonce-inspect", "--lane", lane, environ=environ)
         assert human.code == ExitCode.OK and lane in human.out, human.err
+    # A deposit's authorisation read from the chain (the chain client, contract reads): still no secret.
+    user = devnet.genesis["users"][0]
+    entry, nonce_value, expiration = sign_deposit(devnet, user["secret"], 1_000_000)
+    credit = admit_deposit(db, user["public"], 1_000_000, entry, nonce_value, expiration, "ro-1")
+    for name in ("unset", "unreadable"):
+        inspected = run_proc("nonce-inspect", "--credit", str(credit), "--json", environ=shells[name])
+        assert inspected.code == ExitCode.OK, (name, inspected.err)
+        auth = document(inspected, "credit")["authorisation"]
+        assert (auth["nonce"], auth["consumed_on_chain"], auth["expired"]) == (nonce_value, False, False)
 
 
 def test_status_takes_cannot_start_from_the_heartbeats(devnet: DevnetHandle, dsn: str,
