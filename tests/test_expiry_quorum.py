@@ -10,69 +10,42 @@ exists; everything else it passes through to the devnet); the other is a real de
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-import requests
 
 from tests.chain_env import ChainEnv, chain_environ
 from tests.cli import Result
 from tests.devnet_support import DevnetHandle, start_devnet
 from tests.relay_support import admit_relay, allow_market
+from tests.rpc_proxy import RpcProxy
 
 FAR_FUTURE = 10_000_000
 
 
-class Liar:
+class Liar(RpcProxy):
     """A read host on 127.0.0.2: getLatestLedger claims FAR_FUTURE, getLedgerEntries finds nothing
     (or, `hide_entries=False`, finds what the devnet has but in ledger FAR_FUTURE), every other call
-    is passed through to `upstream`."""
+    is the devnet's own answer."""
 
     def __init__(self, upstream: str, *, hide_entries: bool = True) -> None:
-        session = requests.Session()
+        self.hide_entries = hide_entries
+        super().__init__(upstream, host="127.0.0.2")
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                request = json.loads(raw or b"{}")
-                if request.get("method") == "getLatestLedger":
-                    answer: dict[str, Any] = {"jsonrpc": "2.0", "id": request.get("id", 1), "result": {
-                        "id": "f" * 64, "protocolVersion": 22, "sequence": FAR_FUTURE, "closeTime": "4000000000",
-                        "headerXdr": "", "metadataXdr": ""}}
-                else:
-                    answer = session.post(upstream, data=raw, headers={"Content-Type": "application/json"},
-                                          timeout=30).json()
-                    if request.get("method") == "getLedgerEntries" and "result" in answer:
-                        if hide_entries:
-                            answer["result"]["entries"] = []
-                        else:  # the entries as they are, read "in" a far-future ledger
-                            answer["result"]["latestLedger"] = FAR_FUTURE
-                out = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.2", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.2:{self.httpd.server_address[1]}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def rewrite(self, request: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        if request.get("method") == "getLatestLedger":
+            return {"jsonrpc": "2.0", "id": request.get("id", 1), "result": {
+                "id": "f" * 64, "protocolVersion": 22, "sequence": FAR_FUTURE, "closeTime": "4000000000",
+                "headerXdr": "", "metadataXdr": ""}}
+        if request.get("method") == "getLedgerEntries" and "result" in answer:
+            if self.hide_entries:
+                answer["result"]["entries"] = []
+            else:  # the entries as they are, read "in" a far-future ledger
+                answer["result"]["latestLedger"] = FAR_FUTURE
+        return answer
 
 
 @pytest.fixture

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from paygate_cli.devnet.faults import KINDS as FAULT_KINDS
 from tests.chaos.invariants import Findings, check_all
 from tests.chaos.soak import (
+    FAULT_KINDS,
     AdminLedger,
     FaultMonkey,
     LoadGenerator,

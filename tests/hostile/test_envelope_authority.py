@@ -14,11 +14,7 @@ entry there could only come from our own code: tests/test_authority_policy.py co
 
 from __future__ import annotations
 
-import json
-import threading
-import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,57 +25,30 @@ from stellar_sdk import TransactionEnvelope, scval, xdr
 from tests.chain_env import ChainEnv, admit_deposit, chain_environ, contract_events, sign_deposit
 from tests.devnet_support import DevnetHandle, start_devnet
 from tests.relay_support import MAX_FEE, admit_close, allow_market
+from tests.rpc_proxy import RpcProxy
 
 
-class RecordingRpc:
+class RecordingRpc(RpcProxy):
     """A provider that forwards every request to the devnet and, while `inject` holds
     (function, entry), adds the entry to the recorded auth of that function's simulations."""
 
     def __init__(self, upstream: str) -> None:
         self.inject: tuple[str, xdr.SorobanAuthorizationEntry] | None = None
         self.injected = 0
-        rpc = self
+        super().__init__(upstream)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                request = urllib.request.Request(upstream, data=body, headers={"Content-Type": "application/json"})
-                with urllib.request.urlopen(request, timeout=10) as answer:
-                    reply = answer.read()
-                reply = rpc.rewrite(json.loads(body), reply)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def rewrite(self, request: dict[str, Any], reply: bytes) -> bytes:
+    def rewrite(self, request: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
         if self.inject is None or request.get("method") != "simulateTransaction":
-            return reply
+            return answer
         tx = TransactionEnvelope.from_xdr(request["params"]["transaction"], "unused").transaction
         invoked = tx.operations[0].host_function.invoke_contract.function_name.sc_symbol.decode()
         function, entry = self.inject
-        answer = json.loads(reply)
         result = answer.get("result") or {}
         if invoked != function or not result.get("results"):
-            return reply
+            return answer
         result["results"][0]["auth"] = [*(result["results"][0].get("auth") or []), entry.to_xdr()]
         self.injected += 1
-        return json.dumps(answer).encode()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        return answer
 
 
 def root(contract: str, function: str, args: list[xdr.SCVal] | None = None) -> xdr.SorobanAuthorizedInvocation:

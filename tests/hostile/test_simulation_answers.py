@@ -11,64 +11,35 @@ valid fee bump (its rate raised to cover the inner one), which the devnet accept
 from __future__ import annotations
 
 import base64
-import json
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-import requests
 from stellar_sdk import xdr
 
 from tests.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
 from tests.devnet_support import DevnetHandle, start_devnet
+from tests.rpc_proxy import RpcProxy
 
 AMOUNT = 25_000_000
 
 
-class SimulationForger:
-    """Forwards every JSON-RPC call to `upstream`; `forge` rewrites simulateTransaction's result."""
+class SimulationForger(RpcProxy):
+    """Forwards every JSON-RPC call to the devnet; `forge` rewrites simulateTransaction's result."""
 
     def __init__(self, upstream: str) -> None:
         self.forge: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         self.sent: list[tuple[str, dict[str, Any]]] = []  # (envelope, the devnet's answer)
-        server = self
-        session = requests.Session()
+        super().__init__(upstream)
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                request = json.loads(body or b"{}")
-                answer = session.post(upstream, data=body, headers={"Content-Type": "application/json"},
-                                      timeout=30).json()
-                if request.get("method") == "simulateTransaction" and server.forge and "result" in answer:
-                    answer["result"] = server.forge(answer["result"])
-                if request.get("method") == "sendTransaction":
-                    server.sent.append((request["params"]["transaction"], answer.get("result", {})))
-                out = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def rewrite(self, request: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        if request.get("method") == "simulateTransaction" and self.forge and "result" in answer:
+            answer["result"] = self.forge(answer["result"])
+        if request.get("method") == "sendTransaction":
+            self.sent.append((request["params"]["transaction"], answer.get("result", {})))
+        return answer
 
 
 @pytest.fixture

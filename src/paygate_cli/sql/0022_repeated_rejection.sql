@@ -9,6 +9,11 @@ ALTER TABLE paygate.lineages
     ADD COLUMN rejected_count integer NOT NULL DEFAULT 0     -- consecutive resends rejected with it
         CHECK (rejected_count >= 0),
     ADD COLUMN first_rejected_at timestamptz;               -- when that run of rejections began
+-- Retention moves terminal lineages to the archive whole: the archive keeps every hot column.
+ALTER TABLE paygate_archive.lineages
+    ADD COLUMN rejected_code text,
+    ADD COLUMN rejected_count integer,
+    ADD COLUMN first_rejected_at timestamptz;
 
 -- Add the kind to whatever the constraint lists now (other migrations add kinds of their own), so
 -- the order these migrations land in never drops one.
