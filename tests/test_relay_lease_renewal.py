@@ -63,3 +63,34 @@ def test_a_slow_rpc_never_lets_recovery_take_rows_from_a_live_relay_worker(
     assert [relay_rows(db)[i]["status"] for i in ids] == ["applied"] * RELAYS
     # One lineage each: nothing was abandoned under the worker and built again.
     assert db.execute("SELECT count(*) FROM paygate.lineages").fetchone()[0] == RELAYS
+
+
+def test_a_slow_rpc_never_lets_recovery_take_bot_jobs_from_a_live_drainer(
+        chain: ChainEnv, db: psycopg.Connection) -> None:
+    """The same for the bot-job drainer: its jobs are built one after another, each waiting on the
+    slow reads and simulation, the whole tick far past lease + grace."""
+    from paygate_cli.devnet.contracts.market import ORDER_TTL_LEDGERS
+    from tests.relay_support import admit_close
+
+    allow_market(db, chain.genesis["contracts"]["market"])  # relay's buy, the bot jobs' close_expired
+    user = chain.genesis["users"][0]
+    for n in range(RELAYS):
+        admit_relay(db, chain.devnet, user, f"order-{n}", item=f"item{n}")
+    run_until_quiet(chain, db)
+    chain.devnet.close_ledger(ORDER_TTL_LEDGERS + 1)
+    jobs = [admit_close(db, chain.devnet, user["public"], key=f"close-{n}") for n in range(RELAYS)]
+    chain.devnet.set_fault("slow", ms=1500, methods=["getLedgerEntries", "simulateTransaction"])
+    drainer = spawn("run-tick", "relay_drainer", "--once", "--json", environ=chain.environ)
+    recovery = spawn("run-tick", "recovery", "--every", "0.2s", "--for", "25s", "--json",
+                     environ=recovery_environ(chain.environ))
+    _out, err = drainer.communicate(timeout=120)
+    assert drainer.returncode == 0, err[-3000:]
+    recovery.wait(timeout=60)
+    assert recovery.returncode == 0, recovery.stderr.read()[-3000:]
+    taken = db.execute("SELECT count(*) FROM paygate.worker_runs WHERE worker = 'recovery' AND processed > 0"
+                       ).fetchone()[0]
+    assert taken == 0  # recovery never took a job from the live drainer
+    # Every job got exactly one lineage from the live drainer (the first closes the user's orders,
+    # the others find nothing left to close): nothing was taken over and rebuilt.
+    assert db.execute("SELECT count(*) FROM paygate.lineages WHERE entitlement = ANY(%s)",
+                      ([f"bot_job:{j}" for j in jobs],)).fetchone()[0] == RELAYS
