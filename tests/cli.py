@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from paygate_cli import secrets
 from paygate_cli.__main__ import main
 from paygate_cli.env import Env
 
@@ -41,6 +42,9 @@ def run_cli(*args: str, dsn: str | None = None, environ: dict[str, str] | None =
     out, err = io.StringIO(), io.StringIO()
     env = Env(stdin=_FakeTTY(stdin) if tty else io.StringIO(stdin), stdout=out, stderr=err,
               environ=environ if environ is not None else base_environ(dsn, **extra))
+    # A new process has read no secret yet: forget what earlier in-process runs registered for
+    # scrubbing, so one test's secrets never change how another's output is redacted.
+    secrets._REVEALED.clear()
     code = main(list(args), env=env)
     return Result(int(code), out.getvalue(), err.getvalue())
 

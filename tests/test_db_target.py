@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
@@ -145,12 +144,14 @@ def unreadable_socket_dir() -> Iterator[str]:
 
 
 def test_a_socket_dir_the_os_user_cannot_enter_is_configuration(unreadable_socket_dir: str) -> None:
-    # Root passes every permission check, so as root the CLI runs as `nobody` (a real OS refusal).
+    # Root passes every permission check through CAP_DAC_OVERRIDE (and DAC_READ_SEARCH), so as root
+    # the CLI runs without them (a real OS refusal). Still root, it reads the checkout and its venv
+    # wherever they are (a private 0700 clone included), which another user could not.
     dsn = f"postgresql:///postgres?host={unreadable_socket_dir}&user=postgres"
     command = paygate_cmd("status")
     if os.geteuid() == 0:
-        nobody = pwd.getpwnam("nobody")
-        command = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups", *command]
+        dropped = "-dac_override,-dac_read_search"
+        command = ["setpriv", f"--inh-caps={dropped}", f"--bounding-set={dropped}", "--", *command]
     proc = subprocess.run(command, env=base_environ(dsn), capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL, cwd="/")
     assert "Permission denied" in proc.stderr, proc.stderr
