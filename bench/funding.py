@@ -27,7 +27,7 @@ import psycopg
 from stellar_sdk import Keypair, SorobanServer, TransactionBuilder, scval
 from stellar_sdk.client.requests_client import RequestsClient
 
-from bench.meter import Meter, Profile, chain_world, sql_meters
+from bench.meter import Meter, Profile, baseline_lanes, chain_world, sql_meters
 from paygate_cli.chain.rpc import ChainClient
 from paygate_cli.db.connect import connect
 from paygate_cli.env import Env
@@ -101,7 +101,7 @@ def run_bare_sdk(devnet: DevnetHandle, deposits: int, lanes: int) -> dict[str, f
     """The same chain work with bare stellar-sdk calls: no journal, no database, no proofs."""
     g = devnet.genesis
     passphrase = g["passphrase"]
-    lane_keys = [Keypair.from_secret(p["secret"]) for p in g["lanes"][:lanes]]
+    lane_keys = [Keypair.from_secret(p["secret"]) for p in baseline_lanes(g, lanes)]
     fee = Keypair.from_secret(g["fee_account"]["secret"])
     users = g["users"]
     server = SorobanServer(devnet.url, client=RequestsClient(num_retries=0))

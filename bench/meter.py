@@ -99,10 +99,18 @@ class Profile:
         return "\n".join(f"    {t * 1000 / units:11.2f} {c / units:10.2f}  {label}" for t, c, label in rows[:top])
 
 
+def baseline_lanes(genesis: dict[str, Any], lanes: int) -> list[dict[str, str]]:
+    """The lanes of chain_world's devnet that paygate is not given: the baseline loop's own."""
+    return genesis["lanes"][lanes:2 * lanes]
+
+
 @contextmanager
 def chain_world(prefix: str, lanes: int) -> Iterator[tuple[Any, Any]]:
     """A private Postgres (migrated) and a devnet in manual mode: yields (devnet, (ChainEnv, autocommit
-    connection)), and removes both afterwards."""
+    connection)), and removes both afterwards. The devnet has twice `lanes` lanes: paygate is given
+    the first half, a bare baseline loop takes the second (`baseline_lanes`). A baseline sharing
+    paygate's lanes would use their sequences outside the journal, and paygate rightly fences such
+    a lane (chain ahead of the journal) instead of building on it."""
     import psycopg
 
     from paygate_cli.db.cluster import Cluster
@@ -115,12 +123,12 @@ def chain_world(prefix: str, lanes: int) -> Iterator[tuple[Any, Any]]:
     cluster = Cluster.at(tmp / "pg")
     cluster.init(fast=True)
     cluster.start()
-    devnet = start_devnet(tmp / "devnet", lanes=lanes, users=8)
+    devnet = start_devnet(tmp / "devnet", lanes=2 * lanes, users=8)
     try:
         dsn = cluster.dsn()
         with psycopg.connect(dsn, autocommit=True) as db:
             migrate(db)
-            yield devnet, (ChainEnv(devnet, dsn, chain_environ(devnet, dsn, tmp / "keys")), db)
+            yield devnet, (ChainEnv(devnet, dsn, chain_environ(devnet, dsn, tmp / "keys", lanes=lanes)), db)
     finally:
         devnet.stop()
         cluster.stop()
