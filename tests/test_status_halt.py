@@ -140,3 +140,32 @@ def test_status_lists_only_this_databases_lock_holders(dsn: str, empty_dsn: str)
         here.execute("SELECT pg_advisory_lock(%s, %s)", (LOCK_NAMESPACE, 1100))  # idempotency_sweep, this db
         _, report = status(dsn)
         assert [(lock["lock"], lock["slot"]) for lock in report["locks"]] == [("idempotency_sweep", 0)]
+
+
+def test_status_not_ready_when_no_lane_or_no_instance_can_take_new_work(dsn: str, configured: dict[str, str],
+                                                                         db: psycopg.Connection) -> None:
+    """One drained lane or host is deliberate (shown, ready); none left to take new work is not."""
+    lanes = ["G" + c * 55 for c in "AB"]
+    db.execute("INSERT INTO paygate.lanes (address) SELECT unnest(%s::text[])", (lanes,))
+    db.execute("INSERT INTO paygate.instances (instance_id) VALUES ('host-a'), ('host-b')")
+    db.execute("INSERT INTO paygate.instances (instance_id, last_seen, drained_at, drained_by)"
+               " VALUES ('host-gone', now() - interval '2 days', now(), 'op')")  # out of service: not capacity
+    drain_lane = "UPDATE paygate.lanes SET status = 'drained', drained_at = now(), drained_by = 'op' WHERE address = %s"
+    drain_host = "UPDATE paygate.instances SET drained_at = now(), drained_by = 'op' WHERE instance_id = %s"
+    db.execute(drain_lane, (lanes[0],))
+    db.execute(drain_host, ("host-a",))
+    code, report = status(dsn, configured)
+    assert code == 0 and report["ready"] is True, report["problems"]
+    assert len(report["drains"]) == 3
+
+    db.execute(drain_lane, (lanes[1],))
+    code, report = status(dsn, configured)
+    assert code == ExitCode.FAILED
+    assert report["problems"] == ["no lane can be allocated: all 2 registered lane(s) are drained or fenced "
+                                  "(see `paygate nonce-inspect`)"]
+    db.execute("UPDATE paygate.lanes SET status = 'active', drained_at = NULL, drained_by = NULL")
+    db.execute(drain_host, ("host-b",))
+    code, report = status(dsn, configured)
+    assert code == ExitCode.FAILED
+    assert report["problems"] == ["every instance is drained: none of the 2 host(s) that ticked in the last "
+                                  "hour takes new work (`paygate undrain --instance ID`)"]

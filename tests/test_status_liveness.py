@@ -120,8 +120,9 @@ def test_lock_holder_shows_instance_os_pid_backend_pid_and_held_for(dsn: str, db
     holder = spawn("run-tick", "webhooks", "--every", "0.2s", "--for", "30s", dsn=dsn, PAYGATE_INSTANCE_ID=instance)
     try:
         for _ in range(200):
-            report = json.loads(run_cli("status", "--json", dsn=dsn).out)["status"]
+            # The heartbeat first, then the report read after it (the full instance comes from it).
             ticked = db.execute("SELECT count(*) FROM paygate.worker_runs WHERE pid = %s", (holder.pid,)).fetchone()[0]
+            report = json.loads(run_cli("status", "--json", dsn=dsn).out)["status"]
             if report["locks"] and ticked:
                 break
             time.sleep(0.05)  # polling for the spawned process to take its lock, not a timing assertion

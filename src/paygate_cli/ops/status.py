@@ -380,7 +380,8 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
         from paygate_cli.ops.drain import drained
         from paygate_cli.ops.reconcile import open_findings_summary
 
-        report["drains"] = drained(conn)  # drained instances/lanes are deliberate: shown, not a problem
+        report["drains"] = drained(conn)  # one drained instance or lane is deliberate: shown, not a problem
+        problems += capacity_problems(conn)  # but none left to take new work is
         report["findings"] = open_findings_summary(conn)
         problems += [f"{f['count']} open {f['kind']} finding(s) (see `paygate reconcile-report`)"
                      for f in report["findings"] if f["kind"] != "repeated_rejection"]
@@ -396,6 +397,31 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
     problems += liveness(report["workers"], report["queues"])
     report["ready"] = not problems
     return report
+
+
+# The lanes the signing workers registered, and the hosts that ticked in the last hour (an instance
+# gone for longer is a host taken out of service, not capacity).
+CAPACITY_SQL = """
+SELECT (SELECT count(*) FROM paygate.lanes WHERE status <> 'retired'),
+       (SELECT count(*) FROM paygate.lanes WHERE status = 'active'),
+       (SELECT count(*) FROM paygate.instances WHERE last_seen > now() - interval '1 hour'),
+       (SELECT count(*) FROM paygate.instances WHERE last_seen > now() - interval '1 hour' AND drained_at IS NULL)
+"""
+
+
+def capacity_problems(conn: psycopg.Connection) -> list[str]:
+    """What leaves new work with nowhere to go: no lane that can be allocated (every registered lane
+    drained or fenced), or every host that ticks here drained. Before any worker registered a lane
+    or ticked there is nothing to judge (a new deployment)."""
+    lanes, active, instances, undrained = conn.execute(CAPACITY_SQL).fetchone()
+    problems = []
+    if lanes and not active:
+        problems.append(f"no lane can be allocated: all {lanes} registered lane(s) are drained or fenced "
+                        "(see `paygate nonce-inspect`)")
+    if instances and not undrained:
+        problems.append(f"every instance is drained: none of the {instances} host(s) that ticked in the last "
+                        "hour takes new work (`paygate undrain --instance ID`)")
+    return problems
 
 
 def _missing_object_errors() -> tuple[type[Exception], ...]:
