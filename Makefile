@@ -21,7 +21,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	# Three workers on two cores: most tests wait on processes, ledgers and leases, not the CPU.
-	$(VENV)/bin/pytest -q -p no:cacheprovider -n 3
+	$(VENV)/bin/pytest -q -p no:cacheprovider -n 3 --durations=15
 
 # The chaos soak (tests/chaos) also runs in `make test`, for PAYGATE_SOAK_SECONDS (default 150 s).
 DURATION ?= 30m
