@@ -102,7 +102,9 @@ def test_recovery_racing_live_workers_on_the_same_rows(env: dict[str, str], db: 
                " lease_expires_at, claimed_by) SELECT %s, 't', jsonb_build_object('n', n), 'delivering', 1,"
                " gen_random_uuid(), now() - interval '1 hour', 'dead-host:0' FROM generate_series(1, 60) n",
                (endpoint_id,))
-    environ = env
+    # A lease long enough that no live taker's own claim lapses under a loaded machine: a row whose
+    # lease did lapse is rightly taken over again (a third attempt), which is not what this counts.
+    environ = {**env, "PAYGATE_WEBHOOK_LEASE": "10s"}
     procs = [spawn("run-tick", "recovery", "--every", "0.05s", "--for", "5s", "--batch", "3", environ=environ),
              spawn("run-tick", "recovery", "--every", "0.05s", "--for", "5s", "--batch", "3", environ=environ),
              spawn("run-tick", "webhooks", "--every", "0.05s", "--for", "5s", "--batch", "4", environ=environ),
