@@ -2,7 +2,7 @@
 
 Each command is started as a fresh process, the way an on-call engineer or a runbook script starts
 it, against the floor measured in the same run: `python -c "import psycopg; psycopg.connect(DSN).close()"`
-(the floor bench/idle_tick.py uses for `run-tick`). Issue 14's target: <= 1.5x the floor.
+(the floor bench/idle_tick.py uses for `run-tick`). target: <= 1.5x the floor.
 
 Chain-free path (no PAYGATE_RPC_URL; the target applies here):
   status, status --json, workers, workers --json, nonce-inspect --json (no lanes: nothing to ask the chain).

@@ -1,4 +1,4 @@
-"""Cost as history grows (issue 14; a benchmark, not a test: it prints figures and asserts nothing).
+"""Cost as history grows.
 
 One private database, the same small set of live work throughout (claimable charges, pending
 deposits, due webhooks, queued relays and bot jobs, due subscriptions), measured twice: with 10 k

@@ -188,7 +188,7 @@ def observe(environ: dict[str, str], limit: int, pids: tuple[int, int],
         stack.callback(setattr, observer, "apply_page", original_apply)
         observer.apply_page = counting_apply
         stack.enter_context(metered(fetch, chain_charges, "get_events"))
-        try:  # the bulk decoder the observer uses since issue 14; before it, the reference decoder per event
+        try:  # the bulk decoder the observer uses since before it, the reference decoder per event
             import paygate_cli.chain.billing_events as bulk
 
             stack.enter_context(metered(decode, bulk, "decode_billing_events"))

@@ -1,6 +1,6 @@
 """Shared steps for the charge-side tests (settlement, observer, drills) and the bench: fund accounts
 through the real funding path, admit charges through the SQL function, drive ticks until quiet,
-and check the invariants of DESIGN §9 against the chain."""
+and check the invariants of the drill invariants (docs/architecture.md §1) against the chain."""
 
 from __future__ import annotations
 
@@ -73,8 +73,9 @@ def run_until_quiet(chain: ChainEnv, db: psycopg.Connection, *, rounds: int = 40
 
 
 def check_invariants(chain: ChainEnv, db: psycopg.Connection, accounts: list[str]) -> dict[str, Any]:
-    """DESIGN §9 after quiescence: one debit per charge id on chain, every charge terminal and
-    agreeing with the chain, cached balances = chain balances, each event applied once."""
+    """The drill invariants (docs/architecture.md §1) after quiescence: one debit per charge id on
+    chain, every charge terminal and agreeing with the chain, cached balances = chain balances, each
+    event applied once."""
     charges = contract_events(chain, "charge")
     failed = contract_events(chain, "charge_failed")
     ids = Counter(bytes(e["value"][1]) for e in charges + failed)

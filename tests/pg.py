@@ -1,4 +1,4 @@
-"""The Postgres harness (DESIGN §9): PAYGATE_TEST_DSN if set, else one private cluster per test run
+"""The Postgres harness of the tests: PAYGATE_TEST_DSN if set, else one private cluster per test run
 from the system binaries (as the postgres user when root, Unix socket in a short /tmp dir, never
 TCP). One fresh database per test, cloned from a migrated template."""
 

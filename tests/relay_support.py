@@ -82,7 +82,7 @@ def chain_fee(chain: ChainEnv, inner_hash: bytes) -> tuple[str, int | None]:
 
 
 def assert_relay_invariants(chain: ChainEnv, db: psycopg.Connection) -> None:
-    """After quiescence (DESIGN §9, issue 9 proofs):
+    """After quiescence (the drill invariants (docs/architecture.md §1), proofs):
     - at most one applied lineage per relay / bot job (the journal's unique index, re-checked);
     - settled fees == the sum of feeCharged of our applied+failed relay transactions on chain;
     - every reservation settled or released (never both, never twice: one status column, CAS);

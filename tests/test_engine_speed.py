@@ -1,4 +1,4 @@
-"""Issue 14's cuts keep their promises: the XDR built directly is the SDK's exact bytes, and a phase
+"""cuts keep their promises: the XDR built directly is the SDK's exact bytes, and a phase
 written as one statement is all or nothing (paygate.require rolls every part back)."""
 
 from __future__ import annotations

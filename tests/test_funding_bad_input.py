@@ -238,7 +238,7 @@ def test_authorisation_expiring_while_its_lineage_is_in_flight_ends_expired_afte
         chain: ChainEnv, db: psycopg.Connection) -> None:
     """The deposit is accepted but never included (dropped), and the user's authorisation runs out
     meanwhile. The row must not end until the lineage is proven dead; the transaction carries the
-    authorisation's expiration ledger as its ledger bound (issue 11), so the proof comes as soon as a
+    authorisation's expiration ledger as its ledger bound, so the proof comes as soon as a
     ledger past it closes, without waiting for maxTime. Then it ends `expired` and no second
     transaction is ever built."""
     chain.devnet.set_fault("drop_next")

@@ -1,4 +1,4 @@
-"""Crash drills for the funding path (DESIGN §9, issue 4).
+"""Crash drills for the funding path (the drill invariants (docs/architecture.md §1)).
 
 Each drill kills a real `paygate run-tick funding --once` process with SIGKILL at one named crash
 point, then runs ticks (in-process) with ledgers closing until nothing is left to do, and checks the
@@ -6,7 +6,7 @@ money invariants against the chain: one credit per deposit, one SAC transfer per
 cached balance = on-chain billing balance, no live lineage, no busy lane, at most one applied lineage
 per entitlement. Devnet faults make some of them nastier.
 
-Credential versions (issue 11): the whole matrix signs the deposits as a current wallet does
+Credential versions: the whole matrix signs the deposits as a current wallet does
 (ADDRESS_V2); every crash point runs once more, without faults, with legacy ADDRESS (v1) entries,
 as stellar-rpc records them without `useUpgradedAuth` and older SDKs sign them. Each drill checks
 the deposit that landed carries the version the wallet signed (paygate never re-shapes an entry)."""
@@ -143,8 +143,8 @@ def addr(topic: Any) -> str:
 
 def assert_invariants(chain: ChainEnv, db: psycopg.Connection, settled: list[int],
                       credentials: xdr.SorobanCredentialsType | None = None) -> None:
-    """The money invariants of DESIGN §9 for the given deposits, which must all have settled; with
-    `credentials`, each deposit that landed carries exactly one auth entry of that version."""
+    """The drill invariants (docs/architecture.md §1) for the given deposits, which must all have
+    settled; with `credentials`, each deposit that landed carries exactly one auth entry of that version."""
     g = chain.genesis
     billing = g["contracts"]["billing"]
     credits = contract_events(chain, "credit")
@@ -279,7 +279,7 @@ def test_killed_after_send_returned_recovery_records_the_receipt(chain: ChainEnv
 def test_killed_before_broadcast_then_sequence_consumed_is_superseded(chain: ChainEnv, db: psycopg.Connection
                                                                       ) -> None:
     """(B) Signed and anchored, killed before the broadcast; then a transaction we never journaled
-    takes the lane's sequence. DESIGN §4 step 3: the lineage is proven `superseded` (it can never
+    takes the lane's sequence. docs/architecture.md §4 step 3: the lineage is proven `superseded` (it can never
     land), and because no lineage of ours holds that sequence a human is asked (exit 3) and the lane
     is fenced. The deposit itself is not in doubt (its nonce is unspent and its only lineage is
     proven dead), so a fresh lineage on another lane lands it: one spend."""

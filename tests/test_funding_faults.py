@@ -146,7 +146,7 @@ def test_a_worker_whose_lease_lapsed_mid_flight_never_sends(chain: ChainEnv, db:
     finally:
         if slow.poll() is None:
             slow.kill()
-    # A lost its lease: someone else has the row, which is neither a failure nor an alarm (issue 8 #4)
+    # A lost its lease: someone else has the row, which is neither a failure nor an alarm
     assert slow.returncode == 0, err
     assert '"lease_lost": 1' in out
     first, second = lineages_of(db)

@@ -1,4 +1,4 @@
-"""Each queue claim, and the lease release that undoes it, is a HOT update (issue 14, migration 0016).
+"""Each queue claim, and the lease release that undoes it, is a HOT update.
 
 A HOT ("heap only tuple") update writes the row's new version on its own page and no index entry at
 all, so its cost does not grow with the indexes, which grow with history. PostgreSQL makes an update

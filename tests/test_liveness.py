@@ -1,4 +1,4 @@
-"""Issue 8: the money paths must not stall silently. Each test names one defect and fails on the code
+"""the money paths must not stall silently. Each test names one defect and fails on the code
 before the fix: the observer winning the credit race leaked the credit lineage's lane (1), a bad lane
 stalled its queue or stranded a deposit (2), a worker whose lease lapsed exited 70 (4), a stale
 pending_failure sent a landed deposit to a human (5), an authorisation was used in its last ledger

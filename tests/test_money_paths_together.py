@@ -1,4 +1,4 @@
-"""Issue 8 "done means": funding (2 processes), settlement (2), subscriptions and the observer loop at
+"""funding (2 processes), settlement (2), subscriptions and the observer loop at
 once on the devnet with several lanes, first with no faults, then with the network losing send
 answers, refusing sends and holding transactions. Every deposit and charge ends terminal, no lineage
 is left live, cached balances equal the chain's, and no run failed or crashed while work was stuck

@@ -1,4 +1,4 @@
-"""The devnet's whole-node lag fault (`node_lag`, issue 8) and resolve() against a lagging node end to
+"""The devnet's whole-node lag fault (`node_lag`) and resolve() against a lagging node end to
 end: a node `ledgers` behind answers as of its lagged latest ledger everywhere (getHealth,
 getLatestLedger, getTransaction, getEvents, getLedgerEntries), and a transaction that landed in the
 lagged window is "not seen yet" — the lineage waits, it is never declared dead."""
@@ -97,7 +97,7 @@ def test_resolve_against_a_lagging_node_waits_and_never_declares_dead(chain: Cha
     assert row_of(db, pending_id)["status"] == "settled"
 
 
-# -- issue 11: a lagging node that cannot see a brand-new lane is not a configuration error ------------
+# -- a lagging node that cannot see a brand-new lane is not a configuration error ------------
 
 def _only_lane(chain: ChainEnv, secret: str) -> None:
     lanes = Path(chain.environ["PAYGATE_LANE_SECRETS_FILE"])

@@ -104,8 +104,8 @@ def test_unknown_credit_is_a_usage_error(chain: ChainEnv) -> None:
 
 
 def test_lane_inspection_reads_the_chain_without_stellar_sdk(chain: ChainEnv, db: psycopg.Connection) -> None:
-    """`nonce-inspect --lane L` with nothing in flight reads the lane's sequence SDK-free (issue 14:
-    a cold command must not pay stellar-sdk's import), in a fresh process, and reads it right."""
+    """`nonce-inspect --lane L` with nothing in flight reads the lane's sequence SDK-free, in a fresh
+    process, and reads it right."""
     lane = chain.genesis["lanes"][0]["public"]
     lineages.sync_lanes(db, [lane])
     probe = ("import sys, io, contextlib, json\nfrom paygate_cli.__main__ import main\n"

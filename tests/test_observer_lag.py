@@ -1,4 +1,4 @@
-"""Issue 8 defect 7: a getEvents reader behind the observer's cursor is lagging, not proof of lost
+"""a getEvents reader behind the observer's cursor is lagging, not proof of lost
 events. The observer tries the next read endpoint, or waits (cursor unmoved, said in the tick's
 details and log) — never exit 3. Only a reader whose oldest ledger is past the cursor proves a gap."""
 

@@ -1,4 +1,4 @@
-"""The read quorum (issue 8 defect 3, DESIGN §4 "RPC"): read endpoints are normalised and counted
+"""The read quorum: read endpoints are normalised and counted
 once per distinct host; the money movers refuse to start on fewer than three distinct hosts unless
 the development override is set; and with three real devnets on three hosts, a minority of nodes
 can never declare a lineage dead while a majority can."""

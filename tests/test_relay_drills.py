@@ -1,4 +1,4 @@
-"""Crash drills for the relay path and the bot-job drainer (issue 9 proofs).
+"""Crash drills for the relay path and the bot-job drainer.
 
 Each drill kills a real `paygate run-tick relay|relay_drainer --once` process with SIGKILL at one
 named crash point, checks it died there (exit -9, the crash point's marker on stderr, and the
@@ -7,7 +7,7 @@ the invariants against the chain: at most one applied lineage per relay / bot jo
 the sum of feeCharged of our applied+failed relay transactions on chain, exactly; every reservation
 settled or released, never both, never twice; no relay broadcast after its expiry.
 
-Credential versions (issue 11): a relay carries the user's own auth entry (market.buy signed by the
+Credential versions: a relay carries the user's own auth entry (market.buy signed by the
 user), so the relay drill matrix signs it as ADDRESS_V2 (a current wallet) and every crash point runs
 once more, without faults, with legacy ADDRESS (v1) entries; each checks that the relay transactions
 that landed carry the version the user signed. Bot jobs carry no authorisation at all

@@ -1,4 +1,4 @@
-"""The retention worker (issue 14): terminal rows older than the window move to paygate_archive in
+"""The retention worker: terminal rows older than the window move to paygate_archive in
 bounded, index-driven batches; everything a live lineage, an unresolved finding, `replay` or
 `key-retire-check` still needs stays; a killed process loses nothing (each row in the hot table or
 the archive, never both, never neither)."""

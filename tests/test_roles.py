@@ -1,4 +1,4 @@
-"""Least privilege (issue 13): `paygate migrate --roles` grants the runtime and read-only roles exactly
+"""Least privilege: `paygate migrate --roles` grants the runtime and read-only roles exactly
 what the table of decisions (db/privileges.py) says, table by table; every table in the database is
 classified; the read-only commands work as the read-only role and any write as it exits 77."""
 
@@ -115,7 +115,7 @@ def test_the_table_of_decisions_is_well_formed() -> None:
     for grant in GRANTS:
         assert grant.why.strip(), f"{grant.table}: say why"
         assert "." in grant.table
-    # DESIGN §8: audit_log is INSERT/SELECT only; schema_migrations is read-only for both roles.
+    # docs/architecture.md §2: audit_log is INSERT/SELECT only; schema_migrations is read-only for both roles.
     assert BY_TABLE["paygate.audit_log"].runtime == ("SELECT", "INSERT")
     assert BY_TABLE["paygate.schema_migrations"].runtime == ("SELECT",)
     assert not BY_TABLE["paygate.webhook_endpoints"].readonly  # customers' HMAC secrets

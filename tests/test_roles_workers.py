@@ -1,4 +1,4 @@
-"""Least privilege, end to end (issue 13): every worker does its real work connected as the runtime
+"""Least privilege, end to end: every worker does its real work connected as the runtime
 role on the devnet (deposits, a recovery take-over after a real kill, charges, subscriptions, the
 observer, relays, bot jobs, webhooks, the reconciler, gas, the sweep), and the on-call commands
 (status, reconcile-report, nonce-inspect) work as the read-only role, write nothing, and any write

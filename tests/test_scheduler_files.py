@@ -37,7 +37,7 @@ SYSTEMD = ROOT / "jobs" / "systemd"
 K8S = ROOT / "jobs" / "k8s"
 ALL_WORKERS = sorted(RESERVED_WORKER_IDS)
 
-# DESIGN §3 catalogue cadences (seconds) for workers not registered yet; registered ones use the registry.
+# docs/architecture.md §3 catalogue cadences (seconds) for workers not registered yet; registered ones use the registry.
 CATALOGUE_CADENCE = {"funding": 2, "settlement": 2, "subscriptions": 60, "relay": 2, "observer": 2, "recovery": 30,
                      "reconciler": 60, "relay_drainer": 10, "relay_expiry": 60, "gas": 300,
                      "idempotency_sweep": 3600, "webhooks": 1}

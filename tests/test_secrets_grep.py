@@ -1,4 +1,4 @@
-"""Issue 13: every command and every worker runs with all five secret files present (a database URL
+"""every command and every worker runs with all five secret files present (a database URL
 with a password, the fee seed, the lane seeds, the journal keys, a heartbeat URL), at debug log
 level, with a metrics directory, through their ordinary and their error paths (bad config, a
 traceback, the database or the RPC down, a missing secret file, a real kill at a crash point), and

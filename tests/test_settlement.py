@@ -48,7 +48,7 @@ def test_admitted_charges_are_settled_by_the_observer(chain: ChainEnv, db: psyco
     assert batches and all(b[0] == "applied" for b in batches)
     # charge_batch carries only the operator's authorisation, and the operator is the lane that is the
     # transaction's source: one SOURCE_ACCOUNT entry, no address credential of either version (why the
-    # settlement drills are not run with ADDRESS and ADDRESS_V2 as funding's are, issue 11).
+    # settlement drills are not run with ADDRESS and ADDRESS_V2 as funding's are).
     applied = db.execute("SELECT inner_hash FROM paygate.lineages WHERE purpose = 'charge_batch' "
                          "AND state = 'applied'").fetchall()
     assert len(applied) == len(batches)

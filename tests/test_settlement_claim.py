@@ -1,5 +1,5 @@
 """The settlement worker's one-statement claim and its XDR templates, on a real Postgres and real
-landed transactions: what the speed work (issue 14) must not have changed."""
+landed transactions: what the speed work must not have changed."""
 
 from __future__ import annotations
 

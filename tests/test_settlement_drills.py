@@ -1,9 +1,9 @@
 """Crash drills for settlement and the observer: a real `paygate run-tick` process is SIGKILLed at a
-named crash point, then ticks run until quiet, and the invariants of DESIGN §9 hold: each charge id
+named crash point, then ticks run until quiet, and the drill invariants (docs/architecture.md §1) hold: each charge id
 debited at most once on chain, every admitted charge settled or failed, cached balances equal
 on-chain balances, each event applied once, the cursor never moved backwards.
 
-Credential versions (issue 11): these drills are deliberately not run with both SOROBAN_CREDENTIALS
+Credential versions: these drills are deliberately not run with both SOROBAN_CREDENTIALS
 ADDRESS (v1) and ADDRESS_V2. `charge_batch` carries no user authorisation: its only require_auth is
 the operator's, and the operator is the lane that is the transaction's source, so simulation records
 a SOURCE_ACCOUNT entry whatever `useUpgradedAuth` says and no address credential is ever signed. The
@@ -158,7 +158,7 @@ def test_repeated_crashes_at_every_settlement_point(chain: ChainEnv, db: psycopg
     quiesce_and_check(chain, db, accounts)
 
 
-# -- issue 8: the dead path, branch B, the batch split, resumes in fresh processes ----------------------
+# -- the dead path, branch B, the batch split, resumes in fresh processes ----------------------
 
 def resume_procs(chain: ChainEnv, db: psycopg.Connection, environ: dict[str, str] | None = None,
                  allowed: tuple[int, ...] = (0,)) -> list[Result]:

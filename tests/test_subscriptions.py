@@ -150,7 +150,7 @@ def test_concurrent_workers_charge_each_period_once(dsn: str, db: psycopg.Connec
     assert debited == 40 * 6 * 7
 
 
-# -- drills and draining (issue 8) ---------------------------------------------------------------------
+# -- drills and draining ---------------------------------------------------------------------
 
 def test_a_crash_before_commit_charges_nothing_and_a_fresh_process_charges_once(dsn: str, db: psycopg.Connection
                                                                                 ) -> None:

@@ -1,4 +1,4 @@
-"""Webhook hardening (issue 13): redirects are never followed, DNS rebinding cannot reach a private
+"""Webhook hardening: redirects are never followed, DNS rebinding cannot reach a private
 address (the host is resolved once, checked, and the connection goes to the checked address), and
 a response body is read only up to a cap. Real HTTP servers on loopback addresses, a real Postgres,
 the real worker; the only stand-in is DNS, through a resolver the test controls."""

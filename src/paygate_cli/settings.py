@@ -106,7 +106,7 @@ class Field:
     help: str
 
 
-# -- RPC endpoints (DESIGN §4 "RPC") ------------------------------------------------------------------
+# -- RPC endpoints (docs/architecture.md §4 "RPC") ------------------------------------------------------------------
 # Decisions that declare a transaction dead need a majority of read endpoints, counted over distinct
 # hosts: two URLs of one node (`url`, `url/`, `HTTP://Host:80/`) are one vote, not two, and a
 # "majority" of one node is no quorum at all. These workers act on such decisions (a dead lineage is

@@ -1,4 +1,4 @@
-"""The chaos soak's machinery (issue 13): every worker in looping processes under a supervisor, a load
+"""The chaos soak's machinery: every worker in looping processes under a supervisor, a load
 generator admitting every kind of money, a monkey that SIGKILLs workers, toggles every devnet fault
 and restarts Postgres and the devnet once each, then quiescence and the invariants, each checked
 against the chain and reported with the rows and lineages involved.

@@ -1,4 +1,4 @@
-"""Issue 13: a chaos soak. Every worker running in looping processes, a load generator admitting
+"""a chaos soak. Every worker running in looping processes, a load generator admitting
 deposits, one-off charges, subscriptions, relays and bot jobs, a loopback webhook receiver; random
 SIGKILLs every few seconds, every devnet fault switched on and off at random, one Postgres restart
 and one devnet restart (from its state file) mid-run. Then quiescence and the question users ask:

@@ -1,4 +1,4 @@
-"""Hostile input against every admission function (issue 13), property-based, on the real database.
+"""Hostile input against every admission function, property-based, on the real database.
 
 Each example corrupts exactly one argument of an otherwise valid call (bad base64/XDR, huge
 payloads, amounts <= 0 or beyond i128, NaN/Infinity, addresses of the wrong kind or with a bad

@@ -1,4 +1,4 @@
-"""The workers' checks of a user's authorisation entry, on hostile bytes (issue 13).
+"""The workers' checks of a user's authorisation entry, on hostile bytes.
 
 SQL admission cannot verify signatures or read the invocation, so a deposit or relay carrying an
 entry signed for another network, for another contract or function, by another account, or simply

@@ -1,4 +1,4 @@
-"""Malformed, truncated and contradictory RPC answers are "unknown", never proof (issue 13).
+"""Malformed, truncated and contradictory RPC answers are "unknown", never proof.
 
 The RPC provider here is a tiny loopback server the test controls (tests/hostile/rpc_server.py): it
 plays a misbehaving provider outside paygate. Each example starts from answers that WOULD prove

@@ -1,4 +1,4 @@
-"""Hostile command lines, environments and config files (issue 13), property-based.
+"""Hostile command lines, environments and config files, property-based.
 
 Every command and flag of `paygate` (apart from the ones that start long-lived servers or clusters:
 `demo`, `devnet start`, `dev db up|down`) is run in-process through `main()` against a real,

@@ -1,6 +1,6 @@
 """A lane's sequence number on chain, read without stellar-sdk: the one implementation of "read a
 lane's sequence" (ChainClient.account_sequence runs it over its pooled sessions; `nonce-inspect
---lane` runs it over urllib, so a cold command never imports stellar-sdk, ~300 ms of CPU, issue 14).
+--lane` runs it over urllib, so a cold command never imports stellar-sdk, ~300 ms of CPU).
 
 What stellar-sdk did for this read is done here by hand, and no more loosely or strictly than it:
 - the G... address to its 32-byte key (StrKey: base32, version byte, CRC16-XModem checksum);
@@ -370,7 +370,7 @@ def read_account_sequence(address: str, *, write: Endpoint, readers: list[Endpoi
                           guard: Callable[[str], None]) -> int:
     """The account's sequence number from the first read endpoint that answers (an ordinary read:
     allocation and inspection; decisions use ChainClient.probe). `readers` are the distinct read
-    hosts; `guard` is DESIGN rule 2's check, run before any network call."""
+    hosts; `guard` is docs/architecture.md §1 rule 2's check, run before any network call."""
     guard("getLedgerEntries")
     params = {"keys": [account_key_xdr(address)]}
     last: Unavailable | None = None
@@ -394,7 +394,7 @@ def read_account_sequence(address: str, *, write: Endpoint, readers: list[Endpoi
 
 
 def _account_not_found(address: str, params: dict[str, Any], write: Endpoint, readers: list[Endpoint]) -> int:
-    """One node said "no such account". A lagging node says that about a brand-new lane (issue 11),
+    """One node said "no such account". A lagging node says that about a brand-new lane,
     so it proves nothing by itself: the lane is missing (78) only when a majority of the distinct
     read hosts say so from at least the highest ledger any endpoint admits to — read before the
     entries, and vouched for by two hosts or more (one node cannot tell that it lags, so under the

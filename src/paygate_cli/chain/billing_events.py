@@ -1,5 +1,5 @@
 """Billing events decoded in bulk for the observer's catch-up: the same verdicts as
-`charges.decode_billing_event`, at a fraction of its cost (issue 14: "decode less").
+`charges.decode_billing_event`, at a fraction of its cost.
 
 stellar-sdk decodes every topic and value into objects and back (~100 us per event, most of a page's
 CPU). Two facts make most of that unnecessary:

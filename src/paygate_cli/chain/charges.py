@@ -305,7 +305,7 @@ def get_events(chain: ChainClient, contract: str, *, cursor: str | None = None, 
 
     A node that refuses the position is asked where its range is: only a node whose oldest ledger is
     past the position proves events may be lost (RetentionGap); a node whose latest ledger is before
-    it is merely behind (issue 8 defect 7), so the next endpoint is tried, and when none can serve it
+    it is merely behind, so the next endpoint is tried, and when none can serve it
     yet ReadersBehind says "wait" — never a false alarm."""
     chain._guard("getEvents")
     params: dict[str, Any] = {"filters": [{"type": "contract", "contractIds": [contract]}],

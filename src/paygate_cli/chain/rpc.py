@@ -59,7 +59,7 @@ def _pin_sdk_models() -> list[Any]:
     """The SDK builds `Request[GetLedgerEntriesRequest]`, `Response[Any]` … on every call, and pydantic
     caches parametrised models only weakly: once the garbage collector drops one, the next call
     builds the model class again (~1-3 ms each, several per tick). Holding them for the life of the
-    process makes every later call a cache hit (issue 14: no work repeated that can be done once)."""
+    process makes every later call a cache hit."""
     from stellar_sdk import soroban_rpc as m
 
     requests_ = [m.GetLedgerEntriesRequest, m.GetTransactionRequest, m.SimulateTransactionRequest,
@@ -103,7 +103,7 @@ class SendOutcome:
 @dataclass(frozen=True)
 class Probe:
     """One read endpoint's view of one lineage: the source account's sequence first, then the
-    transaction by hash (DESIGN §4: in that order, so a NOT_FOUND can be checked for coverage)."""
+    transaction by hash (docs/architecture.md §4: in that order, so a NOT_FOUND can be checked for coverage)."""
 
     endpoint: str
     error: str | None = None
@@ -135,7 +135,7 @@ class ChainClient:
         from paygate_cli.settings import distinct_read_urls
 
         self.write_url = settings.rpc_url
-        # One vote per distinct host (DESIGN §4): `url` and `url/` are one node, not a majority of two.
+        # One vote per distinct host (docs/architecture.md §4): `url` and `url/` are one node, not a majority of two.
         self.read_urls = distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)
         self.write = server(self.write_url)
         self.readers = [server(url) for url in self.read_urls]
@@ -150,7 +150,7 @@ class ChainClient:
     # -- plumbing -------------------------------------------------------------------------------
 
     def _guard(self, what: str) -> None:
-        """DESIGN rule 2: refuse to talk to the chain while the caller holds a transaction open."""
+        """docs/architecture.md §1 rule 2: refuse to talk to the chain while the caller holds a transaction open."""
         if self.guard_conn is not None:
             assert_not_in_transaction(self.guard_conn, what)
 

@@ -1,4 +1,4 @@
-"""Connections: every one sets application_name and the three timeouts (DESIGN §8)."""
+"""Connections: every one sets application_name and the three timeouts (docs/architecture.md §2)."""
 
 from __future__ import annotations
 
@@ -226,7 +226,7 @@ def relaxed_transaction(conn: psycopg.Connection) -> Iterator[None]:
 
 
 def assert_not_in_transaction(conn: psycopg.Connection, what: str) -> None:
-    """DESIGN rule 2: no database transaction may be open across a network call."""
+    """docs/architecture.md §1 rule 2: no database transaction may be open across a network call."""
     from psycopg.pq import TransactionStatus
 
     if conn.info.transaction_status != TransactionStatus.IDLE:
@@ -236,7 +236,7 @@ def assert_not_in_transaction(conn: psycopg.Connection, what: str) -> None:
 
 
 class TransactionOpenAcrossNetworkCall(PaygateError):
-    """A bug: code tried a network call with a transaction open (DESIGN rule 2)."""
+    """A bug: code tried a network call with a transaction open (docs/architecture.md §1 rule 2)."""
 
     exit_code = ExitCode.SOFTWARE
     msgid = "bug.transaction_open_across_network_call"

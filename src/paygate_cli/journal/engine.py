@@ -1,4 +1,4 @@
-"""The one phase engine every money path uses (DESIGN §1 rules 2-4, §4, §5).
+"""The one phase engine every money path uses (docs/architecture.md §1 rule 2-4, §4, §5).
 
 The safety-critical sequence lives here, once; funding, settlement, the relay and the bot-job
 drainer supply only what differs. For one unit of work (a deposit phase, a charge batch, a relay):
@@ -44,7 +44,7 @@ API (stable: `relay` and `relay_drainer` build on it)
     # 4. Once per tick: engine.sweep(ORPHANS_SQL) where ORPHANS_SQL selects `id` of live lineages
     #    (of the path's purposes) that no row of the path holds any more; LIMIT %(limit)s.
 
-    # The one-statement fast path (issue 14; funding and relay use it): a FastJob also gives its
+    # The one-statement fast path: a FastJob also gives its
     # lease check and row updates as SQL, and each phase is then ONE statement, no BEGIN/COMMIT:
     allocation = engine.allocate_for(job, entitlement=...)    # lease + lane + row pointer | None
     allocations = engine.allocate_many(jobs, entitlements)   # the same for a tick's rows (a SetBasedJob):
@@ -148,9 +148,9 @@ class Job(Protocol):
 
 class FastJob(Job, Protocol):
     """A Job that also offers its lease check and row updates as SQL, so the engine writes each phase
-    (allocate, anchor, mark sent) as ONE statement instead of a BEGIN … COMMIT of several (issue 14;
-    journal/lineage.py ALLOCATE_ATTACH_SQL / ANCHOR_HELD_SQL). Named parameters are the job's own
-    (`params()`); the engine's are prefixed `x_`. Settlement and the drainer use the plain Job."""
+    (allocate, anchor, mark sent) as ONE statement instead of a BEGIN … COMMIT of several. Named
+    parameters are the job's own (`params()`); the engine's are prefixed `x_`. Settlement and the
+    drainer use the plain Job."""
 
     # SELECT … FOR UPDATE returning a row iff the lease is still ours: locks the row like hold() does.
     hold_sql: str
@@ -300,7 +300,7 @@ class Engine:
         self.signer = signer
         self.keyring = keyring
         self.needs_human = 0  # alarms raised this tick (lanes fenced), each once
-        # Chain facts already in hand this tick, so sign_and_send need not read them again (issue 14):
+        # Chain facts already in hand this tick, so sign_and_send need not read them again:
         # each lane's sequence as the last probe of one of its lineages saw it (taken once: after a
         # send on the lane it is stale), and the latest ledger (sequence, close time, when seen).
         self._seen_seq: dict[str, int] = {}
@@ -844,7 +844,7 @@ class Engine:
 
     def _report(self, lineage: lineages.Lineage, resolution: Resolution) -> None:
         if resolution.foreign_sequence_use:
-            # DESIGN §4 step 3 / rule 10: the lineage is proven dead (superseded) and resolve fenced
+            # docs/architecture.md §4 step 3 / rule 10: the lineage is proven dead (superseded) and resolve fenced
             # the lane; a human is asked about the lane (exit 3). The work itself is not in doubt.
             self.needs_human += 1
             self.ctx.log.error("lane %s sequence %s was consumed by a transaction this gateway never journaled "

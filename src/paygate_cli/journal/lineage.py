@@ -1,5 +1,5 @@
 """Lineage rows: allocation of a lane, anchoring the signed envelope, the terminal transitions.
-Every transition is a compare-and-set on the state it expects (DESIGN rule 6); the table's trigger
+Every transition is a compare-and-set on the state it expects (docs/architecture.md §1 rule 6); the table's trigger
 refuses anything else, so a bug cannot rewrite history either."""
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ UPDATE paygate.lineages SET state = 'abandoned', resolution = %(why)s, resolved_
 WHERE id = %(id)s AND state = 'allocated'
 """
 
-# -- the one-statement phases (issue 14) ------------------------------------------------------------
+# -- the one-statement phases ------------------------------------------------------------
 # A phase written as ONE statement: no BEGIN/COMMIT round trips, one server round trip. A path that
 # offers it (journal/engine.py's FastJob) supplies `{hold}` — its lease check, a SELECT … FOR UPDATE
 # that returns a row iff the lease is still its own — and its own row update (`{attach}` reading the
@@ -166,7 +166,7 @@ ORDER BY req.n
 """
 
 # Anchor: hold, allocated -> signed with the encrypted envelope, the row's own part. Synchronous
-# commit (the default): durable before anything is broadcast (DESIGN rule 3).
+# commit (the default): durable before anything is broadcast (docs/architecture.md §1 rule 3).
 ANCHOR_HELD_SQL = """
 WITH held AS ({hold}),
 anchored AS (

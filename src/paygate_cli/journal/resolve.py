@@ -1,4 +1,4 @@
-"""Resolving a live lineage (DESIGN §4), one function for workers, recovery and the CLI.
+"""Resolving a live lineage (docs/architecture.md §4), one function for workers, recovery and the CLI.
 
 Each read endpoint is probed (sequence first, then the transaction by hash) and judged on its own;
 a decision needs a majority of endpoints to reach the same verdict. A NOT_FOUND counts only from an

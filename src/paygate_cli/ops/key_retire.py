@@ -1,6 +1,6 @@
 """`key-retire-check KEY_ID | --lane ADDRESS`: may this journal key (or lane) be retired?
 
-Retirable only when (DESIGN §7, issue 10):
+Retirable only when (docs/architecture.md §7):
 - no non-terminal lineage uses it;
 - every lineage under it is terminal and the chain agrees: a majority of read endpoints confirm an
   applied/failed receipt (or, for expired/superseded, none of them has the transaction and a

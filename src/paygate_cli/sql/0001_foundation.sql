@@ -1,4 +1,4 @@
--- Foundation: the tables every worker and operator command stands on (DESIGN §8).
+-- Foundation: the tables every worker and operator command stands on (docs/architecture.md §2).
 -- Queues are plain tables with a status column (CHECK-constrained state machine), lease columns
 -- and partial indexes on the claimable rows.
 

@@ -1,4 +1,4 @@
--- The transaction journal (lanes, lineages), domain events, and the funding queue (DESIGN §4, §5).
+-- The transaction journal (lanes, lineages), domain events, and the funding queue (docs/architecture.md §4, §5).
 
 -- Lanes: Stellar accounts that supply sequence numbers; one transaction in flight each.
 CREATE TABLE paygate.lanes (
@@ -10,7 +10,7 @@ CREATE TABLE paygate.lanes (
     CHECK ((status = 'active') = (drained_at IS NULL))
 );
 
--- One lineage = one transaction attempt. States (DESIGN §4):
+-- One lineage = one transaction attempt. States (docs/architecture.md §4):
 --   allocated -> signed -> sent -> applied | failed | expired | superseded
 --   allocated -> abandoned (never signed: the lane is simply released)
 --   signed    -> applied | failed | expired | superseded (resolved before any send was recorded)

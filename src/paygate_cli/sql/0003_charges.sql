@@ -1,5 +1,5 @@
 -- Charges (admission -> charge_batch -> settled/failed), the billing contract's events and the
--- observer's cursor (DESIGN §5 Settlement and Observer, §8).
+-- observer's cursor (docs/architecture.md §5 Settlement and Observer, §8).
 
 -- One row per admitted charge. Lifecycle:
 --   authorized (debited from the cached balance)

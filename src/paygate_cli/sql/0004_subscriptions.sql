@@ -1,4 +1,4 @@
--- Subscriptions (DESIGN §5): one charge per period, through the same admission path as one-off
+-- Subscriptions (docs/architecture.md §5): one charge per period, through the same admission path as one-off
 -- charges. A period's start is derived, never chosen: anchor + k * period for k = 0, 1, 2, …;
 -- charges.UNIQUE (subscription_id, period_start) makes a second charge for a period impossible.
 

@@ -1,4 +1,4 @@
--- Liveness of the money paths (issue 8).
+-- Liveness of the money paths.
 
 -- Allocation takes the least recently used free lane, so no lane is everyone's first choice (a bad
 -- lane picked first by every allocator stalls a whole queue).

@@ -1,4 +1,4 @@
--- Safety nets and incident commands (DESIGN §6, §7): findings, the reconciler's per-account
+-- Safety nets and incident commands (docs/architecture.md §6, §7): findings, the reconciler's per-account
 -- checks, drain reasons on lanes, and the replay history.
 
 -- Why a lane was drained (an instance already has drain_reason).

@@ -1,4 +1,4 @@
--- The relay path (DESIGN §5 "Relay", §6): relayed user calls with the gateway paying the fees,
+-- The relay path (docs/architecture.md §5 "Relay", §6): relayed user calls with the gateway paying the fees,
 -- permissionless bot jobs, fee reservations against a budget, and the gas monitor's state.
 -- Relay and bot-job lineages use the journal's existing purpose 'relay'; their entitlements are
 -- 'relay:<id>' and 'bot_job:<id>' (the journal's one-live / one-applied indexes hold per entitlement).

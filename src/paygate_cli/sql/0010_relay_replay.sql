@@ -1,4 +1,4 @@
--- Replay of relays and bot jobs (ops/replay.py, issue 10). A replayed relay reserves its fee again,
+-- Replay of relays and bot jobs (ops/replay.py). A replayed relay reserves its fee again,
 -- so a relay may now hold several reservations over its life: one per admission or replay (its
 -- `round`), at most one of them open. settle_relay_fee / release_relay_fee already close "the open
 -- one" (relay_id AND status = 'reserved'), so they are unchanged; the closed rounds stay as history.

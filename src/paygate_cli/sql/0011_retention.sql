@@ -1,4 +1,4 @@
--- Retention (issue 14): terminal history leaves the hot tables. The retention worker
+-- Retention: terminal history leaves the hot tables. The retention worker
 -- (workers/retention.py) moves rows terminal for longer than PAYGATE_RETENTION_WINDOW into
 -- paygate_archive (same columns + archived_at) and deletes them from the hot table in the same
 -- statement, one bounded batch per transaction. What each table may lose, and why that is safe,

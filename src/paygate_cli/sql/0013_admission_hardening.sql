@@ -1,4 +1,4 @@
--- Admission hardening (issue 13): what a hostile or broken API caller can send is refused with a
+-- Admission hardening: what a hostile or broken API caller can send is refused with a
 -- clear message and a stable SQLSTATE before anything is written, never with a raw overflow,
 -- check-constraint or datetime error, and never accepted when it is malformed.
 --   22023 invalid_parameter_value: every malformed argument (the message names the argument).

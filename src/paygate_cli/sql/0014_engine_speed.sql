@@ -1,4 +1,4 @@
--- 0014: what the phase engine needs to write a phase in one statement (issue 14).
+-- 0014: what the phase engine needs to write a phase in one statement.
 --
 -- The engine folds a phase's lease check, its lineage transition and the row's own update into one
 -- statement (data-modifying CTEs) instead of a BEGIN … COMMIT of three or four. A CTE cannot roll

@@ -1,4 +1,4 @@
--- 0016: a claim is a HOT update, so its cost does not grow with history (issue 14).
+-- 0016: a claim is a HOT update, so its cost does not grow with history.
 --
 -- A claim (and a lease release or renewal) rewrites lease_token, lease_expires_at, claimed_by,
 -- attempts and updated_at of rows it leaves in their status. PostgreSQL updates a row "heap only"

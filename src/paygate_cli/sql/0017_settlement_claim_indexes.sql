@@ -1,4 +1,4 @@
--- 0017: settlement's claim touches no index that grows with all history but the ones it must (issue 14).
+-- 0017: settlement's claim touches no index that grows with all history but the ones it must.
 --
 -- The claim records its batch on each claimed charge (lineage_id, claimed_at): columns in the
 -- claimable index's predicate, so the update is not HOT and every index whose predicate the new

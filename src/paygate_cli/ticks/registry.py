@@ -70,7 +70,7 @@ def _public_key(seed: bytes) -> bytes:
     return crypto_sign_seed_keypair(seed)[0]
 
 
-# DESIGN §3 catalogue order. Never renumber: ids are lock keys shared by every running host.
+# docs/architecture.md §3 catalogue order. Never renumber: ids are lock keys shared by every running host.
 RESERVED_WORKER_IDS: dict[str, int] = {
     "funding": 1, "settlement": 2, "subscriptions": 3, "relay": 4, "observer": 5, "recovery": 6,
     "reconciler": 7, "relay_drainer": 8, "relay_expiry": 9, "gas": 10, "idempotency_sweep": 11,

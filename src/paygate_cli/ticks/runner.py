@@ -1,4 +1,4 @@
-"""The tick runner (DESIGN §3): one worker's lock for the whole process, ticks on a fixed-rate
+"""The tick runner (docs/architecture.md §3): one worker's lock for the whole process, ticks on a fixed-rate
 monotonic schedule, a heartbeat row per tick, signals finish the current tick first."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Funding: a user's signed SAC transfer authorisation -> USDC into the billing contract -> credit.
 
-Phases (DESIGN §5): claim (tx) -> nonce check and prepare (no tx) -> anchor (tx) -> broadcast
+Phases (docs/architecture.md §5): claim (tx) -> nonce check and prepare (no tx) -> anchor (tx) -> broadcast
 (no tx) -> resolve -> credit as its own lineage -> settle (tx). Every step is re-entrant: a tick
 looks at what the journal and the chain prove and does the next thing, so a process killed at
 any point is picked up by the next tick once its lease lapses.

@@ -1,4 +1,4 @@
-"""Observer: the billing contract's events -> promotions (DESIGN §5). Single writer of the cursor.
+"""Observer: the billing contract's events -> promotions (docs/architecture.md §5). Single writer of the cursor.
 
 Per tick: read getEvents pages from the stored cursor (filtered to the billing contract); each page
 is applied in one transaction together with the cursor the RPC returned (even for an empty page):
@@ -107,7 +107,7 @@ WITH ev AS (
 SELECT s.event_id, s.id FROM settled s
 """
 
-# `charge_failed`: the failure and the balance restore in one statement (DESIGN §5).
+# `charge_failed`: the failure and the balance restore in one statement (docs/architecture.md §5).
 FAIL_CHARGES_SQL = """
 WITH ev AS (
     SELECT e.event_id, decode(e.charge_id, 'hex') AS charge_id, e.account, e.amount, e.ledger, e.reason

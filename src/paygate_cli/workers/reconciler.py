@@ -1,4 +1,4 @@
-"""Reconciler: the chain against the database (DESIGN §6). Single writer, paced.
+"""Reconciler: the chain against the database (docs/architecture.md §6). Single writer, paced.
 
 Per tick, at most `batch` chain reads, least recently checked accounts first:
 

@@ -1,4 +1,4 @@
-"""Recovery (DESIGN §6): claimed rows whose owner left no result past a grace window are taken over
+"""Recovery (docs/architecture.md §6): claimed rows whose owner left no result past a grace window are taken over
 through their queue's own take-over routine (the one its worker uses: never a second copy of the
 rules), and items in flight beyond an alarm age become findings.
 

@@ -1,4 +1,4 @@
-"""Relay: a user's signed contract call, fees paid by the gateway (DESIGN §5 "Relay").
+"""Relay: a user's signed contract call, fees paid by the gateway (docs/architecture.md §5 "Relay").
 
 Phases, each re-entrant (a process killed anywhere is picked up by the next tick once its lease
 lapses):
@@ -543,7 +543,7 @@ def _ready(deps: Deps, row: Relay) -> str:
     consumed, latest = known or nonces_consumed(deps.engine.chain, row.account, list(row.auth_nonces))
     if consumed:
         # Every lineage of ours is dead and none applied (else we would have converged): something
-        # that is not this gateway spent the authorisation. Never guessed (DESIGN rule 10).
+        # that is not this gateway spent the authorisation. Never guessed (docs/architecture.md §1 rule 10).
         raise NeedsHuman(f"relay {row.id}: authorisation nonce(s) {consumed} of {row.account} are consumed on "
                          "chain but no journaled lineage of ours applied them", msgid="relay.nonce_consumed_elsewhere")
     if latest >= row.auth_expiration_ledger:

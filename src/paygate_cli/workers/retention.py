@@ -1,4 +1,4 @@
-"""Retention (issue 14): terminal history leaves the hot tables.
+"""Retention: terminal history leaves the hot tables.
 
 Rows terminal for longer than `retention_window` (PAYGATE_RETENTION_WINDOW, DB time) are moved to
 `paygate_archive.<table>` (same columns + archived_at) and deleted from `paygate.<table>` by ONE

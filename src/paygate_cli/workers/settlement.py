@@ -1,4 +1,4 @@
-"""Settlement: authorized charges -> one `charge_batch` per claim (DESIGN §5).
+"""Settlement: authorized charges -> one `charge_batch` per claim (docs/architecture.md §5).
 
 A tick first drives the open batches whose lease has lapsed (resolve the lineage; a proven-dead one
 hands its charges back for a new lineage, or fails them after `settlement_max_attempts`), then claims
@@ -65,7 +65,7 @@ SELECT EXISTS (SELECT 1 FROM paygate.charges
 # anchor's synchronous commit flushes everything before it, before anything is broadcast.
 RELAXED_CTE = "relaxed AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true) AS off)"
 
-# The whole claim in one statement (DESIGN §5; a row with a lineage is never re-claimable):
+# The whole claim in one statement (docs/architecture.md §5; a row with a lineage is never re-claimable):
 # - candidates: the oldest claimable rows, locked FOR UPDATE SKIP LOCKED;
 # - chosen: their longest prefix (claim order) that fits one transaction's footprint estimate
 #   (chain/charges.claim_estimate: each entry writes its charge-id entry and each distinct account its

@@ -1,4 +1,4 @@
-"""Native model of paygate's prepaid billing contract (DESIGN §4).
+"""Native model of paygate's prepaid billing contract (docs/architecture.md §4).
 
 Storage (what a soroban-sdk contract would write):
 - instance: `Admin` → Address, `Operators` → Vec<Address>, `Token` → Address;
