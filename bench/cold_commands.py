@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 
 import paygate_cli
-from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.migrate import migrate
+from paygate_cli.sandbox.pg_cluster import Cluster
 
 RUNS = int(os.environ.get("BENCH_RUNS", "15"))
 PAYGATE = str(Path(sys.executable).with_name("paygate"))
@@ -73,8 +73,8 @@ def main() -> None:
         with psycopg.connect(cluster.dsn("chain"), autocommit=True) as conn:
             migrate(conn)
         from paygate_cli.journal import lineage as lineages
-        from tests.chain_env import chain_environ
-        from tests.devnet_support import start_devnet
+        from tests.support.chain_env import chain_environ
+        from tests.support.devnet_support import start_devnet
 
         devnet = start_devnet(tmp / "devnet", lanes=2, users=1)
         lane = devnet.genesis["lanes"][0]["public"]

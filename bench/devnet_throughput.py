@@ -34,7 +34,7 @@ from stellar_sdk import (
     xdr,
 )
 
-from tests.devnet_support import start_devnet
+from tests.support.devnet_support import start_devnet
 
 
 def build(server: SorobanServer, dev, lanes: list[Keypair], rounds: int, batch: int) -> list[list[str]]:

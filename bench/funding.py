@@ -28,21 +28,21 @@ from stellar_sdk import Keypair, SorobanServer, TransactionBuilder, scval
 from stellar_sdk.client.requests_client import RequestsClient
 
 from bench.meter import Meter, Profile, baseline_lanes, chain_world, sql_meters
+from paygate_cli.catalogue import WORKERS
 from paygate_cli.chain.rpc import ChainClient
+from paygate_cli.context import TickContext
 from paygate_cli.db.connect import connect
 from paygate_cli.env import Env
 from paygate_cli.logs import get_logger
-from paygate_cli.ticks.context import TickContext
-from paygate_cli.ticks.registry import WORKERS
 from paygate_cli.workers.funding import tick as funding_tick
-from tests.chain_env import ChainEnv, admit_deposit, sign_deposit
-from tests.devnet_support import DevnetHandle
+from tests.support.chain_env import ChainEnv, admit_deposit, sign_deposit
+from tests.support.devnet_support import DevnetHandle
 
 AMOUNT = 1_000_000
 WARM_UP = 64  # deposits through the work connection first: enough ticks for its statements to reach the plans
 # a long-running loop uses (psycopg prepares a statement at its 6th execution, Postgres settles on a
 # generic plan after 5 more); the metered pass is then the steady state
-SETTLED_SQL = "SELECT count(*) FROM paygate.pending_credits WHERE status = 'settled'"
+SETTLED_SQL = "SELECT count(*) FROM paygate.deposits WHERE status = 'settled'"
 
 
 def work_context(chain: ChainEnv) -> TickContext:
@@ -71,7 +71,7 @@ def run_paygate(chain: ChainEnv, db: psycopg.Connection, ctx: TickContext, depos
     tick_seconds = tick_cpu = 0.0
     started = time.perf_counter()
     ledgers = 0
-    while db.execute("SELECT count(*) FROM paygate.pending_credits WHERE status = 'pending'").fetchone()[0]:
+    while db.execute("SELECT count(*) FROM paygate.deposits WHERE status = 'pending'").fetchone()[0]:
         before, cpu = time.perf_counter(), time.process_time()
         sql.enabled = control.enabled = rpc.enabled = True
         if profile is not None:

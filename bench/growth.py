@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
-from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.migrate import migrate
 from paygate_cli.ops.status import QUEUE_SQL
+from paygate_cli.sandbox.pg_cluster import Cluster
 from paygate_cli.workers import (
     funding,
     observer,
@@ -66,7 +66,7 @@ LANE_COUNT = 8
 PER_BATCH = 48
 HISTORY_LINEAGE_BASE = 1_000_000_000  # explicit ids for history lineages, far from the live ones
 OLD = "now() - interval '40 days'"
-BIG_TABLES = ("charges", "chain_events", "webhook_outbox", "lineages", "charge_batches", "pending_credits",
+BIG_TABLES = ("charges", "chain_events", "webhook_outbox", "lineages", "charge_batches", "deposits",
               "relays", "bot_jobs", "subscriptions")
 
 
@@ -109,7 +109,7 @@ HISTORY_SQL = [
     f"""INSERT INTO paygate.webhook_outbox (event_type, payload, status, attempts, delivered_at, created_at, updated_at)
         SELECT 'charge.settled', jsonb_build_object('charge_row_id', g), 'delivered', 1, {OLD}, {OLD}, {OLD}
         FROM generate_series(%(first)s::bigint, %(last)s::bigint) g""",
-    f"""INSERT INTO paygate.pending_credits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
+    f"""INSERT INTO paygate.deposits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
                                             idempotency_key, status, settled_by, settled_at, deposit_tx, created_at,
                                             updated_at)
         SELECT {address(f'1 + mod(g, {ACCOUNTS})')}, 70, 'AAAA', g, 1, 'h' || g, 'settled', 'observer', {OLD},
@@ -147,7 +147,7 @@ LIVE_SQL = [
     f"""INSERT INTO paygate.charges (charge_id, account, amount, idempotency_key)
         SELECT sha256(('live' || g)::bytea), {address(f'1 + mod(g, {ACCOUNTS})')}, 7, 'live' || g
         FROM generate_series(1, 200) g""",
-    f"""INSERT INTO paygate.pending_credits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
+    f"""INSERT INTO paygate.deposits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
                                             idempotency_key)
         SELECT {address(f'1 + mod(g, {ACCOUNTS})')}, 70, 'AAAA', -g, 1, 'live' || g FROM generate_series(1, 32) g""",
     """INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload)

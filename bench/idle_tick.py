@@ -25,8 +25,8 @@ from pathlib import Path
 import psycopg
 
 import paygate_cli
-from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.migrate import migrate
+from paygate_cli.sandbox.pg_cluster import Cluster
 
 RUNS = int(os.environ.get("BENCH_RUNS", "15"))
 PAYGATE = str(Path(sys.executable).with_name("paygate"))

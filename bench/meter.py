@@ -113,10 +113,10 @@ def chain_world(prefix: str, lanes: int) -> Iterator[tuple[Any, Any]]:
     a lane (chain ahead of the journal) instead of building on it."""
     import psycopg
 
-    from paygate_cli.db.cluster import Cluster
     from paygate_cli.db.migrate import migrate
-    from tests.chain_env import ChainEnv, chain_environ
-    from tests.devnet_support import start_devnet
+    from paygate_cli.sandbox.pg_cluster import Cluster
+    from tests.support.chain_env import ChainEnv, chain_environ
+    from tests.support.devnet_support import start_devnet
 
     tmp = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     tmp.chmod(0o755)

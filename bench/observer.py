@@ -49,12 +49,12 @@ import psycopg
 
 import paygate_cli.chain.charges as chain_charges
 from bench.meter import Meter
-from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.migrate import migrate
-from tests.chain_env import ChainEnv, chain_environ
-from tests.charges_support import fund
-from tests.cli import run_cli
-from tests.devnet_support import start_devnet
+from paygate_cli.sandbox.pg_cluster import Cluster
+from tests.support.chain_env import ChainEnv, chain_environ
+from tests.support.charges_support import fund
+from tests.support.cli import run_cli
+from tests.support.devnet_support import start_devnet
 
 USERS = 8
 DEPOSIT = 5 * 10**9

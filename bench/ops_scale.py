@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
-from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.migrate import migrate
+from paygate_cli.sandbox.pg_cluster import Cluster
 
 PAYGATE = str(Path(sys.executable).with_name("paygate"))
 
@@ -111,7 +111,7 @@ def populate(conn: psycopg.Connection, scale: float, lanes: list[str]) -> dict[s
                    now() - make_interval(secs => {n_webhooks} - n)
             FROM generate_series(1, {n_webhooks}) n"""),
         ("deposits", f"""
-            INSERT INTO paygate.pending_credits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
+            INSERT INTO paygate.deposits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
                                                  idempotency_key, status, settled_at, settled_by, reason, created_at)
             SELECT {ADDRESS.format(n=f'1 + n % {n_accounts}')}, 1000, 'AAAA', n, 100, 'dk' || n,
                    CASE WHEN n % 500 = 0 THEN 'pending' WHEN n % 500 = 1 THEN 'failed' ELSE 'settled' END,
@@ -171,9 +171,9 @@ def explain_slow(conn: psycopg.Connection, queries: dict[str, tuple[str, Any]], 
 
 
 def status_queries() -> dict[str, tuple[str, Any]]:
+    from paygate_cli.catalogue import WORKERS
     from paygate_cli.db.locks import LOCK_NAMESPACE
     from paygate_cli.ops import drain, reconcile, status
-    from paygate_cli.ticks.registry import WORKERS
 
     queries = {f"queue {name}": (sql, None) for name, sql in status.QUEUE_SQL.items()}
     queries.update({"lock holders": (status.LOCK_HOLDERS_SQL, (LOCK_NAMESPACE,)),
@@ -203,7 +203,7 @@ def main() -> None:
     args = parser.parse_args()
     from paygate_cli.ops.reconcile import report
     from paygate_cli.ops.status import readiness
-    from tests.devnet_support import start_devnet
+    from tests.support.devnet_support import start_devnet
 
     tmp = tempfile.mkdtemp(prefix="pgb-", dir="/tmp")
     os.chmod(tmp, 0o755)
@@ -244,7 +244,7 @@ def main() -> None:
         print(f"paygate reconcile-report --format json (process):       "
               f"{cli(['reconcile-report', '--format', 'json'], env):.3f} s")
 
-        from tests.chain_env import chain_environ
+        from tests.support.chain_env import chain_environ
 
         chain_env = chain_environ(devnet, dsn, Path(tmp) / "keys")
         chain_env["PAYGATE_LOG_LEVEL"] = "warning"

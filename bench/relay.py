@@ -27,16 +27,16 @@ from stellar_sdk import Keypair, SorobanServer, TransactionBuilder, xdr
 from stellar_sdk.client.requests_client import RequestsClient
 
 from bench.meter import Meter, Profile, baseline_lanes, chain_world, sql_meters
+from paygate_cli.catalogue import WORKERS
 from paygate_cli.chain.rpc import ChainClient
+from paygate_cli.context import TickContext
 from paygate_cli.db.connect import connect
 from paygate_cli.env import Env
 from paygate_cli.logs import get_logger
-from paygate_cli.ticks.context import TickContext
-from paygate_cli.ticks.registry import WORKERS
 from paygate_cli.workers.relay import tick as relay_tick
-from tests.chain_env import ChainEnv
-from tests.devnet_support import DevnetHandle
-from tests.relay_support import MAX_FEE, admit_relay, allow_market, sign_buy
+from tests.support.chain_env import ChainEnv
+from tests.support.devnet_support import DevnetHandle
+from tests.support.relay_support import MAX_FEE, admit_relay, allow_market, sign_buy
 
 OPEN_SQL = "SELECT count(*) FROM paygate.relays WHERE status = 'queued'"
 

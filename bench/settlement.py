@@ -54,11 +54,11 @@ import psycopg
 
 from bench.meter import Meter
 from paygate_cli.chain.rpc import ChainClient
-from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.migrate import migrate
-from tests.chain_env import ChainEnv, chain_environ
-from tests.charges_support import fund
-from tests.devnet_support import start_devnet
+from paygate_cli.sandbox.pg_cluster import Cluster
+from tests.support.chain_env import ChainEnv, chain_environ
+from tests.support.charges_support import fund
+from tests.support.devnet_support import start_devnet
 
 USERS = 8
 PGQ_DEQUEUE_TASKS = 5  # pgqueuer tools/benchmark.py defaults (--dequeue, --dequeue-batch-size)

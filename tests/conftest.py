@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from tests.pg import PgServer
+from tests.support.pg import PgServer
 
 
 @pytest.fixture(scope="session")

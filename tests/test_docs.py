@@ -41,7 +41,7 @@ def test_lock_namespace_in_the_docs_is_the_codes() -> None:
 
 
 def test_readme_summarises_every_exit_code_and_links_the_contract() -> None:
-    # The table itself is docs/exit-codes.md (tests/test_exit_codes.py holds it to the code).
+    # The table itself is docs/exit-codes.md (tests/commands/test_exit_codes.py holds it to the code).
     section = README.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     summary = section.split("\n\n")[1]
     assert {int(code) for code in ExitCode} <= {int(n) for n in re.findall(r"\b(\d+)\b", summary)}
@@ -67,7 +67,7 @@ def test_the_docs_name_the_metrics_files_the_code_writes() -> None:
 
 def test_the_readme_lists_every_command_and_worker() -> None:
     from paygate_cli.app import COMMANDS
-    from paygate_cli.ticks.registry import WORKERS
+    from paygate_cli.catalogue import WORKERS
 
     for command in COMMANDS:
         assert re.search(rf"`paygate {re.escape(command)}\b", README), command

@@ -21,10 +21,10 @@ import typer
 from psycopg.conninfo import conninfo_to_dict
 
 from paygate_cli.app import app
-from paygate_cli.ticks.registry import WORKERS
-from tests.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
-from tests.devnet_support import DevnetHandle, start_devnet
-from tests.pg import PgServer
+from paygate_cli.catalogue import WORKERS
+from tests.support.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
+from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.pg import PgServer
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNBOOKS = sorted(p for p in (ROOT / "runbooks").glob("*.md") if p.name != "README.md")
@@ -118,7 +118,7 @@ def _observer_behind_retention(world: World) -> None:
 
 
 def _deposit_needs_human(world: World) -> None:
-    from tests.test_funding_bad_input import _submit_directly
+    from tests.workers.test_funding_bad_input import _submit_directly
 
     user = world.devnet.genesis["users"][0]
     entry, nonce, expiration = sign_deposit(world.devnet, user["secret"], 7_000_000)
@@ -137,7 +137,7 @@ def _settled_deposit(world: World) -> None:
         pending = admit_deposit(db, user["public"], 5_000_000, entry, nonce, expiration, "runbook-ok")
         for _ in range(20):
             assert world.chain().tick("funding", "--once").code in (0, 1)
-            if db.execute("SELECT status FROM paygate.pending_credits WHERE id = %s", (pending,)).fetchone()[0] \
+            if db.execute("SELECT status FROM paygate.deposits WHERE id = %s", (pending,)).fetchone()[0] \
                     == "settled":
                 break
             world.devnet.close_ledger()
@@ -203,7 +203,7 @@ def _dead_webhooks(world: World) -> None:
         endpoint = db.execute("INSERT INTO paygate.webhook_endpoints (url, secret) VALUES"
                               " ('https://merchant.example/hooks', %s) RETURNING id", ("s" * 32,)).fetchone()[0]
         db.execute("INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload, status, attempts,"
-                   " last_status_code, dead_at, dead_reason) VALUES (%s, 'credit.settled', '{}', 'dead', 8, 503,"
+                   " last_status_code, dead_at, dead_reason) VALUES (%s, 'deposit.settled', '{}', 'dead', 8, 503,"
                    " now(), 'HTTP 503 after 8 attempts')", (endpoint,))
 
 

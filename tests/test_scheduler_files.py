@@ -19,6 +19,7 @@ import yaml
 from typer._click.exceptions import UsageError as ClickUsageError  # typer vendors click
 
 from paygate_cli.app import app
+from paygate_cli.catalogue import RESERVED_WORKER_IDS, WORKERS
 from paygate_cli.errors import ConfigError
 from paygate_cli.settings import (
     FIELDS,
@@ -30,7 +31,6 @@ from paygate_cli.settings import (
     load_settings,
     rpc_host,
 )
-from paygate_cli.ticks.registry import RESERVED_WORKER_IDS, WORKERS
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMD = ROOT / "jobs" / "systemd"

@@ -21,14 +21,14 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from paygate_cli.catalogue import WORKERS
 from paygate_cli.errors import ExitCode
-from paygate_cli.ticks.registry import WORKERS
-from tests.chain_env import JOURNAL_KEY_ID, admit_deposit, sign_deposit
-from tests.charges_support import admit_charge
-from tests.cli import Result, base_environ, run_cli, run_proc
-from tests.devnet_support import DevnetHandle, start_devnet
-from tests.drill_support import crash_tick
-from tests.pg import PgServer
+from tests.support.chain_env import JOURNAL_KEY_ID, admit_deposit, sign_deposit
+from tests.support.charges_support import admit_charge
+from tests.support.cli import Result, base_environ, run_cli, run_proc
+from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.drill_support import crash_tick
+from tests.support.pg import PgServer
 
 pytestmark = pytest.mark.slow
 
@@ -153,7 +153,7 @@ def test_every_command_and_worker_keeps_the_secrets_out_of_its_output(
         result = run(transcript, environ, "run-tick", "funding", "--once", "--metrics-dir", str(metrics))
         assert result.code == 0, result.err
         devnet.close_ledger()
-    assert db.execute("SELECT status FROM paygate.pending_credits").fetchone()[0] == "settled"
+    assert db.execute("SELECT status FROM paygate.deposits").fetchone()[0] == "settled"
     admit_charge(db, user["public"], 1_000, "grep-charge")
     for worker in WORKERS:
         result = run(transcript, environ, "run-tick", worker, "--once", "--json", "--metrics-dir", str(metrics))
@@ -165,7 +165,7 @@ def test_every_command_and_worker_keeps_the_secrets_out_of_its_output(
     commands: list[tuple[str, ...]] = [
         ("status",), ("status", "--json"), ("workers",), ("workers", "--json"),
         ("config", "show", "--sources"), ("config", "show", "--sources", "--json"),
-        ("nonce-inspect",), ("nonce-inspect", "--credit", str(credit_id), "--json"),
+        ("nonce-inspect",), ("nonce-inspect", "--deposit", str(credit_id), "--json"),
         ("reconcile-report",), ("reconcile-report", "--format", "json", "--out", str(reports / "r.json")),
         ("drain", "--instance", "grep-host", "--force", "--reason", "probe", "--dry-run"),
         ("undrain", "--instance", "grep-host", "--dry-run"),
@@ -286,11 +286,11 @@ def test_an_rpc_url_carrying_a_key_never_shows(world: Secrets, devnet: DevnetHan
         result = run(transcript, environ, "run-tick", "funding", "--once")
         assert result.code == 0, result.err
         devnet.close_ledger()
-    assert db.execute("SELECT status FROM paygate.pending_credits").fetchone()[0] == "settled"
+    assert db.execute("SELECT status FROM paygate.deposits").fetchone()[0] == "settled"
     for worker in ("observer", "reconciler", "gas", "relay_expiry"):
         assert run(transcript, environ, "run-tick", worker, "--once", "--json").code in (0, 1)
     for args in (("status",), ("status", "--json"), ("config", "show", "--sources", "--json"), ("nonce-inspect",),
-                 ("nonce-inspect", "--credit", str(credit_id), "--json"), ("reconcile-report",),
+                 ("nonce-inspect", "--deposit", str(credit_id), "--json"), ("reconcile-report",),
                  ("key-retire-check", JOURNAL_KEY_ID, "--json")):
         result = run(transcript, environ, *args)
         assert result.code not in (ExitCode.SOFTWARE, ExitCode.CONFIG), f"{args}: {result.err}"

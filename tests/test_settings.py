@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from paygate_cli.errors import ConfigError, SecretMissing
 from paygate_cli.secrets import Secret, scrub
 from paygate_cli.settings import load_settings, parse_duration
-from tests.cli import base_environ, run_cli, run_proc
+from tests.support.cli import base_environ, run_cli, run_proc
 
 KNOWN_SECRET = "SB7KNOWNSECRETVALUE-do-not-print-4242"
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from paygate_cli.catalogue import RESERVED_WORKER_IDS, WORKERS
 from paygate_cli.db.migrate import available_migrations
-from paygate_cli.ticks.registry import RESERVED_WORKER_IDS, WORKERS
-from tests.chain_env import JOURNAL_KEY_ID, chain_environ
-from tests.cli import base_environ
-from tests.devnet_support import start_devnet
+from tests.support.chain_env import JOURNAL_KEY_ID, chain_environ
+from tests.support.cli import base_environ
+from tests.support.devnet_support import start_devnet
 
 ROOT = Path(__file__).resolve().parents[1]
 # Build inputs only: no .venv, caches or .git, and nothing written into the checkout by the build.

@@ -307,7 +307,7 @@ def _print_records(console: Any, title: str | None, columns: list[str], cells: l
 # Off a terminal rich has no width to fit and no colour to add: a table is its HEAVY_HEAD box at the
 # cells' natural widths. Importing rich and laying the table out costs ~35 ms of CPU, most of a cold
 # `paygate status | grep` beyond the Python + psycopg floor, so plain printable-ASCII text is drawn
-# here, byte for byte as rich draws it (tests/test_output_tables.py compares the two). Anything rich
+# here, byte for byte as rich draws it (tests/commands/test_output_tables.py compares the two). Anything rich
 # would interpret or measure differently (markup brackets, backslashes, :emoji: codes, tabs,
 # non-ASCII widths, a title, forced colour) still goes through rich.
 _PLAIN_ASCII = re.compile(r"[\x20-\x7e]*")

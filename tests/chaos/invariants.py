@@ -13,12 +13,12 @@ import psycopg
 from stellar_sdk import Address, scval
 from stellar_sdk.soroban_rpc import EventFilter, EventFilterType
 
-from tests.chain_env import ChainEnv, billing_balance
-from tests.relay_support import assert_relay_invariants
-from tests.webhook_receiver import Receiver
+from tests.support.chain_env import ChainEnv, billing_balance
+from tests.support.relay_support import assert_relay_invariants
+from tests.support.webhook_receiver import Receiver
 
 TERMINAL = {
-    "pending_credits": {"settled", "expired", "failed"},
+    "deposits": {"settled", "expired", "failed"},
     "charges": {"settled", "failed"},
     "relays": {"applied", "failed", "expired", "rejected"},
     "bot_jobs": {"applied", "failed", "dead"},
@@ -132,15 +132,15 @@ def check_deposits(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> 
         if ev["topics"][0] == "credit":
             credits[bytes(ev["value"][1])].append(ev)
     deposits = _rows(conn, "SELECT id, account, amount, status, deposit_tx, deposit_lineage_id, credit_lineage_id, "
-                           "reason FROM paygate.pending_credits ORDER BY id")
+                           "reason FROM paygate.deposits ORDER BY id")
     out.counts["deposit transfers on chain"] = sum(len(v) for v in transfers.values())
     out.counts["credits on chain"] = sum(len(v) for v in credits.values())
     for dep in deposits:
-        ent = f"pending_credit:{dep['id']}:deposit"
+        ent = f"deposit:{dep['id']}:deposit"
         moved = transfers.get(ent, [])
         credited = credits.get(bytes(dep["deposit_tx"]), []) if dep["deposit_tx"] else []
         evidence = f"deposit {dep}\n  transfers {moved}\n  credits {credited}\n" + _lineages_of(
-            conn, [ent, f"pending_credit:{dep['id']}:credit"])
+            conn, [ent, f"deposit:{dep['id']}:credit"])
         if len(moved) > 1:
             out.fail("each deposit transferred at most once", evidence)
         if len(credited) > 1:
@@ -285,8 +285,8 @@ def check_findings(conn: psycopg.Connection, out: Findings) -> None:
                 SELECT p.id, p.amount, p.settled_by, to_char(p.settled_at, 'HH24:MI:SS.MS') AS settled_at,
                        l.ledger AS credit_ledger, to_char(l.resolved_at, 'HH24:MI:SS.MS') AS credit_resolved_at,
                        (SELECT to_char(e.observed_at, 'HH24:MI:SS.MS') || ' ledger ' || e.ledger || ' ' || e.effect
-                        FROM paygate.chain_events e WHERE e.applied_to = 'pending_credit:' || p.id LIMIT 1) AS observed
-                FROM paygate.pending_credits p LEFT JOIN paygate.lineages l ON l.id = p.credit_lineage_id
+                        FROM paygate.chain_events e WHERE e.applied_to = 'deposit:' || p.id LIMIT 1) AS observed
+                FROM paygate.deposits p LEFT JOIN paygate.lineages l ON l.id = p.credit_lineage_id
                 WHERE p.account = %s AND p.settled_at BETWEEN %s - interval '60 seconds' AND %s + interval '60 seconds'
                 ORDER BY p.id""", (row["subject"], row["first_seen"], row["last_seen"]))
             out.counts[f"finding {row['id']} deposits"] = near

@@ -24,20 +24,20 @@ from typing import Any
 
 import psycopg
 
-from paygate_cli.db.cluster import Cluster
 from paygate_cli.db.migrate import migrate
-from paygate_cli.devnet.contracts.market import ORDER_TTL_LEDGERS
-from paygate_cli.devnet.faults import KINDS
+from paygate_cli.sandbox.devnet.contracts.market import ORDER_TTL_LEDGERS
+from paygate_cli.sandbox.devnet.faults import KINDS
+from paygate_cli.sandbox.pg_cluster import Cluster
 from paygate_cli.settings import parse_duration
-from tests.chain_env import ChainEnv, admit_deposit, sign_deposit
-from tests.charges_support import charge_chain
-from tests.cli import paygate_cmd, run_proc
-from tests.devnet_support import DevnetHandle, start_devnet
-from tests.relay_support import admit_close, admit_relay, allow_market
-from tests.webhook_receiver import Receiver
+from tests.support.chain_env import ChainEnv, admit_deposit, sign_deposit
+from tests.support.charges_support import charge_chain
+from tests.support.cli import paygate_cmd, run_proc
+from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.relay_support import admit_close, admit_relay, allow_market
+from tests.support.webhook_receiver import Receiver
 
 # Every devnet fault but `reject_send`: that one models a chain behind the journal (a reset network,
-# a wrong RPC), which asks a human by design (tests/test_repeated_rejection.py), not chaos the
+# a wrong RPC), which asks a human by design (tests/journal/test_repeated_rejection.py), not chaos the
 # system heals from by itself.
 FAULT_KINDS = sorted(set(KINDS) - {"reject_send"})
 
@@ -56,7 +56,7 @@ WEBHOOK_SECRET = "whsec_soak_0123456789abcdef"
 
 # Work that is not finished: quiescence is every one of these at zero.
 OPEN_WORK_SQL = """
-SELECT (SELECT count(*) FROM paygate.pending_credits WHERE status = 'pending') AS deposits,
+SELECT (SELECT count(*) FROM paygate.deposits WHERE status = 'pending') AS deposits,
        (SELECT count(*) FROM paygate.charges WHERE status = 'authorized') AS charges,
        (SELECT count(*) FROM paygate.charge_batches WHERE closed_at IS NULL) AS batches,
        (SELECT count(*) FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')) AS lineages,

@@ -10,11 +10,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from tests.chain_env import ChainEnv
 from tests.chaos.invariants import check_all
-from tests.charges_support import charge_chain
-from tests.devnet_support import DevnetHandle, start_devnet
-from tests.webhook_receiver import Receiver
+from tests.support.chain_env import ChainEnv
+from tests.support.charges_support import charge_chain
+from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.webhook_receiver import Receiver
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from stellar_sdk import SorobanServer
 from stellar_sdk.client.requests_client import RequestsClient
 
-from tests.devnet_support import DevnetHandle, start_devnet
+from tests.support.devnet_support import DevnetHandle, start_devnet
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from stellar_sdk import (
 )
 from stellar_sdk.auth import authorize_entry
 
-from tests.devnet_support import DevnetHandle
+from tests.support.devnet_support import DevnetHandle
 
 
 def kp(pair: dict[str, str]) -> Keypair:

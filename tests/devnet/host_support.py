@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from stellar_sdk import Keypair, Network
 
-from paygate_cli.devnet.host import ContractHost
+from paygate_cli.sandbox.devnet.host import ContractHost
 
 PASS = Network.STANDALONE_NETWORK_PASSPHRASE
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from stellar_sdk import Address, Asset, Keypair, SorobanServer, TransactionBuilder, scval, xdr
 
 from tests.devnet.helpers import addr, call, fee_bump, invoke_tx, kp
-from tests.devnet_support import DevnetHandle
+from tests.support.devnet_support import DevnetHandle
 
 BEFORE = xdr.TransactionEventStage.TRANSACTION_EVENT_STAGE_BEFORE_ALL_TXS
 AFTER = xdr.TransactionEventStage.TRANSACTION_EVENT_STAGE_AFTER_ALL_TXS
@@ -103,7 +103,7 @@ def test_fee_events_allowances_and_admin_survive_a_restart(tmp_path) -> None:
     and a changed SAC admin (persist.py round trip of TxRecord, EventRecord and contract storage)."""
     from stellar_sdk.client.requests_client import RequestsClient
 
-    from tests.devnet_support import start_devnet
+    from tests.support.devnet_support import start_devnet
 
     state = tmp_path / "state.json"
     dev = start_devnet(tmp_path, state=state, lanes=1, users=2)

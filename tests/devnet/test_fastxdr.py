@@ -10,7 +10,7 @@ import pytest
 from stellar_sdk import Account, Asset, Keypair, Network, SorobanDataBuilder, StrKey, TransactionBuilder, scval, xdr
 from stellar_sdk.auth import authorize_invocation
 
-from paygate_cli.devnet.fastxdr import decode_transaction
+from paygate_cli.sandbox.devnet.fastxdr import decode_transaction
 
 PASS = Network.STANDALONE_NETWORK_PASSPHRASE
 KP = [Keypair.from_raw_ed25519_seed(bytes([i]) * 32) for i in range(1, 6)]

@@ -14,7 +14,7 @@ from stellar_sdk.exceptions import BadResponseError, ConnectionError
 from stellar_sdk.soroban_rpc import GetTransactionStatus, SendTransactionStatus
 
 from tests.devnet.helpers import call, fee_bump, kp, raw, result_code
-from tests.devnet_support import DevnetHandle
+from tests.support.devnet_support import DevnetHandle
 
 S = SendTransactionStatus
 

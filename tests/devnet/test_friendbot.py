@@ -15,7 +15,7 @@ from stellar_sdk import Keypair, SorobanServer, xdr
 from stellar_sdk.soroban_rpc import GetTransactionStatus
 
 from tests.devnet.helpers import call
-from tests.devnet_support import DevnetHandle
+from tests.support.devnet_support import DevnetHandle
 
 STARTING = 10_000 * 10_000_000
 

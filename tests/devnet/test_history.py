@@ -12,7 +12,7 @@ from stellar_sdk.client.requests_client import RequestsClient
 from stellar_sdk.soroban_rpc import EventFilter, EventFilterType, GetTransactionStatus, SendTransactionStatus
 
 from tests.devnet.helpers import addr, b64_scval, call, fee_bump, invoke_tx, kp
-from tests.devnet_support import DevnetHandle, start_devnet
+from tests.support.devnet_support import DevnetHandle, start_devnet
 
 RETENTION = 20
 

@@ -8,8 +8,8 @@ import pytest
 from stellar_sdk import Address, Keypair, Network, scval, xdr
 from stellar_sdk.auth import authorize_entry, authorize_invocation
 
-from paygate_cli.devnet.host import ContractHost, InvokeOutcome
-from paygate_cli.devnet.storage import MAX_ENTRY_TTL
+from paygate_cli.sandbox.devnet.host import ContractHost, InvokeOutcome
+from paygate_cli.sandbox.devnet.storage import MAX_ENTRY_TTL
 from tests.devnet.host_support import PASS, Env, deploy, kp
 
 V1 = xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_ADDRESS

@@ -9,7 +9,7 @@ from stellar_sdk import Address, Asset, Keypair, StrKey, scval, xdr
 from stellar_sdk.base_soroban_server import _build_sac_balance_ledger_key
 from stellar_sdk.soroban_rpc import GetSACBalanceResponse, LedgerEntryResult
 
-from paygate_cli.devnet.host import InvokeOutcome
+from paygate_cli.sandbox.devnet.host import InvokeOutcome
 from tests.devnet.host_support import PASS, Env, deploy, kp
 
 LEDGER = 500

@@ -9,8 +9,8 @@ import pytest
 from stellar_sdk import Address, Asset, Keypair, Network, scval, xdr
 from stellar_sdk.auth import authorize_entry
 
-from paygate_cli.devnet.host import ContractHost, InvokeOutcome
-from paygate_cli.devnet.storage import enc_ledger_key, enc_scval, entry_size
+from paygate_cli.sandbox.devnet.host import ContractHost, InvokeOutcome
+from paygate_cli.sandbox.devnet.storage import enc_ledger_key, enc_scval, entry_size
 
 PASS = Network.STANDALONE_NETWORK_PASSPHRASE
 LEDGER = 200

@@ -9,7 +9,7 @@ from stellar_sdk import Keypair, SorobanServer, xdr
 from stellar_sdk.exceptions import SorobanRpcErrorResponse
 
 from tests.devnet.helpers import call, raw
-from tests.devnet_support import DevnetHandle
+from tests.support.devnet_support import DevnetHandle
 
 
 def test_get_health_numbers_not_strings(devnet: DevnetHandle, server: SorobanServer) -> None:

@@ -10,7 +10,7 @@ from stellar_sdk import Address, SorobanServer, StrKey, scval, xdr
 from stellar_sdk.soroban_rpc import GetTransactionStatus, SendTransactionStatus
 
 from tests.devnet.helpers import addr, bytes32, fee_bump, invoke_tx, kp
-from tests.devnet_support import DevnetHandle
+from tests.support.devnet_support import DevnetHandle
 
 AMOUNT = 25_000_000
 

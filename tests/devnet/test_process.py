@@ -12,7 +12,7 @@ from pathlib import Path
 from stellar_sdk import Asset, Keypair, SorobanServer, StrKey, TransactionBuilder
 from stellar_sdk.soroban_rpc import GetTransactionStatus, SendTransactionStatus
 
-from tests.devnet_support import DevnetHandle, start_devnet
+from tests.support.devnet_support import DevnetHandle, start_devnet
 
 
 def _pay(server: SorobanServer, devnet: DevnetHandle) -> str:

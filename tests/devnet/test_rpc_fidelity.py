@@ -9,7 +9,7 @@ import hashlib
 from stellar_sdk import Asset, Keypair, SorobanServer, TransactionBuilder, xdr
 
 from tests.devnet.helpers import addr, call, fee_bump, invoke_tx, kp
-from tests.devnet_support import DevnetHandle
+from tests.support.devnet_support import DevnetHandle
 
 
 def _payment(server: SorobanServer, devnet: DevnetHandle, src: Keypair, dest: str, amount: str = "3"):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from stellar_sdk import Address, SorobanServer, scval, xdr
 
-from paygate_cli.devnet.contracts import sac as sac_model
-from paygate_cli.devnet.host import InvokeOutcome
+from paygate_cli.sandbox.devnet.contracts import sac as sac_model
+from paygate_cli.sandbox.devnet.host import InvokeOutcome
 from tests.devnet.helpers import fee_bump, invoke_tx
 from tests.devnet.helpers import kp as genesis_kp
 from tests.devnet.host_support import Env
@@ -30,7 +30,7 @@ from tests.devnet.test_host_contracts import (
     source_auth,
     view,
 )
-from tests.devnet_support import DevnetHandle
+from tests.support.devnet_support import DevnetHandle
 
 i128 = scval.to_int128
 

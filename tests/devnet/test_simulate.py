@@ -8,7 +8,7 @@ from stellar_sdk import SorobanServer, TransactionBuilder, scval, xdr
 from stellar_sdk.soroban_rpc import GetTransactionStatus, SendTransactionStatus
 
 from tests.devnet.helpers import addr, call, fee_bump, invoke_tx, kp
-from tests.devnet_support import DevnetHandle
+from tests.support.devnet_support import DevnetHandle
 
 
 def _buy(server: SorobanServer, devnet: DevnetHandle, user_i: int, lane_i: int, item: str = "coffee",

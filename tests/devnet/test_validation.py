@@ -17,7 +17,7 @@ from stellar_sdk import (
 from stellar_sdk.soroban_rpc import GetTransactionStatus, SendTransactionStatus
 
 from tests.devnet.helpers import addr, fee_bump, inner_code, invoke_tx, kp, result_code
-from tests.devnet_support import DevnetHandle
+from tests.support.devnet_support import DevnetHandle
 
 S = SendTransactionStatus
 

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from stellar_sdk import Keypair, StrKey, xdr
 
-from tests.test_relay_admission import MARKET, USER, args_xdr, auth_entry, source_account_entry
+from tests.db.test_relay_admission import MARKET, USER, args_xdr, auth_entry, source_account_entry
 
 HOSTILE = settings(max_examples=50, deadline=None, derandomize=True,
                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -31,7 +31,7 @@ HOSTILE = settings(max_examples=50, deadline=None, derandomize=True,
 ACCOUNT = USER.public_key
 CONTRACT_ACCOUNT = StrKey.encode_contract(bytes([7]) * 32)
 GOOD_ENTRY = "AAAAAQ=="  # admit_deposit checks the base64 shape; the funding worker decodes the XDR
-TABLES = ("accounts", "pending_credits", "charges", "subscriptions", "relays", "fee_reservations", "bot_jobs",
+TABLES = ("accounts", "deposits", "charges", "subscriptions", "relays", "fee_reservations", "bot_jobs",
           "idempotency_keys", "webhook_outbox", "lineages")
 SNAPSHOT_SQL = ("SELECT " + ", ".join(f"(SELECT count(*) FROM paygate.{t})" for t in TABLES)
                 + ", (SELECT sum(cached_balance) FROM paygate.accounts)"

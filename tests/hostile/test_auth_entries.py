@@ -3,7 +3,7 @@
 SQL admission cannot verify signatures or read the invocation, so a deposit or relay carrying an
 entry signed for another network, for another contract or function, by another account, or simply
 corrupted, is admitted and then refused by the worker with a reason (the row is quarantined; the
-queue moves on: tests/test_funding_bad_input.py and tests/test_relay.py prove that on the devnet).
+queue moves on: tests/workers/test_funding_bad_input.py and tests/workers/test_relay.py prove that on the devnet).
 Here hypothesis corrupts valid entries byte by byte and semantically, and asserts the check always
 ends in its own refusal (BadAuthorization / BadRelay: a quarantine reason), never another exception
 (which would fail the tick instead of quarantining the row) and never acceptance of a changed entry."""
@@ -21,7 +21,7 @@ from stellar_sdk.auth import authorize_invocation
 from paygate_cli.chain.contracts import BadAuthorization, check_deposit_auth
 from paygate_cli.chain.relay import BadRelay, relay_invocation
 from paygate_cli.errors import ConfigError
-from tests.test_relay_admission import MARKET, PASSPHRASE, USER, args_xdr, auth_entry
+from tests.db.test_relay_admission import MARKET, PASSPHRASE, USER, args_xdr, auth_entry
 
 ENTRIES = settings(max_examples=150, deadline=None, derandomize=True)
 USDC = StrKey.encode_contract(bytes([21]) * 32)

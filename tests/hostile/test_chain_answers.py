@@ -32,8 +32,8 @@ from paygate_cli.journal.keyring import Keyring
 from paygate_cli.journal.lineage import Lineage
 from paygate_cli.journal.resolve import decide, judge, resolve
 from paygate_cli.settings import load_settings
-from tests.cli import base_environ, run_cli
 from tests.hostile.rpc_server import Document, HostileRpc, Raw
+from tests.support.cli import base_environ, run_cli
 
 ANSWERS = settings(max_examples=60, deadline=None, derandomize=True,
                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -163,7 +163,7 @@ def receipt_alone_proves(case: tuple[str, dict[str, Any]]) -> bool:
 
 
 def a_lineage(lineage_id: int = 1, state: str = "sent") -> Lineage:
-    return Lineage(id=lineage_id, purpose="deposit", entitlement="pending_credit:1:deposit", lane=LANE.public_key,
+    return Lineage(id=lineage_id, purpose="deposit", entitlement="deposit:1:deposit", lane=LANE.public_key,
                    state=state, source_seq=SEQ, key_id="k", envelope=b"", inner_hash=bytes.fromhex(INNER_HASH),
                    outer_hash=bytes(32), max_time=MAX_TIME, signed_at_ledger=SIGNED_AT_LEDGER, ledger=None,
                    fee_charged=None, result_code=None, resolution=None)
@@ -229,7 +229,7 @@ def signed_lineage(db: psycopg.Connection) -> tuple[Keyring, Lineage]:
     """A real journaled lineage (signed: envelope encrypted and anchored) on a lane of ours."""
     keyring = Keyring({"k": os.urandom(32)}, "k")
     lineages.sync_lanes(db, [LANE.public_key])
-    lineage_id, lane = lineages.allocate(db, purpose="deposit", entitlement="pending_credit:1:deposit",
+    lineage_id, lane = lineages.allocate(db, purpose="deposit", entitlement="deposit:1:deposit",
                                          lanes=[LANE.public_key]) or (0, "")
     key_id, blob = keyring.encrypt(b"AAAAAgAAAAA=", lineage_id=lineage_id, source=lane, seq=SEQ)
     assert lineages.anchor(db, lineage_id, seq=SEQ, key_id=key_id, envelope=blob,

@@ -23,7 +23,7 @@ from paygate_cli.__main__ import main
 from paygate_cli.env import Env
 from paygate_cli.errors import ExitCode
 from paygate_cli.settings import FIELDS, SECRETS
-from tests.cli import Result, base_environ
+from tests.support.cli import Result, base_environ
 
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -136,7 +136,7 @@ def argv(draw: st.DrawFn, paths: list[str]) -> list[str]:
             continue
         if param.param_type_name == "argument":
             if param.name == "worker":
-                from paygate_cli.ticks.registry import WORKERS
+                from paygate_cli.catalogue import WORKERS
 
                 args.append(draw(st.sampled_from([*sorted(WORKERS), "nope", "", "run-tick"])))
             elif param.name == "shell":

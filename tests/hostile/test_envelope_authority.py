@@ -10,7 +10,7 @@ Where a forbidden entry can come from:
   account is the billing contract.
 In every case nothing is anchored (no envelope journaled), so nothing can be broadcast. Settlement's
 charge_batch carries the operator entry paygate builds (the recording is not used), so a forbidden
-entry there could only come from our own code: tests/test_authority_policy.py covers its policy."""
+entry there could only come from our own code: tests/chain/test_authority_policy.py covers its policy."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ import psycopg
 import pytest
 from stellar_sdk import TransactionEnvelope, scval, xdr
 
-from tests.chain_env import ChainEnv, admit_deposit, chain_environ, contract_events, sign_deposit
-from tests.devnet_support import DevnetHandle, start_devnet
-from tests.relay_support import MAX_FEE, admit_close, allow_market
-from tests.rpc_proxy import RpcProxy
+from tests.support.chain_env import ChainEnv, admit_deposit, chain_environ, contract_events, sign_deposit
+from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.relay_support import MAX_FEE, admit_close, allow_market
+from tests.support.rpc_proxy import RpcProxy
 
 
 class RecordingRpc(RpcProxy):
@@ -130,7 +130,7 @@ def test_funding_refuses_a_credit_carrying_any_authority_but_its_operators(
         rpc.inject = None if entry is None else ("credit", entry)
         for _ in range(8):
             result = chain.tick("funding")
-            status, reason = db.execute("SELECT status, reason FROM paygate.pending_credits WHERE id = %s",
+            status, reason = db.execute("SELECT status, reason FROM paygate.deposits WHERE id = %s",
                                         (deposit,)).fetchone()
             if status != "pending":
                 break
@@ -149,8 +149,8 @@ def test_funding_refuses_a_credit_carrying_any_authority_but_its_operators(
 
 
 def test_a_bot_job_refuses_any_recorded_authority(chain: ChainEnv, rpc: RecordingRpc, db: psycopg.Connection) -> None:
-    from paygate_cli.devnet.contracts.market import ORDER_TTL_LEDGERS
-    from tests.relay_support import admit_relay
+    from paygate_cli.sandbox.devnet.contracts.market import ORDER_TTL_LEDGERS
+    from tests.support.relay_support import admit_relay
 
     g = chain.genesis
     allow_market(db, g["contracts"]["market"])
@@ -180,7 +180,7 @@ def test_a_deposit_signed_by_a_lane_is_refused(chain: ChainEnv, rpc: RecordingRp
     for _ in range(3):
         chain.tick("funding")
         chain.devnet.close_ledger()
-    status, reason = db.execute("SELECT status, reason FROM paygate.pending_credits WHERE id = %s",
+    status, reason = db.execute("SELECT status, reason FROM paygate.deposits WHERE id = %s",
                                 (deposit,)).fetchone()
     assert status == "failed" and "authority refused (deposit)" in reason, reason
     assert "one of the gateway's own accounts" in reason

@@ -19,9 +19,9 @@ import psycopg
 import pytest
 from stellar_sdk import xdr
 
-from tests.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
-from tests.devnet_support import DevnetHandle, start_devnet
-from tests.rpc_proxy import RpcProxy
+from tests.support.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
+from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.rpc_proxy import RpcProxy
 
 AMOUNT = 25_000_000
 
@@ -96,7 +96,7 @@ def test_a_malformed_simulation_is_retried_later_and_nothing_is_journaled(
     assert "simulateTransaction" in result.err and "rpc.malformed" in result.err
     assert forger.sent == []  # nothing broadcast
     assert db.execute("SELECT count(*) FROM paygate.lineages WHERE envelope IS NOT NULL").fetchone()[0] == 0
-    assert db.execute("SELECT status FROM paygate.pending_credits WHERE id = %s", (pending_id,)).fetchone()[0] \
+    assert db.execute("SELECT status FROM paygate.deposits WHERE id = %s", (pending_id,)).fetchone()[0] \
         == "pending"
     forger.forge = None  # an honest answer again: the same deposit goes on
     assert chain.tick().code == 0

@@ -7,7 +7,7 @@ What stellar-sdk did for this read is done here by hand, and no more loosely or 
 - the ACCOUNT LedgerKey as base64 XDR for getLedgerEntries (reference/stellar.md §1.4);
 - the returned LedgerEntryData read as an AccountEntry, byte for byte as the SDK's generated decoder
   reads it (stellar_sdk/xdr/account_entry.py and the types it nests): every field is walked, trailing
-  bytes refuse, and only the owner and seqNum are kept. tests/test_account_sequence.py compares the
+  bytes refuse, and only the owner and seqNum are kept. tests/chain/test_account_sequence.py compares the
   two decoders on real entries and on mangled ones.
 
 The read policy (what ChainClient.account_sequence always did): the first read endpoint that answers,

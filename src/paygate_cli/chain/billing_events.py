@@ -13,7 +13,7 @@ CPU). Two facts make most of that unnecessary:
 Anything else (a `charge_failed`, whose reason may be any value; a value in another shape; a topic
 that is not exactly [kind, address]; bytes that do not parse) goes to `decode_billing_event`
 unchanged, so an event is never accepted, rejected or read differently from the reference decoder
-(tests/test_observer_decode.py compares the two on valid and mangled events)."""
+(tests/workers/test_observer_decode.py compares the two on valid and mangled events)."""
 
 from __future__ import annotations
 

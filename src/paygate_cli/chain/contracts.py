@@ -197,7 +197,7 @@ def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq
     included to fail with its fee paid.
 
     Built as XDR directly, the same bytes TransactionBuilder + prepare_transaction + sign
-    + the fee bump give (tests/test_engine_speed.py holds them equal): the transaction is packed once,
+    + the fee bump give (tests/journal/test_engine_speed.py holds them equal): the transaction is packed once,
     for the simulation, and assembly splices the simulation's answer into those bytes
     (assembled_bytes); hash, signature and fee bump reuse them."""
     network_id = _network_id(chain.passphrase)

@@ -22,7 +22,7 @@ class Shell(StrEnum):
 # through ops.completion with a 1 s budget, and any failure at all (no configuration, database down,
 # a schema without the table) offers nothing rather than an error in the middle of a prompt.
 REPLAY_QUEUES = ("webhooks", "deposits", "relays", "bot_jobs")  # ops/replay.py QUEUES (a test keeps them equal)
-REPORT_FORMATS = ("table", "json", "csv", "markdown")  # commands/reconcile.py FORMATS
+REPORT_FORMATS = ("table", "json", "csv", "markdown")  # commands/reconcile_report.py FORMATS
 
 
 def complete_replay_queues(incomplete: str) -> list[str]:

@@ -18,7 +18,7 @@ def demo_command(ctx: typer.Context,
     """Start a private Postgres and the devnet; deposits, charges and a subscription settle; report.
 
     Example: `paygate demo --data-dir /tmp/paygate-demo` (what `make demo` runs)"""
-    from paygate_cli.ops.demo import run_demo
+    from paygate_cli.sandbox.demo import run_demo
 
     env = get_env(ctx)
     mode = output_mode(json_flag)

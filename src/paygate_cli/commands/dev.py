@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 
 from paygate_cli.commands._common import JsonFlag, get_env, output_mode
-from paygate_cli.db.cluster import Cluster, default_datadir
 from paygate_cli.errors import UsageError
 from paygate_cli.output import emit
+from paygate_cli.sandbox.pg_cluster import Cluster, default_datadir
 
 app = typer.Typer(help="Developer conveniences.\n\nExample: `paygate dev db up`", no_args_is_help=True)
 db_app = typer.Typer(help="A private PostgreSQL from the system binaries (Unix socket only).\n\n"

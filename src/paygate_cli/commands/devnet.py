@@ -1,5 +1,5 @@
 """`paygate devnet …`: the local Stellar RPC stand-in. Parses and renders; the logic lives in
-`paygate_cli.devnet` (imported lazily so `paygate --help` stays fast)."""
+`paygate_cli.sandbox.devnet` (imported lazily so `paygate --help` stays fast)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def start(
     SIGTERM/SIGINT. The keys it prints are throwaway devnet keys.
 
     Example: `paygate devnet start --port 0 --ledger-interval manual --seed demo`"""
-    from paygate_cli.devnet.runner import start as run
+    from paygate_cli.sandbox.devnet.runner import start as run
 
     if not 0 <= port <= 65535:
         raise UsageError("--port must be between 0 and 65535")
@@ -52,8 +52,8 @@ def _show(ctx: typer.Context, result: dict[str, Any], json_flag: bool, plain_fla
 
 
 def _call(url: str, method: str, params: dict[str, Any]) -> Any:
-    from paygate_cli.devnet.runner import call
     from paygate_cli.errors import ConfigError
+    from paygate_cli.sandbox.devnet.runner import call
     from paygate_cli.settings import normalise_rpc_url
 
     try:  # a malformed --url is the caller's mistake (2), not an unreachable devnet and not a bug

@@ -6,12 +6,12 @@ from typing import Annotated
 
 import typer
 
+from paygate_cli.catalogue import WORKERS, get_worker
 from paygate_cli.commands._common import JsonFlag, get_env, output_mode
 from paygate_cli.env import Env
 from paygate_cli.errors import ConfigError, PaygateError, UsageError
 from paygate_cli.output import emit
 from paygate_cli.settings import parse_duration
-from paygate_cli.ticks.registry import WORKERS, get_worker
 from paygate_cli.ticks.runner import RunOptions, run_worker
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typer
 
+from paygate_cli.catalogue import WORKERS
 from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode
 from paygate_cli.db.connect import connect
 from paygate_cli.db.locks import LOCK_NAMESPACE
 from paygate_cli.ops.status import last_runs
 from paygate_cli.output import duration, emit
-from paygate_cli.ticks.registry import WORKERS
 
 
 def workers_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: PlainFlag = False,

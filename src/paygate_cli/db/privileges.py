@@ -2,7 +2,7 @@
 
 Every table paygate creates, in any schema, is listed here with what the runtime role may do to it
 and whether the read-only role may read it, and why. Nothing is granted by wildcard: a table that is
-not listed gets no privileges at all (fail closed), and tests/test_roles.py fails when a table exists
+not listed gets no privileges at all (fail closed), and tests/db/test_roles.py fails when a table exists
 that this list does not mention, so a new table cannot slip through unclassified.
 
 The runtime role is what `run-tick` (every worker) and the operator's write commands (drain/undrain,
@@ -83,7 +83,7 @@ GRANTS: tuple[TableGrant, ...] = (
     _grant("paygate.lineages", "SELECT INSERT UPDATE DELETE", True,
            "the journal: allocate (insert), anchor/send/resolve (CAS update); retention moves terminal "
            "charge_batch lineages to paygate_archive (the delete guard trigger refuses any other delete)"),
-    _grant("paygate.pending_credits", "SELECT UPDATE", True,
+    _grant("paygate.deposits", "SELECT UPDATE", True,
            "funding claims and settles deposits, replay resets dead ones; deposits are inserted by "
            "admit_deposit (API role)"),
     _grant("paygate.charges", "SELECT INSERT UPDATE DELETE", True,

@@ -84,10 +84,10 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, cast
 
+from paygate_cli.crashpoints import crashpoint
 from paygate_cli.db.connect import assert_not_in_transaction, relaxed_transaction
 from paygate_cli.errors import NeedsHuman, PaygateError, Unavailable
 from paygate_cli.journal import lineage as lineages
-from paygate_cli.ticks.crash import crashpoint
 
 if TYPE_CHECKING:
     import psycopg
@@ -96,9 +96,9 @@ if TYPE_CHECKING:
     from paygate_cli.chain.contracts import Invocation, SignedTransaction
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient, LatestLedger, SendOutcome
+    from paygate_cli.context import TickContext
     from paygate_cli.journal.keyring import Keyring
     from paygate_cli.journal.resolve import Resolution
-    from paygate_cli.ticks.context import TickContext
 
 
 class LeaseLost(PaygateError):

@@ -65,7 +65,7 @@ WHERE n.nspname = 'paygate' AND c.relkind IN ('r', 'p') AND a.attname IN ('lease
 GROUP BY c.relname HAVING count(*) = 2 ORDER BY c.relname
 """
 # The name an operator knows a queue by (the replay's and the docs' names); others by their table.
-QUEUE_NAMES = {"pending_credits": "deposits", "webhook_outbox": "webhooks"}
+QUEUE_NAMES = {"deposits": "deposits", "webhook_outbox": "webhooks"}
 
 
 def leased_queues(conn: psycopg.Connection) -> list[str]:

@@ -46,7 +46,7 @@ LEFT JOIN paygate.findings f ON f.kind = 'repeated_rejection' AND f.subject = %(
 CREDIT_SQL = """
 SELECT id, account, amount::text, auth_nonce, auth_expiration_ledger, status, reason, deposit_lineage_id,
        credit_lineage_id, encode(deposit_tx, 'hex'), attempts, lease_expires_at
-FROM paygate.pending_credits WHERE id = %s
+FROM paygate.deposits WHERE id = %s
 """
 CREDIT_LINEAGES_SQL = "SELECT id FROM paygate.lineages WHERE entitlement LIKE %s ORDER BY id"
 RELAY_SQL = """
@@ -135,19 +135,19 @@ def inspect_lanes(conn: psycopg.Connection, chain_of: Callable[[], ChainClient],
     return report
 
 
-def inspect_credit(conn: psycopg.Connection, chain_of: Callable[[], ChainClient], credit_id: int) -> dict[str, Any]:
-    row = conn.execute(CREDIT_SQL, (credit_id,)).fetchone()
+def inspect_deposit(conn: psycopg.Connection, chain_of: Callable[[], ChainClient], deposit_id: int) -> dict[str, Any]:
+    row = conn.execute(CREDIT_SQL, (deposit_id,)).fetchone()
     if row is None:
-        raise UsageError(f"pending credit {credit_id} does not exist")
+        raise UsageError(f"deposit {deposit_id} does not exist")
     from paygate_cli.chain.contracts import nonce_consumed
 
     chain = chain_of()
     (cid, account, amount, nonce, expiration, status, reason, deposit_lineage, credit_lineage, deposit_tx,
      attempts, lease) = row
     consumed, latest = nonce_consumed(chain, account, nonce)
-    history = [lineages.load(conn, i) for (i,) in conn.execute(CREDIT_LINEAGES_SQL, (f"pending_credit:{cid}:%",))]
+    history = [lineages.load(conn, i) for (i,) in conn.execute(CREDIT_LINEAGES_SQL, (f"deposit:{cid}:%",))]
     return {
-        "pending_credit": {"id": cid, "account": account, "amount": amount, "status": status, "reason": reason,
+        "deposit": {"id": cid, "account": account, "amount": amount, "status": status, "reason": reason,
                            "attempts": attempts, "lease_expires_at": lease, "deposit_tx": deposit_tx,
                            "deposit_lineage_id": deposit_lineage, "credit_lineage_id": credit_lineage},
         "authorisation": {"nonce": nonce, "expiration_ledger": expiration, "latest_ledger": latest,
@@ -185,16 +185,16 @@ def inspect_relay(conn: psycopg.Connection, chain_of: Callable[[], ChainClient],
     }
 
 
-def nonce_inspect(settings: Any, *, lane: str | None = None, credit_id: int | None = None,
+def nonce_inspect(settings: Any, *, lane: str | None = None, deposit_id: int | None = None,
                   relay_id: int | None = None) -> dict[str, Any]:
-    """The whole command: {"lanes": [...]}, {"credit": {...}} or {"relay": {...}}, plus "needs_human".
+    """The whole command: {"lanes": [...]}, {"deposit": {...}} or {"relay": {...}}, plus "needs_human".
     The chain client (and stellar-sdk with it) is built only once something needs more of the chain
     than a lane's sequence (read SDK-free): an unknown lane, deposit or relay is answered from the
     database alone, a lane with nothing in flight from the database and one getLedgerEntries."""
     from paygate_cli.db.connect import assert_not_in_transaction, connect
 
-    if sum(x is not None and x != "" for x in (lane, credit_id, relay_id)) > 1:
-        raise UsageError("--lane, --credit and --relay are mutually exclusive")
+    if sum(x is not None and x != "" for x in (lane, deposit_id, relay_id)) > 1:
+        raise UsageError("--lane, --deposit and --relay are mutually exclusive")
     with connect(settings, "nonce-inspect") as conn:
         clients: list[ChainClient] = []
 
@@ -214,9 +214,9 @@ def nonce_inspect(settings: Any, *, lane: str | None = None, credit_id: int | No
             if relay_id is not None:
                 relay_report = inspect_relay(conn, chain_of, relay_id)
                 return {"relay": relay_report, "needs_human": relay_report["needs_human"]}
-            if credit_id is not None:
-                report = inspect_credit(conn, chain_of, credit_id)
-                return {"credit": report, "needs_human": report["needs_human"]}
+            if deposit_id is not None:
+                report = inspect_deposit(conn, chain_of, deposit_id)
+                return {"deposit": report, "needs_human": report["needs_human"]}
             lanes = inspect_lanes(conn, chain_of, lane, sequence_of)
             return {"lanes": lanes, "needs_human": any(r["needs_human"] for r in lanes)}
         finally:

@@ -59,7 +59,7 @@ ORDER BY observed_at LIMIT %(limit)s
 """
 # Rows waiting longer than the threshold, per queue: one statement, each branch on its own index.
 STUCK_SQL = """
-SELECT 'deposits' AS queue, count(*), min(created_at) FROM paygate.pending_credits
+SELECT 'deposits' AS queue, count(*), min(created_at) FROM paygate.deposits
 WHERE status = 'pending' AND created_at < now() - make_interval(secs => %(older)s)
 UNION ALL
 SELECT 'charges', count(*), min(created_at) FROM paygate.charges

@@ -61,11 +61,11 @@ DEPOSIT_ROWS_SQL = """
 SELECT p.id, p.status, p.account, p.amount, p.auth_entry, p.auth_nonce, p.auth_expiration_ledger, p.reason,
        p.attempts, p.deposit_tx, p.deposit_lineage_id, p.credit_lineage_id, p.idempotency_key, p.updated_at,
        (SELECT array_agg(l.id || ':' || l.state ORDER BY l.id) FROM paygate.lineages l
-        WHERE l.entitlement IN ('pending_credit:' || p.id || ':deposit', 'pending_credit:' || p.id || ':credit')
+        WHERE l.entitlement IN ('deposit:' || p.id || ':deposit', 'deposit:' || p.id || ':credit')
           AND l.state IN ('allocated', 'signed', 'sent')) AS live,
        (SELECT array_agg(l.id ORDER BY l.id) FROM paygate.lineages l
-        WHERE l.entitlement = 'pending_credit:' || p.id || ':deposit' AND l.state = 'applied') AS applied
-FROM paygate.pending_credits p
+        WHERE l.entitlement = 'deposit:' || p.id || ':deposit' AND l.state = 'applied') AS applied
+FROM paygate.deposits p
 WHERE CASE WHEN %(ids)s::bigint[] IS NULL
            THEN p.status = ANY(%(dead)s) AND (%(since)s::timestamptz IS NULL OR p.updated_at >= %(since)s)
            ELSE p.id = ANY(%(ids)s) END
@@ -74,14 +74,14 @@ ORDER BY p.id
 # Back to pending: the funding worker starts it afresh (its old lineages are all terminal and stay
 # in the journal under the same entitlement; the row no longer points at them).
 DEPOSIT_REPLAY_SQL = """
-UPDATE paygate.pending_credits
+UPDATE paygate.deposits
 SET status = 'pending', reason = NULL, pending_failure = NULL, attempts = 0, lease_token = NULL,
     lease_expires_at = NULL, claimed_by = NULL, deposit_lineage_id = NULL, credit_lineage_id = NULL, updated_at = now()
 WHERE id = %(id)s AND status = %(status)s AND updated_at = %(updated_at)s AND deposit_tx IS NULL
 RETURNING id
 """
 DEPOSIT_EVENT_SQL = """
-SELECT paygate.emit_event('credit.replayed', jsonb_build_object('pending_credit_id', %(id)s::bigint,
+SELECT paygate.emit_event('deposit.replayed', jsonb_build_object('deposit_id', %(id)s::bigint,
                           'account', %(account)s::text, 'amount', %(amount)s::text,
                           'previous_status', %(status)s::text))
 """
@@ -326,7 +326,7 @@ QUEUES: dict[str, QueueSpec] = {spec.name: spec for spec in (
               aliases=("webhook", "webhook_deliveries", "webhook_outbox")),
     QueueSpec("deposits", DEPOSIT_ROWS_SQL, _deposit_refusal, DEPOSIT_REPLAY_SQL, needs_chain=True,
               event_sql=DEPOSIT_EVENT_SQL, dead=DEPOSIT_DEAD, validate=_deposit_validation,
-              aliases=("deposit", "pending_credits", "funding")),
+              aliases=("deposit", "deposits", "funding")),
     QueueSpec("relays", RELAY_ROWS_SQL, _relay_refusal, RELAY_REPLAY_SQL, needs_chain=True,
               event_sql=RELAY_EVENT_SQL, after=_relay_reserve, dead=RELAY_DEAD, aliases=("relay",)),
     QueueSpec("bot_jobs", BOT_JOB_ROWS_SQL, _bot_job_refusal, BOT_JOB_REPLAY_SQL, needs_chain=False,

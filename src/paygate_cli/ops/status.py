@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.catalogue import RESERVED_WORKER_IDS, WORKERS
 from paygate_cli.db.locks import LOCK_NAMESPACE, MIGRATE_KEY, describe_key
 from paygate_cli.db.migrate import schema_state
 from paygate_cli.ops.halts import list_halts
-from paygate_cli.ticks.registry import RESERVED_WORKER_IDS, WORKERS
 
 if TYPE_CHECKING:
     import psycopg
@@ -18,10 +18,10 @@ if TYPE_CHECKING:
 QUEUE_SQL: dict[str, str] = {
     "funding.pending": """
         SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.pending_credits WHERE status = 'pending'""",
+        FROM paygate.deposits WHERE status = 'pending'""",
     "funding.needs_human": """
         SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
-        FROM paygate.pending_credits WHERE status = 'needs_human'""",
+        FROM paygate.deposits WHERE status = 'needs_human'""",
     "charges.waiting": """
         SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
         FROM paygate.charges WHERE status = 'authorized' AND lineage_id IS NULL""",

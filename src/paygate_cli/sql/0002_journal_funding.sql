@@ -17,7 +17,7 @@ CREATE TABLE paygate.lanes (
 CREATE TABLE paygate.lineages (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     purpose           text NOT NULL CHECK (purpose IN ('deposit', 'credit', 'charge_batch', 'relay')),
-    -- What this transaction pays for, e.g. 'pending_credit:42:deposit'. At most one live lineage
+    -- What this transaction pays for, e.g. 'deposit:42:deposit'. At most one live lineage
     -- and at most one applied lineage per entitlement (indexes below).
     entitlement       text NOT NULL,
     lane              text NOT NULL REFERENCES paygate.lanes (address),
@@ -105,7 +105,7 @@ LANGUAGE sql AS $$
 $$;
 
 -- Funding: a user's signed SAC transfer authorisation -> USDC into the billing contract -> credit.
-CREATE TABLE paygate.pending_credits (
+CREATE TABLE paygate.deposits (
     id                    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     account               text NOT NULL REFERENCES paygate.accounts (address),
     amount                numeric(39,0) NOT NULL CHECK (amount > 0),
@@ -132,8 +132,8 @@ CREATE TABLE paygate.pending_credits (
     CHECK ((status = 'settled') = (settled_at IS NOT NULL)),
     CHECK (status IN ('pending', 'settled') OR reason IS NOT NULL)
 );
-CREATE INDEX pending_credits_claimable ON paygate.pending_credits (id) WHERE status = 'pending';
-CREATE INDEX pending_credits_deposit_tx ON paygate.pending_credits (deposit_tx);
+CREATE INDEX deposits_claimable ON paygate.deposits (id) WHERE status = 'pending';
+CREATE INDEX deposits_deposit_tx ON paygate.deposits (deposit_tx);
 
 -- Admission, called by the API service: shape checks, idempotency, insert, all in one transaction.
 -- The deep checks (XDR decoding, signature, contract, amount, destination) run in the funding
@@ -142,7 +142,7 @@ CREATE FUNCTION paygate.admit_deposit(
     p_account text, p_amount numeric, p_auth_entry text, p_auth_nonce bigint,
     p_auth_expiration_ledger integer, p_idempotency_key text,
     p_idempotency_ttl interval DEFAULT interval '24 hours'
-) RETURNS TABLE (pending_credit_id bigint, replayed boolean)
+) RETURNS TABLE (deposit_id bigint, replayed boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_request_hash bytea := sha256(convert_to(concat_ws('|', p_account, p_amount::text, p_auth_entry,
@@ -178,17 +178,17 @@ BEGIN
             RAISE EXCEPTION 'admit_deposit: idempotency key % was used for a different request', p_idempotency_key
                 USING ERRCODE = '23505';
         END IF;
-        RETURN QUERY SELECT (v_existing.response->>'pending_credit_id')::bigint, true;
+        RETURN QUERY SELECT (v_existing.response->>'deposit_id')::bigint, true;
         RETURN;
     END IF;
 
     INSERT INTO paygate.accounts (address) VALUES (p_account) ON CONFLICT (address) DO NOTHING;
-    INSERT INTO paygate.pending_credits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
+    INSERT INTO paygate.deposits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
                                          idempotency_key)
     VALUES (p_account, p_amount, p_auth_entry, p_auth_nonce, p_auth_expiration_ledger, p_idempotency_key)
     RETURNING id INTO v_id;
     INSERT INTO paygate.idempotency_keys (scope, key, request_hash, response, expires_at)
-    VALUES ('deposit', p_idempotency_key, v_request_hash, jsonb_build_object('pending_credit_id', v_id),
+    VALUES ('deposit', p_idempotency_key, v_request_hash, jsonb_build_object('deposit_id', v_id),
             now() + p_idempotency_ttl);
     RETURN QUERY SELECT v_id, false;
 END

@@ -76,7 +76,7 @@ CREATE TABLE paygate.chain_events (
     contract_id        text,
     kind               text,              -- charge | charge_failed | credit | (undecodable: NULL)
     payload            jsonb NOT NULL,    -- decoded fields, or the raw topic/value when undecodable
-    applied_to         text,              -- 'charge:<id>' / 'pending_credit:<id>'
+    applied_to         text,              -- 'charge:<id>' / 'deposit:<id>'
     effect             text,              -- settled / failed / credited / already_settled ...
     quarantined        boolean NOT NULL DEFAULT false,
     quarantine_reason  text,

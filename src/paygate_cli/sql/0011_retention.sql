@@ -77,15 +77,15 @@ CREATE INDEX findings_open_subject ON paygate.findings (subject) WHERE resolved_
 -- Queue depths every ticking worker writes to the state metrics (ops/status.py, every 30 s per host)
 -- that had no partial index of their own: without these they scanned every deposit and relay ever
 -- admitted (bench/growth.py prints the plans).
-CREATE INDEX pending_credits_needs_human ON paygate.pending_credits (updated_at) WHERE status = 'needs_human';
+CREATE INDEX deposits_needs_human ON paygate.deposits (updated_at) WHERE status = 'needs_human';
 CREATE INDEX relays_needs_human ON paygate.relays (updated_at) WHERE status = 'needs_human';
 
 -- Deleting a lineage makes Postgres check every foreign key that points at it. Without an index on
 -- the referencing column that check is a sequential scan of the whole referencing table per deleted
 -- lineage (charges, charge_batches and relays already have one).
-CREATE INDEX pending_credits_deposit_lineage ON paygate.pending_credits (deposit_lineage_id)
+CREATE INDEX deposits_deposit_lineage ON paygate.deposits (deposit_lineage_id)
     WHERE deposit_lineage_id IS NOT NULL;
-CREATE INDEX pending_credits_credit_lineage ON paygate.pending_credits (credit_lineage_id)
+CREATE INDEX deposits_credit_lineage ON paygate.deposits (credit_lineage_id)
     WHERE credit_lineage_id IS NOT NULL;
 CREATE INDEX fee_reservations_lineage ON paygate.fee_reservations (lineage_id) WHERE lineage_id IS NOT NULL;
 CREATE INDEX bot_jobs_lineage ON paygate.bot_jobs (lineage_id) WHERE lineage_id IS NOT NULL;

@@ -82,7 +82,7 @@ CREATE OR REPLACE FUNCTION paygate.admit_deposit(
     p_account text, p_amount numeric, p_auth_entry text, p_auth_nonce bigint,
     p_auth_expiration_ledger integer, p_idempotency_key text,
     p_idempotency_ttl interval DEFAULT interval '24 hours'
-) RETURNS TABLE (pending_credit_id bigint, replayed boolean)
+) RETURNS TABLE (deposit_id bigint, replayed boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_request_hash bytea;
@@ -128,24 +128,24 @@ BEGIN
             RAISE EXCEPTION 'admit_deposit: idempotency key % was used for a different request', p_idempotency_key
                 USING ERRCODE = '23505';
         END IF;
-        RETURN QUERY SELECT (v_existing.response->>'pending_credit_id')::bigint, true;
+        RETURN QUERY SELECT (v_existing.response->>'deposit_id')::bigint, true;
         RETURN;
     END IF;
 
     -- One authorisation is one transfer: a second request carrying it (another key) is refused by
     -- UNIQUE (account, auth_nonce); said here in words (a race still gets the constraint's 23505).
-    SELECT id INTO v_id FROM paygate.pending_credits WHERE account = p_account AND auth_nonce = p_auth_nonce;
+    SELECT id INTO v_id FROM paygate.deposits WHERE account = p_account AND auth_nonce = p_auth_nonce;
     IF FOUND THEN
         RAISE EXCEPTION 'admit_deposit: the authorisation with nonce % of this account was already admitted '
-            '(pending credit %)', p_auth_nonce, v_id USING ERRCODE = '23505';
+            '(deposit %)', p_auth_nonce, v_id USING ERRCODE = '23505';
     END IF;
     INSERT INTO paygate.accounts (address) VALUES (p_account) ON CONFLICT (address) DO NOTHING;
-    INSERT INTO paygate.pending_credits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
+    INSERT INTO paygate.deposits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
                                          idempotency_key)
     VALUES (p_account, p_amount, p_auth_entry, p_auth_nonce, p_auth_expiration_ledger, p_idempotency_key)
     RETURNING id INTO v_id;
     INSERT INTO paygate.idempotency_keys (scope, key, request_hash, response, expires_at)
-    VALUES ('deposit', p_idempotency_key, v_request_hash, jsonb_build_object('pending_credit_id', v_id),
+    VALUES ('deposit', p_idempotency_key, v_request_hash, jsonb_build_object('deposit_id', v_id),
             now() + p_idempotency_ttl);
     RETURN QUERY SELECT v_id, false;
 END

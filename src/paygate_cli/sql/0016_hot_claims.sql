@@ -12,8 +12,8 @@
 -- updated_at, which every claim, release and renewal of a pending deposit or a queued relay writes.
 -- Indexed on id instead (never written): the same partial set, so the depth query still reads only
 -- the needs_human rows (a few, each read once for its updated_at), and those writes become HOT.
-DROP INDEX paygate.pending_credits_needs_human;
-CREATE INDEX pending_credits_needs_human ON paygate.pending_credits (id) WHERE status = 'needs_human';
+DROP INDEX paygate.deposits_needs_human;
+CREATE INDEX deposits_needs_human ON paygate.deposits (id) WHERE status = 'needs_human';
 DROP INDEX paygate.relays_needs_human;
 CREATE INDEX relays_needs_human ON paygate.relays (id) WHERE status = 'needs_human';
 
@@ -32,6 +32,6 @@ CREATE INDEX relays_needs_human ON paygate.relays (id) WHERE status = 'needs_hum
 -- claimed_at, which key the lineage index and the claim-order index's predicate), webhook_outbox (its
 -- claim, take-over and settle each change status, which every partial index of it names) and
 -- subscriptions (its claim is a row lock; its updates move next_period_start/retry_at).
-ALTER TABLE paygate.pending_credits SET (fillfactor = 50);
+ALTER TABLE paygate.deposits SET (fillfactor = 50);
 ALTER TABLE paygate.relays SET (fillfactor = 50);
 ALTER TABLE paygate.bot_jobs SET (fillfactor = 50);

@@ -11,6 +11,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.context import TickContext, TickResult
 from paygate_cli.db.connect import connect, is_connection_lost
 from paygate_cli.db.locks import acquire_slot, describe_key
 from paygate_cli.db.migrate import require_schema
@@ -18,14 +19,13 @@ from paygate_cli.errors import CannotWork, ConfigError, ExitCode, NeedsHuman, Pa
 from paygate_cli.logs import get_logger
 from paygate_cli.secrets import scrub
 from paygate_cli.settings import check_read_quorum
-from paygate_cli.ticks.context import TickContext, TickResult
 
 if TYPE_CHECKING:
     import psycopg
 
+    from paygate_cli.catalogue import WorkerSpec
     from paygate_cli.env import Env
     from paygate_cli.settings import Settings
-    from paygate_cli.ticks.registry import WorkerSpec
 
 log = get_logger("ticks")
 

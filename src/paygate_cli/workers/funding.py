@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
+from paygate_cli.context import TickContext, TickResult
+from paygate_cli.crashpoints import crashpoint
 from paygate_cli.errors import NeedsHuman, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.engine import LeaseLost
-from paygate_cli.ticks.context import TickContext, TickResult
-from paygate_cli.ticks.crash import crashpoint
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # A drained instance takes no new work but still drives what is in flight (a row with a lineage).
 CLAIM_SQL = """
 WITH claimable AS (
-    SELECT ctid, id, deposit_lineage_id, credit_lineage_id FROM paygate.pending_credits
+    SELECT ctid, id, deposit_lineage_id, credit_lineage_id FROM paygate.deposits
     WHERE status = 'pending'
       AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
            OR lease_expires_at < now() - make_interval(secs => %(grace)s))
@@ -47,7 +47,7 @@ WITH claimable AS (
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE paygate.pending_credits p
+UPDATE paygate.deposits p
 SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
     claimed_by = %(owner)s, attempts = p.attempts + 1, updated_at = now()
 FROM claimable LEFT JOIN paygate.lineages x ON x.id = coalesce(claimable.credit_lineage_id,
@@ -70,18 +70,18 @@ CLAIM_SQL = CLAIM_SQL.format(lineage_columns=", ".join(f"x.{c}" for c in lineage
 # allocation also records the deposit's inner hash (until then an applied deposit lineage says it:
 # the row points at it, so a crash before this write re-derives it). The anchor renews the lease.
 HOLD_ROW_SQL = """
-SELECT 1 FROM paygate.pending_credits
+SELECT 1 FROM paygate.deposits
 WHERE id = %(row_id)s AND status = 'pending' AND lease_token = %(row_token)s FOR UPDATE
 """
 ATTACH_DEPOSIT_SQL = """
-UPDATE paygate.pending_credits p
+UPDATE paygate.deposits p
 SET deposit_lineage_id = lineage.id, updated_at = now(),
     lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
 FROM lineage WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
 RETURNING 1
 """
 ATTACH_CREDIT_SQL = """
-UPDATE paygate.pending_credits p
+UPDATE paygate.deposits p
 SET credit_lineage_id = lineage.id, deposit_tx = %(row_deposit_tx)s, pending_failure = NULL, updated_at = now(),
     lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
 FROM lineage WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
@@ -92,11 +92,11 @@ RETURNING 1
 # deposit lineage's (what the single-row form is given); a row where that is not so takes nothing,
 # the statement's require() fails, and each row is allocated for alone.
 HOLD_MANY_SQL = """
-SELECT p.id AS row_id FROM paygate.pending_credits p JOIN req ON p.id = req.row_id
+SELECT p.id AS row_id FROM paygate.deposits p JOIN req ON p.id = req.row_id
 WHERE p.status = 'pending' AND p.lease_token = req.row_token FOR UPDATE OF p
 """
 ATTACH_MANY_SQL = """
-UPDATE paygate.pending_credits p
+UPDATE paygate.deposits p
 SET deposit_lineage_id = CASE lineage.purpose WHEN 'deposit' THEN lineage.id ELSE p.deposit_lineage_id END,
     credit_lineage_id = CASE lineage.purpose WHEN 'credit' THEN lineage.id ELSE p.credit_lineage_id END,
     deposit_tx = CASE lineage.purpose WHEN 'credit'
@@ -114,31 +114,31 @@ WHERE p.id = req.row_id AND p.status = 'pending' AND p.lease_token = req.row_tok
 RETURNING 1
 """
 RENEW_AT_ANCHOR_SQL = """
-UPDATE paygate.pending_credits p
+UPDATE paygate.deposits p
 SET lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
 FROM anchored WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
 RETURNING 1
 """
 RENEW_AT_ANCHOR_MANY_SQL = """
-UPDATE paygate.pending_credits p
+UPDATE paygate.deposits p
 SET lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
 FROM anchored JOIN req ON req.lineage_id = anchored.id
 WHERE p.id = req.row_id AND p.status = 'pending' AND p.lease_token = req.row_token
 RETURNING 1
 """
 SET_PENDING_FAILURE_SQL = """
-UPDATE paygate.pending_credits SET pending_failure = %(reason)s, updated_at = now()
+UPDATE paygate.deposits SET pending_failure = %(reason)s, updated_at = now()
 WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
 """
 FINISH_ROW_SQL = """
-UPDATE paygate.pending_credits
+UPDATE paygate.deposits
 SET status = %(status)s, reason = %(reason)s, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
 WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
 RETURNING account, amount
 """
 RELEASE_RELAXED = "RETURNING set_config('synchronous_commit', 'off', true)"
 RELEASE_SQL = """
-UPDATE paygate.pending_credits p SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+UPDATE paygate.deposits p SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
 WHERE p.id = mine.id AND p.status = 'pending' AND p.lease_token = mine.token
 """
@@ -151,7 +151,7 @@ WHERE p.id = mine.id AND p.status = 'pending' AND p.lease_token = mine.token
 # webhook claim's synchronous commit, which flushes the WAL past this one.
 SETTLE_TEMPLATE = """
 WITH flipped AS (
-    UPDATE paygate.pending_credits p
+    UPDATE paygate.deposits p
     SET status = 'settled', settled_by = %(by)s, settled_at = now(), lease_token = NULL,
         lease_expires_at = NULL, updated_at = now()
     FROM unnest(%(ids)s::bigint[], %(deposit_txs)s::bytea[]) AS s(id, deposit_tx)
@@ -171,8 +171,8 @@ WITH flipped AS (
     ORDER BY f.id
 )
 SELECT s.id, s.account, s.amount, s.balance,
-       paygate.emit_event('credit.settled', jsonb_build_object(
-           'pending_credit_id', s.id, 'account', s.account, 'amount', s.amount::text,
+       paygate.emit_event('deposit.settled', jsonb_build_object(
+           'deposit_id', s.id, 'account', s.account, 'amount', s.amount::text,
            'deposit_tx', encode(s.deposit_tx, 'hex'), 'balance', s.balance::text)){relaxed}
 FROM settled s
 """
@@ -184,7 +184,7 @@ EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
 RELAXED = ", set_config('synchronous_commit', 'off', true)"
 # The lease check before each phase, renewing it: zero rows = another worker has the row now.
 RENEW_SQL = """
-UPDATE paygate.pending_credits
+UPDATE paygate.deposits
 SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => %(lease)s))
 WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
 RETURNING 1
@@ -194,7 +194,7 @@ RETURNING 1
 ORPHANS_SQL = """
 SELECT x.id FROM paygate.lineages x
 WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose IN ('deposit', 'credit')
-  AND NOT EXISTS (SELECT 1 FROM paygate.pending_credits p
+  AND NOT EXISTS (SELECT 1 FROM paygate.deposits p
                   WHERE p.status = 'pending' AND (p.deposit_lineage_id = x.id OR p.credit_lineage_id = x.id))
 ORDER BY x.parked_at IS NOT NULL, x.id  -- parked ones (migration 0020) never crowd out the rest
 LIMIT %(limit)s
@@ -228,11 +228,11 @@ class Deposit:
 
     @property
     def entitlement_deposit(self) -> str:
-        return f"pending_credit:{self.id}:deposit"
+        return f"deposit:{self.id}:deposit"
 
     @property
     def entitlement_credit(self) -> str:
-        return f"pending_credit:{self.id}:credit"
+        return f"deposit:{self.id}:credit"
 
 
 @dataclass
@@ -382,10 +382,10 @@ def _step(deps: Deps, row: Deposit, advance_row: Callable[..., str], *args: Any)
     except LeaseLost:
         return "lease_lost"  # someone else has the row (our lease lapsed): not an error, not an alarm
     except NeedsHuman as exc:
-        if not _finish(deps, row, "needs_human", str(exc), event="credit.needs_human"):
+        if not _finish(deps, row, "needs_human", str(exc), event="deposit.needs_human"):
             return "lease_lost"  # the row is someone else's now: their call, no false alarm
         deps.ctx.log.error("deposit %s needs a human: %s", row.id, exc,
-                           extra={"msgid": exc.msgid, "pending_credit_id": row.id})
+                           extra={"msgid": exc.msgid, "deposit_id": row.id})
         return "needs_human"
 
 
@@ -445,12 +445,12 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
             return "deposit_applied"
         if state == "failed":
             code = _finished(deps, lineage.id).result_code
-            _finish(deps, row, "failed", f"deposit transaction failed on chain ({code})", event="credit.failed")
+            _finish(deps, row, "failed", f"deposit transaction failed on chain ({code})", event="deposit.failed")
             return "failed"
         if state not in ("expired", "superseded", "abandoned"):
             return "waiting"  # still in flight: resent, wait for a ledger
     if row.pending_failure:  # rejected at send; its lineage is now proven dead
-        _finish(deps, row, "failed", row.pending_failure, event="credit.failed")
+        _finish(deps, row, "failed", row.pending_failure, event="deposit.failed")
         return "failed"
     try:
         auth = check_deposit_auth(row.auth_entry, account=row.account, amount=row.amount,
@@ -458,11 +458,11 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
                                   billing=_required(settings.billing_contract, "PAYGATE_BILLING_CONTRACT"),
                                   passphrase=settings.network_passphrase)
     except BadAuthorization as exc:
-        _finish(deps, row, "failed", f"bad authorisation: {exc}", event="credit.failed")
+        _finish(deps, row, "failed", f"bad authorisation: {exc}", event="deposit.failed")
         return "quarantined"
     if auth.nonce != row.auth_nonce or auth.expiration_ledger != row.auth_expiration_ledger:
         _finish(deps, row, "failed", "bad authorisation: nonce/expiration differ from the admitted row",
-                event="credit.failed")
+                event="deposit.failed")
         return "quarantined"
     if deps.free_lanes <= 0:
         return "no_free_lane"  # checked before any RPC (a bad authorisation is quarantined first, lane or not)
@@ -483,7 +483,7 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
         # A transaction applies at the earliest in the next ledger: once the latest ledger reached
         # the expiration ledger, no future ledger can accept the authorisation.
         _finish(deps, row, "expired", f"authorisation expired at ledger {row.auth_expiration_ledger} "
-                f"(latest {latest}) before it could be used", event="credit.expired")
+                f"(latest {latest}) before it could be used", event="deposit.expired")
         return "expired"
     from paygate_cli.chain.contracts import sac_transfer
 
@@ -569,7 +569,7 @@ def _settle_all(deps: Deps) -> list[str]:
             outcomes.append("settled_elsewhere")  # the observer won the flip and applied the increment
             continue
         deps.ctx.log.info("deposit %s settled: %s credited %s", row.id, row.account, row.amount,
-                          extra={"msgid": "funding.settled", "pending_credit_id": row.id})
+                          extra={"msgid": "funding.settled", "deposit_id": row.id})
         outcomes.append("settled")
     return outcomes
 
@@ -728,11 +728,11 @@ def _prepare_and_send(deps: Deps, item: Ready, first: Allocation | LeaseLost | N
             deps.lane_failures += 1
             continue  # the lane is fenced; the work moves to another lane at once
         if isinstance(outcome, Expired):
-            _finish(deps, row, "expired", outcome.reason + " before it could be used", event="credit.expired")
+            _finish(deps, row, "expired", outcome.reason + " before it could be used", event="deposit.expired")
             return "expired"
         if isinstance(outcome, BuildFailed):
             if job.purpose == "deposit":
-                _finish(deps, row, "failed", outcome.reason, event="credit.failed")
+                _finish(deps, row, "failed", outcome.reason, event="deposit.failed")
                 return "failed"
             raise NeedsHuman(f"deposit {row.id}: {outcome.reason}", msgid="funding.credit_simulation_failed")
     return "no_free_lane"
@@ -751,7 +751,7 @@ def _finish(deps: Deps, row: Deposit, status: str, reason: str, *, event: str) -
         done = deps.conn.execute(FINISH_ROW_SQL, {"status": status, "reason": reason[:1000], "id": row.id,
                                                   "token": row.token}).fetchone()
         if done is not None:
-            deps.conn.execute(EMIT_SQL, (event, Jsonb({"pending_credit_id": row.id, "account": row.account,
+            deps.conn.execute(EMIT_SQL, (event, Jsonb({"deposit_id": row.id, "account": row.account,
                                                        "amount": str(row.amount), "reason": reason[:1000]})))
     return done is not None
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
+from paygate_cli.context import TickContext, TickResult
 from paygate_cli.errors import Unavailable
-from paygate_cli.ticks.context import TickContext, TickResult
 
 if TYPE_CHECKING:
     from paygate_cli.chain.relay import XlmBalance

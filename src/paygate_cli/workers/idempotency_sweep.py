@@ -6,7 +6,7 @@ touching right now; they are taken next time."""
 
 from __future__ import annotations
 
-from paygate_cli.ticks.context import TickContext, TickResult
+from paygate_cli.context import TickContext, TickResult
 
 DELETE_EXPIRED_SQL = """
 DELETE FROM paygate.idempotency_keys k

@@ -24,9 +24,9 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.context import TickContext, TickResult
+from paygate_cli.crashpoints import crashpoint
 from paygate_cli.errors import ConfigError, NeedsHuman
-from paygate_cli.ticks.context import TickContext, TickResult
-from paygate_cli.ticks.crash import crashpoint
 from paygate_cli.workers.funding import SETTLE_SQL as FUNDING_SETTLE_SQL
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ SELECT f.event_id, f.id FROM failed f
 """
 
 CHARGE_ROW_SQL = "SELECT id, account, amount, status FROM paygate.charges WHERE charge_id = %s"
-DEPOSIT_ROW_SQL = "SELECT id, account, amount, status FROM paygate.pending_credits WHERE deposit_tx = %s"
+DEPOSIT_ROW_SQL = "SELECT id, account, amount, status FROM paygate.deposits WHERE deposit_tx = %s"
 
 
 # Rule 10 (nothing is guessed): a charge whose batch applied in a ledger the observer has already
@@ -341,7 +341,7 @@ def _apply_credit(conn: psycopg.Connection, stats: PageStats, ev: Any) -> tuple[
     if row is None:
         return None, None, f"credit: no deposit with deposit_tx {ev.ref.hex()}"
     pending_id, account, amount, status = row
-    target = f"pending_credit:{pending_id}"
+    target = f"deposit:{pending_id}"
     if account != ev.account or int(amount) != ev.amount:
         return target, None, (f"credit: deposit {pending_id} is {amount} for {account}, the event says {ev.amount} "
                               f"for {ev.account} (amount/account mismatch)")
@@ -356,4 +356,4 @@ def _apply_credit(conn: psycopg.Connection, stats: PageStats, ev: Any) -> tuple[
 
 
 def _status(conn: psycopg.Connection, pending_id: int) -> str:
-    return str(conn.execute("SELECT status FROM paygate.pending_credits WHERE id = %s", (pending_id,)).fetchone()[0])
+    return str(conn.execute("SELECT status FROM paygate.deposits WHERE id = %s", (pending_id,)).fetchone()[0])

@@ -23,8 +23,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.context import TickContext, TickResult
 from paygate_cli.journal import lineage as lineages
-from paygate_cli.ticks.context import TickContext, TickResult
 
 if TYPE_CHECKING:
     import psycopg
@@ -63,10 +63,10 @@ CURSOR_SQL = "SELECT cursor FROM paygate.observer_cursor"
 TOTAL_MOVING_SQL = """
 SELECT (SELECT coalesce(sum(cached_balance), 0) FROM paygate.accounts),
        (SELECT coalesce(sum(amount), 0) FROM paygate.charges WHERE status = 'authorized'),
-       (SELECT coalesce(sum(p.amount), 0) FROM paygate.pending_credits p
+       (SELECT coalesce(sum(p.amount), 0) FROM paygate.deposits p
         LEFT JOIN paygate.lineages l ON l.id = p.deposit_lineage_id
         WHERE p.status IN ('pending', 'needs_human') AND (p.deposit_tx IS NOT NULL OR l.state = 'applied')),
-       (SELECT coalesce(array_agg(p.amount::text ORDER BY p.id), '{}') FROM paygate.pending_credits p
+       (SELECT coalesce(array_agg(p.amount::text ORDER BY p.id), '{}') FROM paygate.deposits p
         JOIN paygate.lineages l ON l.id = p.deposit_lineage_id
         WHERE p.status = 'pending' AND p.deposit_tx IS NULL AND l.state IN ('signed', 'sent'))
 """
@@ -93,7 +93,7 @@ FROM paygate.lanes l WHERE l.address = ANY(%s) ORDER BY l.address
 PICK_LANES_SQL = "SELECT address FROM paygate.lanes WHERE status <> 'retired' ORDER BY random() LIMIT %s"
 SOURCE_SQL = "SELECT address FROM paygate.lanes ORDER BY address LIMIT 1"
 SETTLED_DEPOSITS_SQL = """
-SELECT encode(deposit_tx, 'hex') FROM paygate.pending_credits WHERE deposit_tx = ANY(%s) AND status = 'settled'
+SELECT encode(deposit_tx, 'hex') FROM paygate.deposits WHERE deposit_tx = ANY(%s) AND status = 'settled'
 """
 RECORD_CHECKS_SQL = """
 INSERT INTO paygate.account_checks (address, checked_at, chain_ledger, chain_balance, cached_balance, in_flight,

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from paygate_cli.context import TickContext, TickResult
 from paygate_cli.errors import ConfigError
-from paygate_cli.ticks.context import TickContext, TickResult
 from paygate_cli.workers.reconciler import Finding, clear_findings, record_findings
 
 HONOURS_DRAIN = True  # a drained instance takes nothing over
@@ -81,7 +81,7 @@ RECOVERABLE: tuple[Recoverable, ...] = (
 # Items in flight longer than the alarm age, per queue (at most `limit` each): each a finding.
 STUCK_SQL = """
 (SELECT 'deposit:' || id, 'deposit ' || id || ' pending since ' || created_at
- FROM paygate.pending_credits WHERE status = 'pending' AND created_at < now() - make_interval(secs => %(age)s)
+ FROM paygate.deposits WHERE status = 'pending' AND created_at < now() - make_interval(secs => %(age)s)
  ORDER BY created_at LIMIT %(limit)s)
 UNION ALL
 (SELECT 'charge_batch:' || lineage_id, 'charge batch (lineage ' || lineage_id || ') open since ' || created_at
@@ -114,7 +114,7 @@ STUCK_LIMIT = 100
 def check_grace(settings: Any) -> float:
     """The grace window, or ConfigError (78) when it does not exceed every recovered queue's receipt
     timeout plus one tick of its worker."""
-    from paygate_cli.ticks.registry import WORKERS
+    from paygate_cli.catalogue import WORKERS
 
     grace = float(settings.recovery_grace)
     for entry in RECOVERABLE:

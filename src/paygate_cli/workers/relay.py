@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
+from paygate_cli.context import TickContext, TickResult
+from paygate_cli.crashpoints import crashpoint
 from paygate_cli.errors import NeedsHuman, PaygateError, Unavailable
 from paygate_cli.journal import lineage as lineages
-from paygate_cli.ticks.context import TickContext, TickResult
-from paygate_cli.ticks.crash import crashpoint
 
 if TYPE_CHECKING:
     from collections.abc import Callable

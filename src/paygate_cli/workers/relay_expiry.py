@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from paygate_cli.ticks.context import TickContext, TickResult
+from paygate_cli.context import TickContext, TickResult
 
 EXPIRE_SQL = """
 WITH expiring AS (

@@ -23,7 +23,7 @@ What each table may lose, and why that is safe (everything else stays, however o
 - charge_batches: closed for longer than the window, no hot charge pointing at its lineage, no open
   `charge_batch:<lineage>` finding.
 - lineages: only `charge_batch` lineages (deposit, credit and relay lineages are named by rows that
-  stay hot — pending_credits, relays, bot_jobs, fee_reservations — and `replay` reads them by
+  stay hot — deposits, relays, bot_jobs, fee_reservations — and `replay` reads them by
   entitlement, so they stay until those tables have retention of their own). Terminal and resolved
   longer ago than the window; no batch row or charge pointing at it; never a lane's highest consumed
   (applied/failed) sequence, which allocation (`next_sequence`), the reconciler's lane check and
@@ -62,10 +62,10 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from paygate_cli.context import TickContext, TickResult
+from paygate_cli.crashpoints import crashpoint
 from paygate_cli.errors import ConfigError
 from paygate_cli.journal.lineage import last_consumed_seq_sql
-from paygate_cli.ticks.context import TickContext, TickResult
-from paygate_cli.ticks.crash import crashpoint
 
 if TYPE_CHECKING:
     from paygate_cli.settings import Settings

@@ -28,11 +28,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
+from paygate_cli.context import TickContext, TickResult
+from paygate_cli.crashpoints import crashpoint
 from paygate_cli.errors import NeedsHuman, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.engine import Allocation, LeaseLost
-from paygate_cli.ticks.context import TickContext, TickResult
-from paygate_cli.ticks.crash import crashpoint
 
 if TYPE_CHECKING:
     import psycopg

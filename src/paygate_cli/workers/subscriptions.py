@@ -13,8 +13,8 @@ from __future__ import annotations
 import psycopg
 from psycopg.types.json import Jsonb
 
-from paygate_cli.ticks.context import TickContext, TickResult
-from paygate_cli.ticks.crash import crashpoint
+from paygate_cli.context import TickContext, TickResult
+from paygate_cli.crashpoints import crashpoint
 
 MAX_PERIODS_PER_TICK = 12
 # admit_charge's refusals (sql/0003_charges.sql): admission halted, and not enough cached balance.

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from paygate_cli.context import TickContext, TickResult
+from paygate_cli.crashpoints import crashpoint
 from paygate_cli.db.connect import assert_not_in_transaction
-from paygate_cli.ticks.context import TickContext, TickResult
-from paygate_cli.ticks.crash import crashpoint
 
 # The one take-over routine for this queue, used by this worker (grace 0, in its claim transaction)
 # and by recovery (past its grace window): a row whose lease lapsed (its worker died mid-delivery)

@@ -1,0 +1,103 @@
+"""Start the devnet process (`paygate devnet start`) and talk to a running one (admin client).
+
+Kept apart from the CLI module so `commands/devnet.py` only parses and renders.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, TextIO
+
+from paygate_cli.errors import ConfigError, Unavailable, UsageError
+
+log = logging.getLogger("paygate.devnet")
+
+_INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)(ms|s)?$")
+
+
+def parse_interval(text: str) -> float | None:
+    """'manual' → None; '5s', '5', '500ms' → seconds."""
+    t = text.strip().lower()
+    if t == "manual":
+        return None
+    m = _INTERVAL.match(t)
+    if not m:
+        raise UsageError(f"--ledger-interval must be 'manual' or a duration like 5s or 500ms, not {text!r}")
+    value = float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+    if value <= 0:
+        raise UsageError("--ledger-interval must be positive")
+    return value
+
+
+def start(*, host: str, port: int, ledger_interval: str, state: Path | None, retention: int, seed: str,
+          lanes: int, users: int, out: TextIO = sys.stdout) -> None:
+    """Build or load the ledger, print the genesis line, serve until SIGTERM/SIGINT, save state."""
+    from paygate_cli.sandbox.devnet import genesis, persist
+    from paygate_cli.sandbox.devnet.server import Config, DevnetServer, _interval_str
+
+    # Handlers first: once a client has read the genesis line, SIGTERM/SIGINT must stop us cleanly.
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    interval = parse_interval(ledger_interval)
+    if retention < 1:
+        raise UsageError("--retention must be >= 1")
+    if lanes < 0 or users < 0:
+        raise UsageError("--lanes and --users must be >= 0")
+    if state is not None and state.exists():
+        try:
+            dev = persist.load(state)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"cannot load devnet state {state}: {exc}") from exc
+        dev.retention = retention
+        log.info("loaded state from %s at ledger %d", state, dev.latest)
+    else:
+        # Genesis close time is the wall clock at first start, so SDK `set_timeout` envelopes (which
+        # use the local clock) are valid; after genesis, close time advances only by ledger closes.
+        dev = genesis.build(seed, lanes, users, retention, int(time.time()))
+    try:
+        srv = DevnetServer(dev, Config(host=host, port=port, interval=interval, state=state))
+    except OSError as exc:
+        raise Unavailable(f"cannot listen on {host}:{port}: {exc}") from exc
+    srv.save()
+    out.write(json.dumps(genesis.genesis_line(dev, srv.url, _interval_str(interval))) + "\n")
+    out.flush()
+    log.info("devnet serving on %s (ledger %d, interval %s)", srv.url, dev.latest, _interval_str(interval))
+
+    t = threading.Thread(target=srv.serve_forever, name="devnet-http", daemon=True)
+    t.start()
+    while not stop.wait(0.5):
+        if not t.is_alive():
+            break
+    log.info("devnet shutting down")
+    srv.shutdown()
+
+
+def call(url: str, method: str, params: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
+    """One JSON-RPC call to a running devnet; Unavailable if it cannot be reached."""
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}}).encode()
+    req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise Unavailable(f"devnet at {url} is unreachable: {exc}") from exc
+    if not isinstance(data, dict) or not ("error" in data or "result" in data):
+        raise Unavailable(f"devnet at {url} answered {method} with something that is not JSON-RPC")
+    if "error" in data:
+        err = data["error"] if isinstance(data["error"], dict) else {"message": data["error"]}
+        raise UsageError(f"{method}: {err.get('message')} (code {err.get('code')})")
+    return data["result"]
