@@ -22,7 +22,7 @@ from typing import Any
 
 from paygate_cli.context import TickContext, TickResult
 from paygate_cli.errors import ConfigError
-from paygate_cli.workers.reconciler import Finding, clear_findings, record_findings
+from paygate_cli.queues.findings import Finding, clear_findings, record_findings
 
 HONOURS_DRAIN = True  # a drained instance takes nothing over
 
