@@ -14,7 +14,7 @@ back (so every repetition sees the same work):
   relay_drainer, webhooks (claim and take-over), open charge batches, recovery's stuck scan;
 - observer page: seen-events lookup, event insert, settle of a page of 48 charges, cursor advance,
   the unexplained-charges check (`workers/observer.py`);
-- state metrics: the queue depths every ticking worker writes every 30 s (`ops/status.py`).
+- state metrics: the queue depths every ticking worker writes every 30 s (`state.py`).
 
 Figures: shared buffers touched (hit + read, from EXPLAIN ANALYZE BUFFERS: robust under load) and the
 median execution time (wall clock, under load on a shared machine). The ratio is 5 M / 10 k; the target
@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 
 from paygate_cli.db.migrate import migrate
-from paygate_cli.ops.status import QUEUE_SQL
 from paygate_cli.sandbox.pg_cluster import Cluster
+from paygate_cli.state import QUEUE_SQL
 from paygate_cli.workers import (
     funding,
     observer,

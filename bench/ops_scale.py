@@ -171,15 +171,16 @@ def explain_slow(conn: psycopg.Connection, queries: dict[str, tuple[str, Any]], 
 
 
 def status_queries() -> dict[str, tuple[str, Any]]:
+    from paygate_cli import state
     from paygate_cli.catalogue import WORKERS
     from paygate_cli.db.locks import LOCK_NAMESPACE
-    from paygate_cli.ops import drain, reconcile, status
+    from paygate_cli.ops import drain, status
 
-    queries = {f"queue {name}": (sql, None) for name, sql in status.QUEUE_SQL.items()}
+    queries = {f"queue {name}": (sql, None) for name, sql in state.QUEUE_SQL.items()}
     queries.update({"lock holders": (status.LOCK_HOLDERS_SQL, (LOCK_NAMESPACE,)),
                     "last runs": (status.LAST_RUNS_SQL, (sorted(WORKERS),)),
                     "drains": (drain.DRAINED_SQL, None),
-                    "findings": (reconcile.OPEN_FINDINGS_SUMMARY_SQL, None)})
+                    "findings": (state.OPEN_FINDINGS_SUMMARY_SQL, None)})
     return queries
 
 

@@ -88,7 +88,7 @@ class WorkerSpec:
     target: str  # "module:function" of the tick, imported only when the worker runs
     description: str
     requires: tuple[str, ...] = ()  # keys of REQUIREMENTS, checked before the first tick
-    # The `status` queues (ops/status.py QUEUE_SQL) whose items wait for this worker: a worker that
+    # The `status` queues (state.py QUEUE_SQL) whose items wait for this worker: a worker that
     # never ran while one of them is non-empty is a blocker, one with nothing waiting is not deployed.
     queues: tuple[str, ...] = ()
 

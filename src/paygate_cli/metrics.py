@@ -118,7 +118,7 @@ STATE_HELP = {
 @dataclass
 class StateMetrics:
     instance: str
-    queues: list[dict]  # ops.status.queue_depths()
+    queues: list[dict]  # state.queue_depths()
     halts: list[str]  # kinds currently set
     findings_open: int | None  # None: this schema has no findings table yet
     written: float

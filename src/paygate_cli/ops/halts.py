@@ -1,4 +1,5 @@
-"""The operator's own halt (admission pause), separate from the gas monitor's halt."""
+"""The operator's own halt (admission pause), separate from the gas monitor's halt. Reading every
+halt is the read model's (state.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from paygate_cli.errors import UsageError
 from paygate_cli.ops.audit import record
+from paygate_cli.state import list_halts
 
 if TYPE_CHECKING:
     import psycopg
@@ -24,12 +26,6 @@ RETURNING kind, reason, set_by, set_at
 """
 CURRENT_HALT_SQL = "SELECT reason, set_by, set_at FROM paygate.halts WHERE kind = 'operator'"
 CLEAR_HALT_SQL = "DELETE FROM paygate.halts WHERE kind = 'operator' RETURNING reason, set_by, set_at"
-LIST_HALTS_SQL = "SELECT kind, reason, set_by, set_at FROM paygate.halts ORDER BY kind"
-
-
-def list_halts(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    cursor = conn.execute(LIST_HALTS_SQL)
-    return [dict(zip(("kind", "reason", "set_by", "set_at"), row, strict=True)) for row in cursor]
 
 
 def operator_halt(conn: psycopg.Connection) -> dict[str, Any] | None:

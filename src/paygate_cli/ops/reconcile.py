@@ -10,10 +10,6 @@ from paygate_cli.errors import UsageError
 if TYPE_CHECKING:
     import psycopg
 
-# Walks findings_one_open (a partial index on open findings): cheap however long the history is.
-OPEN_FINDINGS_SUMMARY_SQL = """
-SELECT kind, count(*), min(first_seen) FROM paygate.findings WHERE resolved_at IS NULL GROUP BY kind ORDER BY kind
-"""
 ROW_LIMIT = 1000  # rows listed per section; the totals always count everything
 
 # Totals by regime over the latest check of every account (or one account).
@@ -78,11 +74,6 @@ WHERE (resolved_at IS NULL OR (%(since)s::timestamptz IS NOT NULL AND resolved_a
   AND (%(account)s::text IS NULL OR subject = %(account)s)
 ORDER BY resolved_at IS NOT NULL, first_seen LIMIT %(limit)s
 """
-
-
-def open_findings_summary(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    return [{"kind": kind, "count": int(count), "oldest": oldest}
-            for kind, count, oldest in conn.execute(OPEN_FINDINGS_SUMMARY_SQL)]
 
 
 def _rows(conn: psycopg.Connection, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:

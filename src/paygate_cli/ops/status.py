@@ -9,74 +9,10 @@ from typing import TYPE_CHECKING, Any
 from paygate_cli.catalogue import RESERVED_WORKER_IDS, WORKERS
 from paygate_cli.db.locks import LOCK_NAMESPACE, MIGRATE_KEY, describe_key
 from paygate_cli.db.migrate import schema_state
-from paygate_cli.ops.halts import list_halts
+from paygate_cli.state import list_halts, open_findings_summary, queue_depths
 
 if TYPE_CHECKING:
     import psycopg
-
-# Each queue: depth and the age of its oldest item. Add a queue here when its worker lands.
-QUEUE_SQL: dict[str, str] = {
-    "funding.pending": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.deposits WHERE status = 'pending'""",
-    "funding.needs_human": """
-        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
-        FROM paygate.deposits WHERE status = 'needs_human'""",
-    "charges.waiting": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.charges WHERE status = 'authorized' AND lineage_id IS NULL""",
-    "charges.in_batch": """
-        SELECT count(*), extract(epoch FROM now() - min(claimed_at))::float8
-        FROM paygate.charges WHERE status = 'authorized' AND lineage_id IS NOT NULL""",
-    "charge_batches.open": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.charge_batches WHERE closed_at IS NULL""",
-    "observer.quarantined": """
-        SELECT count(*), extract(epoch FROM now() - min(observed_at))::float8
-        FROM paygate.chain_events WHERE quarantined""",
-    "subscriptions.due": """
-        SELECT count(*), extract(epoch FROM now() - min(coalesce(retry_at, next_period_start)))::float8
-        FROM paygate.subscriptions
-        WHERE (status = 'active' AND next_period_start <= now()) OR (status = 'past_due' AND retry_at <= now())""",
-    "subscriptions.past_due": """
-        SELECT count(*), extract(epoch FROM now() - min(past_due_since))::float8
-        FROM paygate.subscriptions WHERE status = 'past_due'""",
-    "lineages.live": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')""",
-    "webhooks.pending": """
-        SELECT count(*), extract(epoch FROM now() - min(next_attempt_at))::float8
-        FROM paygate.webhook_outbox WHERE status = 'pending' AND next_attempt_at <= now()""",
-    "webhooks.retrying": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.webhook_outbox WHERE status = 'pending' AND next_attempt_at > now()""",
-    "webhooks.delivering": """
-        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
-        FROM paygate.webhook_outbox WHERE status = 'delivering'""",
-    "webhooks.dead": """
-        SELECT count(*), extract(epoch FROM now() - min(dead_at))::float8
-        FROM paygate.webhook_outbox WHERE status = 'dead'""",
-    "relays.queued": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.relays WHERE status = 'queued'""",
-    "relays.needs_human": """
-        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
-        FROM paygate.relays WHERE status = 'needs_human'""",
-    "bot_jobs.queued": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.bot_jobs WHERE status = 'queued'""",
-    "bot_jobs.dead": """
-        SELECT count(*), extract(epoch FROM now() - min(finished_at))::float8
-        FROM paygate.bot_jobs WHERE status = 'dead'""",
-    "idempotency.expired": """
-        SELECT count(*), extract(epoch FROM now() - min(expires_at))::float8
-        FROM paygate.idempotency_keys WHERE expires_at < now()""",
-}
-
-# All queues in one statement (one round trip instead of one per queue: a cold `status` opens a
-# fresh backend, and each statement there also pays its catalog lookups).
-QUEUE_DEPTHS_SQL = "\nUNION ALL\n".join(
-    f"SELECT '{name}', * FROM ({sql.strip()}) AS q" for name, sql in QUEUE_SQL.items())
 
 LOCK_HOLDERS_SQL = """
 SELECT l.objid::bigint, a.pid, a.application_name, a.client_addr::text,
@@ -252,15 +188,6 @@ def gas(conn: psycopg.Connection) -> dict[str, Any]:
     return dict(zip(names, row, strict=True)) if row else {}
 
 
-def queue_depths(conn: psycopg.Connection) -> list[dict[str, Any]]:
-    found = {name: (count, oldest) for name, count, oldest in conn.execute(QUEUE_DEPTHS_SQL)}
-    depths = []
-    for name in QUEUE_SQL:  # in the catalogue's order, whatever order the rows came back in
-        count, oldest = found[name]
-        depths.append({"queue": name, "depth": int(count), "oldest_age_s": round(oldest, 1) if oldest else None})
-    return depths
-
-
 def rpc_endpoints(settings: Any) -> list[tuple[str, str]]:
     """(role, URL) of the write endpoint and the distinct read endpoints, as the chain client counts
     them; [] without RPC configured."""
@@ -378,7 +305,6 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
         report["halts"] = list_halts(conn)
         problems += [f"{h['kind']} halt set by {h['set_by']}: {h['reason']}" for h in report["halts"]]
         from paygate_cli.ops.drain import drained
-        from paygate_cli.ops.reconcile import open_findings_summary
 
         report["drains"] = drained(conn)  # one drained instance or lane is deliberate: shown, not a problem
         problems += capacity_problems(conn)  # but none left to take new work is

@@ -61,16 +61,6 @@ DELETE FROM paygate.worker_runs WHERE id IN (
 )
 """
 
-# Findings come from the reconciler (its own migration); until that table exists there is nothing to
-# count. "Open" = not resolved when the table records resolution, else every stored finding.
-FINDINGS_SHAPE_SQL = """
-SELECT to_regclass('paygate.findings') IS NOT NULL,
-       EXISTS (SELECT 1 FROM information_schema.columns
-               WHERE table_schema = 'paygate' AND table_name = 'findings' AND column_name = 'resolved_at')
-"""
-OPEN_FINDINGS_SQL = "SELECT count(*) FROM paygate.findings WHERE resolved_at IS NULL"
-ALL_FINDINGS_SQL = "SELECT count(*) FROM paygate.findings"
-
 _SEVERITY = {"ok": ExitCode.OK, "stalled": ExitCode.FAILED, "failed": ExitCode.FAILED,
              "needs_human": ExitCode.NEEDS_HUMAN}
 
@@ -453,16 +443,13 @@ class _MetricsReport:
     def _state(self) -> None:
         """The shared state file (queues, halts, findings), at most every STATE_INTERVAL per host."""
         from paygate_cli.metrics import StateMetrics, state_is_stale, write_state_textfile
-        from paygate_cli.ops.halts import list_halts
-        from paygate_cli.ops.status import queue_depths
+        from paygate_cli.state import list_halts, open_findings_count, queue_depths
 
         now = time.time()
         if self.conn is None or not self.directory or not state_is_stale(self.directory, now):
             return
         try:
-            present, resolvable = self.conn.execute(FINDINGS_SHAPE_SQL).fetchone()
-            findings = (self.conn.execute(OPEN_FINDINGS_SQL if resolvable else ALL_FINDINGS_SQL).fetchone()[0]
-                        if present else None)
+            findings = open_findings_count(self.conn)
             write_state_textfile(self.directory, StateMetrics(
                 instance=self.instance, queues=queue_depths(self.conn),
                 halts=[h["kind"] for h in list_halts(self.conn)], findings_open=findings, written=now))
