@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import psycopg
 
+# A lineage in flight, holding its lane (at most one per lane); every other state is terminal.
 LIVE_STATES = ("allocated", "signed", "sent")
-TERMINAL_STATES = ("applied", "failed", "expired", "superseded", "abandoned")
 
 SYNC_LANES_SQL = """
 INSERT INTO paygate.lanes (address) SELECT unnest(%s::text[]) ON CONFLICT (address) DO NOTHING
