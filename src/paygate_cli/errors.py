@@ -90,11 +90,6 @@ class WaitTimedOut(PaygateError):
     msgid = "wait.timeout"
 
 
-class PermissionDenied(PaygateError):
-    exit_code = ExitCode.NOPERM
-    msgid = "permission.denied"
-
-
 class ConfigError(PaygateError):
     exit_code = ExitCode.CONFIG
     msgid = "config.invalid"
@@ -127,10 +122,3 @@ class CannotWork(ConfigError):
     """A worker lacks what it needs to move money (RPC, keys, contracts): it must not tick as if idle."""
 
     msgid = "worker.cannot_work"
-
-
-class ItemsFailed(PaygateError):
-    """A tick ran and some items failed; the next tick may retry them."""
-
-    exit_code = ExitCode.FAILED
-    msgid = "tick.items_failed"

@@ -10,7 +10,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from stellar_sdk import Account, Address, Keypair, MuxedAccount, Network, StrKey, TransactionBuilder, scval, xdr
+from stellar_sdk import Account, Address, Keypair, MuxedAccount, Network, TransactionBuilder, scval, xdr
 from stellar_sdk.auth import authorization_payload_hash, build_authorization_preimage
 from stellar_sdk.exceptions import BadSignatureError
 
@@ -372,12 +372,6 @@ def _sc_address(address: str) -> xdr.SCAddress:
     Python, and the same accounts and contracts recur in every call. Only ever packed, never
     modified, so one object can serve every invocation."""
     return Address(address).to_xdr_sc_address()
-
-
-def decode_event(event: xdr.ContractEvent) -> tuple[str, list[Any], Any]:
-    contract = StrKey.encode_contract(event.contract_id.contract_id.hash)
-    topics = [scval.to_native(t) for t in event.body.v0.topics]
-    return contract, topics, scval.to_native(event.body.v0.data)
 
 
 def read_contract(chain: ChainClient, *, source: str, contract: str, function: str, args: list[xdr.SCVal]) -> Any:
