@@ -20,7 +20,7 @@ next tick, so a race between our reads never looks like drift."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from paygate_cli.context import TickContext, TickResult
@@ -185,49 +185,134 @@ def _events_past_cursor(conn: psycopg.Connection, chain: ChainClient, settings: 
     return Events(found, complete_to)
 
 
+@dataclass
+class Picked:
+    """What this tick checks: lanes (at most half the read budget), then accounts."""
+
+    lanes: list[str]
+    lanes_before: list[tuple]  # LANES_SQL rows read when picking
+    source: str | None  # the account simulations run as (any lane; None: the fee account)
+    accounts: list[str]
+
+
+@dataclass
+class DatabaseSide:
+    """Snapshot 1: the database side of every pick, before the chain is read."""
+
+    accounts: dict[str, tuple[int, int]]  # address -> (cached balance, in flight)
+    cursor: str | None  # the observer's
+    total: tuple  # TOTAL_MOVING_SQL
+    settled_charges: int
+
+
+@dataclass
+class ChainSide:
+    balances: dict[str, tuple[int, int | None]]  # address -> (balance, ledger read at; None: unreadable)
+    unreadable: dict[str, str]  # address -> why its balance could not be read
+    usdc: tuple[int, int]  # what the billing contract holds, and the ledger
+    lane_seqs: dict[str, int]
+    events: Events
+
+
+@dataclass
+class DatabaseAfter:
+    """Snapshot 2: the same reads after the chain; what changed meanwhile is "moving", not drift."""
+
+    accounts: dict[str, tuple[int, int]]
+    total: tuple
+    lanes: list[tuple]
+    settled_deposits: set[str]  # hex hashes of the credits past the cursor already settled
+
+
+@dataclass
+class Outcome:
+    counts: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    checks: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list))  # RECORD_CHECKS_SQL columns
+    findings: list[Finding] = field(default_factory=list)
+    clear: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # kind -> subjects now fine
+
+
 def tick(ctx: TickContext) -> TickResult:
     if ctx.draining:
         return TickResult(details={"draining": True})
     settings = ctx.settings
     conn = ctx.conn
-    budget = max(1, int(ctx.batch))
-    picked_lanes = [lane for (lane,) in conn.execute(PICK_LANES_SQL, (budget // 2,))]
-    lanes_before = conn.execute(LANES_SQL, (picked_lanes,)).fetchall()
-    source_row = conn.execute(SOURCE_SQL).fetchone()
-    account_budget = max(0, budget - 1 - len(lanes_before))
-    picked = [a for (a,) in conn.execute(PICK_ACCOUNTS_SQL, {"n": account_budget})] if account_budget else []
-    if not picked and not lanes_before:
+    picked = _pick(conn, budget=max(1, int(ctx.batch)))
+    if not picked.accounts and not picked.lanes_before:
         return TickResult(details={"accounts": 0})
     if not settings.billing_contract or not settings.usdc_contract:
         from paygate_cli.errors import ConfigError
 
         raise ConfigError("the reconciler needs PAYGATE_BILLING_CONTRACT and PAYGATE_USDC_CONTRACT")
 
+    before = _snapshot_before(conn, picked.accounts)
+    chain = _read_chain(ctx, picked, before)
+    after = _snapshot_after(conn, picked.lanes, list(before.accounts), chain.events)
+
+    outcome = Outcome()
+    _check_accounts(outcome, before, chain, after)
+    total = _check_total(before.total, after.total, before.settled_charges, chain.usdc, settings.billing_contract)
+    outcome.counts[f"total_{total['regime']}"] += 1
+    if total["regime"] == "unexplained":
+        outcome.findings.append(Finding("total_drift", "contract", total["summary"], total))
+    elif total["regime"] != "moving":
+        outcome.clear["total_drift"].append("contract")
+    for lane in _check_lanes(picked.lanes_before, after.lanes, chain.lane_seqs):
+        outcome.counts[f"lane_{lane['regime']}"] += 1
+        if lane["regime"] == "gap":
+            outcome.findings.append(Finding("lane_gap", lane["lane"], lane["summary"], lane))
+        elif lane["regime"] in ("match", "in_flight", "unused"):
+            outcome.clear["lane_gap"].append(lane["lane"])
+
+    written, cleared = _record(conn, outcome, ctx.log)
+    new = sum(1 for row in written if row[4])
+    checked = len(outcome.checks.get("address", []))
+    details = {**outcome.counts, "accounts": checked, "findings_new": new,
+               "findings_open_seen": len(written) - new, "findings_cleared": cleared, "total": total}
+    if chain.events.waiting is not None:
+        details["waiting"] = chain.events.waiting
+    return TickResult(processed=checked, needs_human=new, details=details)
+
+
+def _pick(conn: psycopg.Connection, *, budget: int) -> Picked:
+    lanes = [lane for (lane,) in conn.execute(PICK_LANES_SQL, (budget // 2,))]
+    lanes_before = conn.execute(LANES_SQL, (lanes,)).fetchall()
+    source_row = conn.execute(SOURCE_SQL).fetchone()
+    account_budget = max(0, budget - 1 - len(lanes_before))
+    accounts = [a for (a,) in conn.execute(PICK_ACCOUNTS_SQL, {"n": account_budget})] if account_budget else []
+    return Picked(lanes, lanes_before, source_row[0] if source_row is not None else None, accounts)
+
+
+def _snapshot_before(conn: psycopg.Connection, accounts: list[str]) -> DatabaseSide:
+    """The database side, in one short transaction."""
+    with conn.transaction():
+        conn.execute(SNAPSHOT_SQL)
+        conn.execute(NO_JIT_SQL)
+        before = {a: (int(c), int(f)) for a, c, f in conn.execute(ACCOUNTS_SQL, (accounts,))}
+        cursor_row = conn.execute(CURSOR_SQL).fetchone()
+        total = conn.execute(TOTAL_MOVING_SQL).fetchone()
+        settled_charges = int(conn.execute(SETTLED_CHARGES_SQL).fetchone()[0])
+    return DatabaseSide(before, cursor_row[0] if cursor_row else None, total, settled_charges)
+
+
+def _read_chain(ctx: TickContext, picked: Picked, before: DatabaseSide) -> ChainSide:
+    """Every chain read of the tick, with no database transaction open."""
     from paygate_cli.chain.balances import billing_balance_at, token_balance_at
     from paygate_cli.chain.contracts import SimulationFailed
     from paygate_cli.chain.rpc import ChainClient
 
-    # Snapshot 1: the database side, in one short transaction.
-    with conn.transaction():
-        conn.execute(SNAPSHOT_SQL)
-        conn.execute(NO_JIT_SQL)
-        before = {a: (int(c), int(f)) for a, c, f in conn.execute(ACCOUNTS_SQL, (picked,))}
-        cursor_row = conn.execute(CURSOR_SQL).fetchone()
-        total_before = conn.execute(TOTAL_MOVING_SQL).fetchone()
-        settled_charges = int(conn.execute(SETTLED_CHARGES_SQL).fetchone()[0])
-    cursor = cursor_row[0] if cursor_row else None
-
-    chain = ChainClient(settings, guard_conn=conn)
+    settings = ctx.settings
+    chain = ChainClient(settings, guard_conn=ctx.conn)
     try:
-        if source_row is not None:
-            source = source_row[0]
+        if picked.source is not None:
+            source = picked.source
         else:
             from paygate_cli.chain.keys import fee_account_address
 
             source = fee_account_address(settings)
         balances: dict[str, tuple[int, int | None]] = {}
         unreadable: dict[str, str] = {}
-        for account in before:
+        for account in before.accounts:
             try:
                 balances[account] = billing_balance_at(chain, billing=settings.billing_contract, account=account,
                                                        source=source)
@@ -237,39 +322,44 @@ def tick(ctx: TickContext) -> TickResult:
                 unreadable[account] = f"{type(exc).__name__}: {exc}"[:300]
                 balances[account] = (0, None)
         usdc = token_balance_at(chain, token=settings.usdc_contract, holder=settings.billing_contract, source=source)
-        lane_seqs = {lane: chain.account_sequence(lane) for lane, _, _ in lanes_before}
-        events = _events_past_cursor(conn, chain, settings, cursor, set(before), ctx.log)
+        lane_seqs = {lane: chain.account_sequence(lane) for lane, _, _ in picked.lanes_before}
+        events = _events_past_cursor(ctx.conn, chain, settings, before.cursor, set(before.accounts), ctx.log)
     finally:
         chain.close()
+    return ChainSide(balances, unreadable, usdc, lane_seqs, events)
 
-    # Snapshot 2: what changed while we read the chain is "moving", not drift.
+
+def _snapshot_after(conn: psycopg.Connection, lanes: list[str], accounts: list[str], events: Events) -> DatabaseAfter:
     with conn.transaction():
         conn.execute(SNAPSHOT_SQL)
         conn.execute(NO_JIT_SQL)
-        after = {a: (int(c), int(f)) for a, c, f in conn.execute(ACCOUNTS_SQL, (list(before),))}
-        total_after = conn.execute(TOTAL_MOVING_SQL).fetchone()
-        lanes_after = conn.execute(LANES_SQL, (picked_lanes,)).fetchall()
+        after = {a: (int(c), int(f)) for a, c, f in conn.execute(ACCOUNTS_SQL, (accounts,))}
+        total = conn.execute(TOTAL_MOVING_SQL).fetchone()
+        lanes_after = conn.execute(LANES_SQL, (lanes,)).fetchall()
         credit_refs = [e.ref for evs in events.by_account.values() for _, e in evs if e.kind == "credit"]
         settled = {h for (h,) in conn.execute(SETTLED_DEPOSITS_SQL, (credit_refs,))} if credit_refs else set()
+    return DatabaseAfter(after, total, lanes_after, settled)
 
-    counts: dict[str, int] = defaultdict(int)
-    checks: dict[str, list[Any]] = defaultdict(list)
-    findings: list[Finding] = []
-    clear: dict[str, list[str]] = defaultdict(list)
-    for account, (cached, in_flight) in before.items():
-        chain_balance, ledger = balances[account]
-        if account in unreadable:
+
+def _check_accounts(outcome: Outcome, before: DatabaseSide, chain: ChainSide, after: DatabaseAfter) -> None:
+    """Each account's chain balance against its cached one: a check row, and a finding or a clear."""
+    counts, checks, findings, clear = outcome.counts, outcome.checks, outcome.findings, outcome.clear
+    events = chain.events
+    for account, (cached, in_flight) in before.accounts.items():
+        chain_balance, ledger = chain.balances[account]
+        if account in chain.unreadable:
             counts["unreadable"] += 1
-            findings.append(Finding("balance_drift", account, f"cannot read its chain balance: {unreadable[account]}",
-                                    {"cached_balance": str(cached), "error": unreadable[account]}))
+            findings.append(Finding("balance_drift", account,
+                                    f"cannot read its chain balance: {chain.unreadable[account]}",
+                                    {"cached_balance": str(cached), "error": chain.unreadable[account]}))
             for key, value in (("address", account), ("ledger", None), ("chain", 0), ("cached", cached),
                                ("in_flight", in_flight), ("lagging", 0), ("regime", "unexplained"),
                                ("drift", -cached)):
                 checks[key].append(value)
             continue
         assert ledger is not None
-        if after.get(account) != (cached, in_flight) or events.waiting is not None \
-                or (events.complete_to is None and cursor is not None) \
+        if after.accounts.get(account) != (cached, in_flight) or events.waiting is not None \
+                or (events.complete_to is None and before.cursor is not None) \
                 or (events.complete_to is not None and ledger > events.complete_to):
             counts["moving"] += 1
             continue
@@ -280,7 +370,7 @@ def tick(ctx: TickContext) -> TickResult:
             if event.kind == "charge":
                 lagging -= event.amount
                 saw = True
-            elif event.kind == "credit" and event.ref.hex() not in settled:
+            elif event.kind == "credit" and event.ref.hex() not in after.settled_deposits:
                 lagging += event.amount
                 saw = True
         drift = chain_balance - cached
@@ -298,32 +388,16 @@ def tick(ctx: TickContext) -> TickResult:
         else:
             clear["balance_drift"].append(account)
 
-    total = _check_total(total_before, total_after, settled_charges, usdc, settings.billing_contract)
-    counts[f"total_{total['regime']}"] += 1
-    if total["regime"] == "unexplained":
-        findings.append(Finding("total_drift", "contract", total["summary"], total))
-    elif total["regime"] != "moving":
-        clear["total_drift"].append("contract")
 
-    lanes = _check_lanes(lanes_before, lanes_after, lane_seqs)
-    for lane in lanes:
-        counts[f"lane_{lane['regime']}"] += 1
-        if lane["regime"] == "gap":
-            findings.append(Finding("lane_gap", lane["lane"], lane["summary"], lane))
-        elif lane["regime"] in ("match", "in_flight", "unused"):
-            clear["lane_gap"].append(lane["lane"])
-
+def _record(conn: psycopg.Connection, outcome: Outcome, log: Any) -> tuple[list[Any], int]:
+    """The check rows, new findings and cleared ones, in one transaction: (findings written, cleared)."""
     with conn.transaction():
-        if checks:
-            conn.execute(RECORD_CHECKS_SQL, dict(checks))
-        written = record_findings(conn, findings, ctx.log)
-        cleared = sum(clear_findings(conn, kind, subjects, "reconciler", ctx.log) for kind, subjects in clear.items())
-    new = sum(1 for row in written if row[4])
-    details = {**counts, "accounts": len(checks.get("address", [])), "findings_new": new,
-               "findings_open_seen": len(written) - new, "findings_cleared": cleared, "total": total}
-    if events.waiting is not None:
-        details["waiting"] = events.waiting
-    return TickResult(processed=len(checks.get("address", [])), needs_human=new, details=details)
+        if outcome.checks:
+            conn.execute(RECORD_CHECKS_SQL, dict(outcome.checks))
+        written = record_findings(conn, outcome.findings, log)
+        cleared = sum(clear_findings(conn, kind, subjects, "reconciler", log)
+                      for kind, subjects in outcome.clear.items())
+    return written, cleared
 
 
 def _check_total(before: tuple, after: tuple, settled_charges: int, usdc: tuple[int, int],
