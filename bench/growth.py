@@ -47,18 +47,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 
 from paygate_cli.db.migrate import migrate
+from paygate_cli.queues import bot_jobs, relays, webhooks
 from paygate_cli.sandbox.pg_cluster import Cluster
 from paygate_cli.state import QUEUE_SQL
 from paygate_cli.workers import (
     funding,
     observer,
     recovery,
-    relay,
-    relay_drainer,
     retention,
     settlement,
     subscriptions,
-    webhooks,
 )
 
 ACCOUNTS = 1000
@@ -204,8 +202,8 @@ def operations(conn: psycopg.Connection) -> dict[str, list[tuple[str, tuple[str,
         "funding claim": [("claim", (funding.CLAIM_SQL, {**claim, "batch": 16}))],
         "observer page (48 settles)": observer_page(conn),
         "subscriptions claim": [("due", (subscriptions.CLAIM_DUE_SQL, ([0],)))],
-        "relay claim": [("claim", (relay.CLAIM_SQL, {**claim, "batch": 16}))],
-        "relay_drainer claim": [("claim", (relay_drainer.CLAIM_SQL, {**claim, "batch": 25}))],
+        "relay claim": [("claim", (relays.CLAIM_SQL, {**claim, "batch": 16}))],
+        "relay_drainer claim": [("claim", (bot_jobs.CLAIM_SQL, {**claim, "batch": 25}))],
         "webhooks claim": [
             ("take over", (webhooks.TAKE_OVER_SQL, {"grace": 60, "batch": 32, "max_attempts": 8, "by": "bench"})),
             ("claim", (webhooks.CLAIM_SQL, {"batch": 32, "lease": 60, "instance": "bench"}))],

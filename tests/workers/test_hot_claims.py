@@ -31,7 +31,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from paygate_cli.workers import funding, relay, relay_drainer
+from paygate_cli.queues import bot_jobs, relays
+from paygate_cli.workers import funding
 
 CONTRACT = "C" + "A" * 55
 AUTH_ENTRY = "A" * 470  # the size of a real base64 authorisation entry (address credentials, one call)
@@ -59,12 +60,12 @@ QUEUES = {
         INSERT INTO paygate.deposits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
                                             idempotency_key)
         SELECT %(account)s, 70, %(auth)s, g, 1000, 'hot' || g FROM generate_series(1, %(n)s) g"""),
-    "relay": Queue("relays", relay.CLAIM_SQL, relay.RELEASE_SQL, """
+    "relay": Queue("relays", relays.CLAIM_SQL, relays.RELEASE_SQL, """
         INSERT INTO paygate.relays (account, contract, function, args_xdr, auth_entries, auth_nonces,
                                    auth_expiration_ledger, max_fee, idempotency_key)
         SELECT %(account)s, %(contract)s, 'f', 'AAAA', ARRAY[%(auth)s], ARRAY[g], 1000, 100, 'hot' || g
         FROM generate_series(1, %(n)s) g"""),
-    "relay_drainer": Queue("bot_jobs", relay_drainer.CLAIM_SQL, relay_drainer.RELEASE_SQL, """
+    "relay_drainer": Queue("bot_jobs", bot_jobs.CLAIM_SQL, bot_jobs.RELEASE_SQL, """
         INSERT INTO paygate.bot_jobs (job_key, request_hash, contract, function, args_xdr)
         SELECT 'hot' || g, '\\x00', %(contract)s, 'f', %(auth)s FROM generate_series(1, %(n)s) g"""),
 }

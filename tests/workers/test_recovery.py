@@ -83,7 +83,7 @@ def test_a_worker_killed_mid_delivery_is_taken_over_after_the_grace(env: dict[st
                      (outbox_id,)).fetchone()
     assert row[:3] == ("pending", None, 1) and "recovery" in row[3]
     # The dead worker's late settle cannot overwrite anything: its token is gone.
-    from paygate_cli.workers.webhooks import SETTLE_SQL
+    from paygate_cli.queues.webhooks import SETTLE_SQL
 
     assert db.execute(SETTLE_SQL, {"status": "delivered", "code": 200, "error": None, "dead_reason": None,
                                    "delay": 0, "id": outbox_id, "token": token}).rowcount == 0

@@ -61,7 +61,7 @@ def lineages_of(db: psycopg.Connection, entitlement: str) -> list[tuple]:
 
 def test_a_relay_worker_killed_after_anchoring_is_recovered_through_its_lineage(
         chain: ChainEnv, rdb: psycopg.Connection) -> None:
-    from paygate_cli.workers.relay import DISPOSE_INCLUDED_SQL
+    from paygate_cli.queues.relays import DISPOSE_INCLUDED_SQL
 
     users = chain.genesis["users"]
     relay = admit_relay(rdb, chain.devnet, users[0], "r-anchored")

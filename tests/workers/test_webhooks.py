@@ -167,7 +167,7 @@ def test_expired_lease_is_reclaimed_and_a_stale_settle_cannot_overwrite(dsn: str
                              " WHERE id = %s RETURNING lease_token", (outbox_id,)).fetchone()[0]
     tick(dsn)
     assert row(db, outbox_id)["status"] == "delivered" and row(db, outbox_id)["attempts"] == 2
-    from paygate_cli.workers.webhooks import SETTLE_SQL
+    from paygate_cli.queues.webhooks import SETTLE_SQL
 
     updated = db.execute(SETTLE_SQL, {"status": "pending", "code": 500, "error": "late", "dead_reason": None,
                                       "delay": 0, "id": outbox_id, "token": stale_token}).rowcount

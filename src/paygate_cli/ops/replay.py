@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from paygate_cli.errors import Unavailable, UsageError
 from paygate_cli.ops.audit import record
+from paygate_cli.queues import bot_jobs, relays, webhooks
 
 if TYPE_CHECKING:
     import psycopg
@@ -26,24 +27,6 @@ if TYPE_CHECKING:
     from paygate_cli.chain.rpc import ChainClient
 
 # -- webhook deliveries ----------------------------------------------------------------------------
-
-WEBHOOK_ROWS_SQL = """
-SELECT o.id, o.status, o.attempts, o.event_id, o.event_type, o.dead_reason, o.dead_at, o.updated_at,
-       o.endpoint_id, e.enabled
-FROM paygate.webhook_outbox o LEFT JOIN paygate.webhook_endpoints e ON e.id = o.endpoint_id
-WHERE CASE WHEN %(ids)s::bigint[] IS NULL
-           THEN o.status = 'dead' AND (%(since)s::timestamptz IS NULL OR o.dead_at >= %(since)s)
-           ELSE o.id = ANY(%(ids)s) END
-ORDER BY o.id
-"""
-# Same row, same event id (the receiver's idempotency key), its last error kept as history.
-WEBHOOK_REPLAY_SQL = """
-UPDATE paygate.webhook_outbox
-SET status = 'pending', attempts = 0, next_attempt_at = now(), dead_at = NULL, dead_reason = NULL, updated_at = now()
-WHERE id = %(id)s AND status = 'dead' AND updated_at = %(updated_at)s
-RETURNING id
-"""
-
 
 def _webhook_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: dict[str, Any]) -> str | None:
     if row["status"] != "dead":
@@ -158,57 +141,6 @@ def _deposit_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: d
 # A `failed` relay was included and its call trapped on chain (its fee burned and settled): replaying
 # the same call would burn another fee for the same trap, so it is refused (the user re-submits).
 RELAY_DEAD = ("expired", "rejected", "needs_human")
-RELAY_ROWS_SQL = """
-SELECT r.id, r.status, r.account, r.contract, r.function, r.auth_nonces, r.auth_expiration_ledger, r.max_fee,
-       r.reason, r.attempts, r.idempotency_key, r.updated_at,
-       (SELECT array_agg(l.id || ':' || l.state ORDER BY l.id) FROM paygate.lineages l
-        WHERE l.entitlement = 'relay:' || r.id AND l.state IN ('allocated', 'signed', 'sent')) AS live,
-       (SELECT array_agg(l.id ORDER BY l.id) FROM paygate.lineages l
-        WHERE l.entitlement = 'relay:' || r.id AND l.state = 'applied') AS applied,
-       EXISTS (SELECT 1 FROM paygate.relay_allowlist a
-               WHERE a.contract = r.contract AND a.function = r.function AND a.enabled) AS allowed,
-       EXISTS (SELECT 1 FROM paygate.fee_reservations f
-               WHERE f.relay_id = r.id AND f.status = 'reserved') AS reservation_open
-FROM paygate.relays r
-WHERE CASE WHEN %(ids)s::bigint[] IS NULL
-           THEN r.status = ANY(%(dead)s) AND (%(since)s::timestamptz IS NULL OR r.updated_at >= %(since)s)
-           ELSE r.id = ANY(%(ids)s) END
-ORDER BY r.id
-"""
-# What admission would say about fees now (read-only, for the plan; apply re-checks under the lock).
-RELAY_ADMISSION_SQL = """
-SELECT (SELECT string_agg(kind || ': ' || reason, '; ' ORDER BY kind) FROM paygate.halts),
-       t.reserved, c.fee_budget
-FROM paygate.relay_fee_totals t, paygate.relay_config c
-"""
-# Back to queued under the same idempotency key, the dead lineages kept as history; the relay
-# worker starts it afresh (re-checks the authorisation, its nonces and its expiry before building).
-RELAY_REPLAY_SQL = """
-UPDATE paygate.relays
-SET status = 'queued', reason = NULL, pending_failure = NULL, attempts = 0, lease_token = NULL,
-    lease_expires_at = NULL, claimed_by = NULL, lineage_id = NULL, tx_hash = NULL, fee_charged = NULL,
-    finished_at = NULL, updated_at = now()
-WHERE id = %(id)s AND status = %(status)s AND updated_at = %(updated_at)s
-RETURNING id
-"""
-# The budget rule is admission's own (paygate.take_relay_fee_budget, migration 0010); the row is the
-# relay's next reservation round. A needs_human relay still holds its reservation: it keeps it.
-RELAY_RESERVATION_OPEN_SQL = """
-SELECT 1 FROM paygate.fee_reservations WHERE relay_id = %(id)s AND status = 'reserved'
-"""
-RELAY_TAKE_BUDGET_SQL = "SELECT paygate.take_relay_fee_budget(%(max_fee)s)"
-RELAY_RESERVE_SQL = """
-INSERT INTO paygate.fee_reservations (relay_id, amount, round)
-SELECT %(id)s, %(max_fee)s, coalesce(max(round), 0) + 1 FROM paygate.fee_reservations WHERE relay_id = %(id)s
-"""
-RELAY_EVENT_SQL = """
-SELECT paygate.emit_event('relay.replayed', jsonb_build_object('relay_id', %(id)s::bigint,
-                          'account', %(account)s::text, 'contract', %(contract)s::text,
-                          'function', %(function)s::text, 'reserved_fee', %(max_fee)s::bigint,
-                          'previous_status', %(status)s::text))
-"""
-
-
 def _relay_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: dict[str, Any]) -> str | None:
     if row["status"] == "failed":
         return ("not dead (status failed): its call was included and trapped on chain, its fee burned; "
@@ -221,7 +153,7 @@ def _relay_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: dic
         return f"effect already on chain: lineage {row['applied'][0]} applied"
     if not row["allowed"]:
         return f"{row['contract']}.{row['function']} is not on the relay allow-list: it would be rejected again"
-    halts, reserved, budget = conn.execute(RELAY_ADMISSION_SQL).fetchone()
+    halts, reserved, budget = conn.execute(relays.REPLAY_ADMISSION_SQL).fetchone()
     if halts:
         return f"admission is halted ({halts}): a replay spends fees like an admission"
     if not row["reservation_open"] and int(reserved) + int(row["max_fee"]) > int(budget):
@@ -249,11 +181,11 @@ def _relay_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: dic
 def _relay_reserve(conn: psycopg.Connection, row: dict[str, Any]) -> str | None:
     """In the replay's transaction, after its CAS: reserve the fee again unless a reservation is
     still open. -> a refusal reason (the caller rolls the replay back) or None."""
-    if conn.execute(RELAY_RESERVATION_OPEN_SQL, row).fetchone() is not None:
+    if conn.execute(relays.RESERVATION_OPEN_SQL, row).fetchone() is not None:
         return None
-    if conn.execute(RELAY_TAKE_BUDGET_SQL, row).fetchone()[0] is None:
+    if conn.execute(relays.TAKE_FEE_BUDGET_SQL, row).fetchone()[0] is None:
         return f"fee budget cannot cover it: this relay needs {row['max_fee']} stroops"
-    conn.execute(RELAY_RESERVE_SQL, row)
+    conn.execute(relays.RESERVE_FEE_SQL, row)
     return None
 
 
@@ -262,34 +194,6 @@ def _relay_reserve(conn: psycopg.Connection, row: dict[str, Any]) -> str | None:
 # Dead: `dead` (max_attempts lineages proven dead, workers/relay_drainer.py) and `needs_human`. A
 # `failed` job's call trapped on chain or could not work when simulated: the product queues a new job.
 BOT_JOB_DEAD = ("dead", "needs_human")
-BOT_JOB_ROWS_SQL = """
-SELECT j.id, j.status, j.job_key, j.contract, j.function, j.reason, j.attempts, j.updated_at,
-       (SELECT array_agg(l.id || ':' || l.state ORDER BY l.id) FROM paygate.lineages l
-        WHERE l.entitlement = 'bot_job:' || j.id AND l.state IN ('allocated', 'signed', 'sent')) AS live,
-       (SELECT array_agg(l.id ORDER BY l.id) FROM paygate.lineages l
-        WHERE l.entitlement = 'bot_job:' || j.id AND l.state = 'applied') AS applied,
-       EXISTS (SELECT 1 FROM paygate.bot_job_allowlist a
-               WHERE a.contract = j.contract AND a.function = j.function AND a.enabled) AS allowed
-FROM paygate.bot_jobs j
-WHERE CASE WHEN %(ids)s::bigint[] IS NULL
-           THEN j.status = ANY(%(dead)s) AND (%(since)s::timestamptz IS NULL OR j.updated_at >= %(since)s)
-           ELSE j.id = ANY(%(ids)s) END
-ORDER BY j.id
-"""
-BOT_JOB_REPLAY_SQL = """
-UPDATE paygate.bot_jobs
-SET status = 'queued', reason = NULL, pending_failure = NULL, attempts = 0, lease_token = NULL,
-    lease_expires_at = NULL, claimed_by = NULL, lineage_id = NULL, tx_hash = NULL, fee_charged = NULL,
-    finished_at = NULL, updated_at = now()
-WHERE id = %(id)s AND status = %(status)s AND updated_at = %(updated_at)s
-RETURNING id
-"""
-BOT_JOB_EVENT_SQL = """
-SELECT paygate.emit_event('bot_job.replayed', jsonb_build_object('bot_job_id', %(id)s::bigint,
-                          'job_key', %(job_key)s::text, 'previous_status', %(status)s::text))
-"""
-
-
 def _bot_job_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: dict[str, Any]) -> str | None:
     if row["status"] == "failed":
         return "not dead (status failed): its call cannot work as queued; queue a new job"
@@ -322,15 +226,15 @@ class QueueSpec:
 
 
 QUEUES: dict[str, QueueSpec] = {spec.name: spec for spec in (
-    QueueSpec("webhooks", WEBHOOK_ROWS_SQL, _webhook_refusal, WEBHOOK_REPLAY_SQL, needs_chain=False, dead=("dead",),
-              aliases=("webhook", "webhook_deliveries", "webhook_outbox")),
+    QueueSpec("webhooks", webhooks.REPLAY_ROWS_SQL, _webhook_refusal, webhooks.REPLAY_SQL, needs_chain=False,
+              dead=("dead",), aliases=("webhook", "webhook_deliveries", "webhook_outbox")),
     QueueSpec("deposits", DEPOSIT_ROWS_SQL, _deposit_refusal, DEPOSIT_REPLAY_SQL, needs_chain=True,
               event_sql=DEPOSIT_EVENT_SQL, dead=DEPOSIT_DEAD, validate=_deposit_validation,
               aliases=("deposit", "deposits", "funding")),
-    QueueSpec("relays", RELAY_ROWS_SQL, _relay_refusal, RELAY_REPLAY_SQL, needs_chain=True,
-              event_sql=RELAY_EVENT_SQL, after=_relay_reserve, dead=RELAY_DEAD, aliases=("relay",)),
-    QueueSpec("bot_jobs", BOT_JOB_ROWS_SQL, _bot_job_refusal, BOT_JOB_REPLAY_SQL, needs_chain=False,
-              event_sql=BOT_JOB_EVENT_SQL, dead=BOT_JOB_DEAD, aliases=("bot_job", "bot-jobs", "jobs")),
+    QueueSpec("relays", relays.REPLAY_ROWS_SQL, _relay_refusal, relays.REPLAY_SQL, needs_chain=True,
+              event_sql=relays.REPLAY_EVENT_SQL, after=_relay_reserve, dead=RELAY_DEAD, aliases=("relay",)),
+    QueueSpec("bot_jobs", bot_jobs.REPLAY_ROWS_SQL, _bot_job_refusal, bot_jobs.REPLAY_SQL, needs_chain=False,
+              event_sql=bot_jobs.REPLAY_EVENT_SQL, dead=BOT_JOB_DEAD, aliases=("bot_job", "bot-jobs", "jobs")),
 )}
 
 

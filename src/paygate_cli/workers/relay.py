@@ -31,6 +31,7 @@ from paygate_cli.context import TickContext, TickResult
 from paygate_cli.crashpoints import crashpoint
 from paygate_cli.errors import NeedsHuman, PaygateError, Unavailable
 from paygate_cli.journal import lineage as lineages
+from paygate_cli.queues import relays
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -43,151 +44,8 @@ if TYPE_CHECKING:
     from paygate_cli.journal.engine import Allocation, Driven, Engine, Prepared
     from paygate_cli.journal.engine import LeaseLost as EngineLeaseLost
 
-# Rows with a lineage first (resolving them frees lanes), then fresh ones in admission order. A
-# drained instance finishes what is in flight and takes nothing new. This is the queue's one
-# take-over routine too: the worker takes rows whose lease lapsed (grace 0) with its free ones;
-# recovery takes only those (`lapsed_only`) whose lease lapsed more than its grace ago.
-CLAIM_SQL = """
-WITH claimable AS (
-    SELECT ctid, id, lineage_id FROM paygate.relays
-    WHERE status = 'queued'
-      AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
-           OR lease_expires_at < now() - make_interval(secs => %(grace)s))
-      AND (lineage_id IS NOT NULL OR NOT %(draining)s)
-    ORDER BY (lineage_id IS NULL), id
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE paygate.relays r
-SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
-    claimed_by = %(owner)s, attempts = r.attempts + 1, updated_at = now()
-FROM claimable LEFT JOIN paygate.lineages x ON x.id = claimable.lineage_id
--- Back to the rows by ctid, the version the FOR UPDATE locked (nobody else can move it until
--- this commits): no primary-key descent per claimed row, so the claim costs the same
--- however long the table's history (bench/growth.py).
-WHERE r.ctid = claimable.ctid
-RETURNING r.id, r.account, r.contract, r.function, r.args_xdr, r.auth_entries, r.auth_nonces,
-          r.auth_expiration_ledger, r.max_fee, r.lease_token, r.lineage_id, r.pending_failure,
-          EXISTS (SELECT 1 FROM paygate.relay_allowlist a
-                  WHERE a.contract = r.contract AND a.function = r.function AND a.enabled),
-          {lineage_columns}, set_config('synchronous_commit', 'off', true)
-"""
-CLAIM_SQL = CLAIM_SQL.format(lineage_columns=", ".join(f"x.{c}" for c in lineages.LINEAGE_COLUMNS))
-# Every write below is guarded by the lease token the claim took.
-HOLD_SQL = """
-SELECT 1 FROM paygate.relays WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s FOR UPDATE
-"""
-# Phase 2b, the atomic install: in the engine's anchor transaction, the relay points at the hash of
-# the envelope just journaled, guarded on the live lease and the allocated lineage. Zero rows rolls
-# the anchor back with it: nothing installed, nothing sent.
-INSTALL_SQL = """
-UPDATE paygate.relays SET tx_hash = %(tx)s, updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
-"""
-# The engine's one-statement phases (RelayJob as a FastJob): the lease check as SQL, the row's
-# pointer recorded with the allocation, and phase 2b's install committed with the anchor.
-HOLD_ROW_SQL = """
-SELECT 1 FROM paygate.relays WHERE id = %(row_id)s AND status = 'queued' AND lease_token = %(row_token)s FOR UPDATE
-"""
-ATTACH_SQL = """
-UPDATE paygate.relays r SET lineage_id = lineage.id, updated_at = now()
-FROM lineage WHERE r.id = %(row_id)s AND r.status = 'queued' AND r.lease_token = %(row_token)s
-RETURNING 1
-"""
-HOLD_MANY_SQL = """
-SELECT r.id AS row_id FROM paygate.relays r JOIN req ON r.id = req.row_id
-WHERE r.status = 'queued' AND r.lease_token = req.row_token FOR UPDATE OF r
-"""
-ATTACH_MANY_SQL = """
-UPDATE paygate.relays r SET lineage_id = lineage.id, updated_at = now()
-FROM lineage JOIN req USING (entitlement)
-WHERE r.id = req.row_id AND r.status = 'queued' AND r.lease_token = req.row_token
-RETURNING 1
-"""
-INSTALL_ANCHORED_SQL = """
-UPDATE paygate.relays r SET tx_hash = %(x_inner_hash)s, updated_at = now()
-FROM anchored
-WHERE r.id = %(row_id)s AND r.status = 'queued' AND r.lease_token = %(row_token)s AND r.lineage_id = anchored.id
-RETURNING 1
-"""
-INSTALL_ANCHORED_MANY_SQL = """
-UPDATE paygate.relays r SET tx_hash = anchored.inner_hash, updated_at = now()
-FROM anchored JOIN req ON req.lineage_id = anchored.id
-WHERE r.id = req.row_id AND r.status = 'queued' AND r.lease_token = req.row_token AND r.lineage_id = anchored.id
-RETURNING 1
-"""
-# A dead lineage is remembered and the pointer cleared: only then may a new one be prepared.
-DROP_LINEAGE_SQL = """
-UPDATE paygate.relays
-SET lineage_id = NULL, tx_hash = NULL, dead_lineages = dead_lineages || %(lineage)s::bigint, updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
-"""
-SET_PENDING_FAILURE_SQL = """
-UPDATE paygate.relays SET pending_failure = %(reason)s, updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
-"""
-RELEASE_RELAXED = "RETURNING set_config('synchronous_commit', 'off', true)"
-# The tick's leases renewed before each phase (workers/recovery.py's grace assumes it: within a phase
-# a worker waits on one RPC answer). Relaxed: a renewal lost in a database crash only lets a lease lapse.
-RENEW_SQL = """
-UPDATE paygate.relays r SET lease_expires_at = greatest(r.lease_expires_at, now() + make_interval(secs => %(lease)s))
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
-WHERE r.id = mine.id AND r.status = 'queued' AND r.lease_token = mine.token
-RETURNING set_config('synchronous_commit', 'off', true)
-"""
-RELEASE_SQL = """
-UPDATE paygate.relays r SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
-WHERE r.id = mine.id AND r.status = 'queued' AND r.lease_token = mine.token
-"""
-# The disposition of a tick's relays whose lineage was included on chain, in one statement (its own
-# transaction): the status flip — a CAS on status + lease token + the lineage whose receipt it
-# settles, so a stale tick (another lineage, another lease) matches nothing — then, only for the
-# flip's winners, the fee settlement and the event. A settlement that finds no open reservation
-# fails require(), and the whole statement, flips included, rolls back: the relays are then disposed
-# of one by one (the same statement, one row each), so the refusal stays that row's, which re-ticks.
-# Relaxed commit: it records what a receipt proves, so a database crash that loses it leaves the row
-# queued on its applied lineage and the next tick disposes again. Nothing outside the database acts
-# on it first: a webhook POST follows the webhook claim's synchronous commit, which flushes the WAL
-# past this one.
-DISPOSE_INCLUDED_SQL = """
-WITH flipped AS (
-    UPDATE paygate.relays r
-    SET status = d.status, fee_charged = d.fee, tx_hash = d.tx, reason = d.reason, finished_at = now(),
-        lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(lineages)s::bigint[], %(statuses)s::text[],
-                %(fees)s::bigint[], %(txs)s::bytea[], %(reasons)s::text[], %(payloads)s::jsonb[])
-         AS d(id, token, lineage, status, fee, tx, reason, payload)
-    WHERE r.id = d.id AND r.status = 'queued' AND r.lease_token = d.token AND r.lineage_id = d.lineage
-    RETURNING r.id, d.lineage, d.fee, d.status, d.payload
-)
-SELECT f.id,
-       paygate.require(paygate.settle_relay_fee(f.id, f.lineage, f.fee), 'reservation not open at settlement'),
-       paygate.emit_event('relay.' || f.status, f.payload), set_config('synchronous_commit', 'off', true)
-FROM flipped f ORDER BY f.id
-"""
-# Terminal without a fee burned by us: the reservation is released in the same transaction. Only
-# needs_human may keep a lineage (one whose envelope does not decrypt: parked, it may still land,
-# so the reservation stays open and the row keeps pointing at it as the evidence).
-FINISH_SQL = """
-UPDATE paygate.relays
-SET status = %(status)s, reason = %(reason)s, finished_at = now(), lease_token = NULL, lease_expires_at = NULL,
-    updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
-  AND (lineage_id IS NULL OR %(status)s = 'needs_human')
-RETURNING id
-"""
-RELEASE_FEE_SQL = "SELECT paygate.release_relay_fee(%s, %s)"
+# The statements that move the queue's rows are queues/relays.py's; this module holds the flow.
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
-# Live relay lineages no queued relay points at any more (a row finished elsewhere): drive them so
-# no lane stays pinned. Older than a minute: never a lineage whose allocation is being recorded.
-ORPHANS_SQL = """
-SELECT x.id FROM paygate.lineages x
-WHERE x.purpose = 'relay' AND x.entitlement LIKE 'relay:%%' AND x.state IN ('allocated', 'signed', 'sent')
-  AND x.created_at < now() - interval '1 minute'
-  AND NOT EXISTS (SELECT 1 FROM paygate.relays r WHERE r.lineage_id = x.id AND r.status = 'queued')
-ORDER BY x.parked_at IS NOT NULL, x.id LIMIT %(limit)s  -- parked ones (migration 0020) never crowd out the rest
-"""
 
 
 @dataclass
@@ -241,16 +99,16 @@ class RelayJob:
         return self.invocation
 
     def hold(self, conn: psycopg.Connection) -> bool:
-        return conn.execute(HOLD_SQL, {"id": self.row.id, "token": self.row.token}).fetchone() is not None
+        return conn.execute(relays.HOLD_SQL, {"id": self.row.id, "token": self.row.token}).fetchone() is not None
 
     # The engine's one-statement phases (FastJob): the same guards as SQL.
-    hold_sql = HOLD_ROW_SQL
-    attach_sql = ATTACH_SQL
-    install_sql = INSTALL_ANCHORED_SQL
+    hold_sql = relays.HOLD_ROW_SQL
+    attach_sql = relays.ATTACH_SQL
+    install_sql = relays.INSTALL_ANCHORED_SQL
     # (SetBasedJob) the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
-    hold_many_sql = HOLD_MANY_SQL
-    attach_many_sql = ATTACH_MANY_SQL
-    install_many_sql = INSTALL_ANCHORED_MANY_SQL
+    hold_many_sql = relays.HOLD_MANY_SQL
+    attach_many_sql = relays.ATTACH_MANY_SQL
+    install_many_sql = relays.INSTALL_ANCHORED_MANY_SQL
 
     def params(self) -> dict[str, Any]:
         return {"row_id": self.row.id, "row_token": self.row.token}
@@ -259,19 +117,19 @@ class RelayJob:
         return self.row.id, self.row.token
 
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
-        conn.execute(DROP_LINEAGE_SQL, {"id": self.row.id, "token": self.row.token, "lineage": lineage_id})
+        conn.execute(relays.DROP_LINEAGE_SQL, {"id": self.row.id, "token": self.row.token, "lineage": lineage_id})
         if self.row.lineage_id == lineage_id:
             self.row.lineage_id = None
 
     def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: SignedTransaction) -> None:
-        if conn.execute(INSTALL_SQL, {"tx": signed.inner_hash, "id": self.row.id, "token": self.row.token,
+        if conn.execute(relays.INSTALL_SQL, {"tx": signed.inner_hash, "id": self.row.id, "token": self.row.token,
                                       "lineage": lineage_id}).rowcount == 0:
             raise LeaseLost(f"relay {self.row.id}: lease lost at install")
 
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
         if terminal:
             reason = f"relay transaction rejected by the network: {send.code}"
-            conn.execute(SET_PENDING_FAILURE_SQL, {"reason": reason, "id": self.row.id, "token": self.row.token})
+            conn.execute(relays.SET_PENDING_FAILURE_SQL, {"reason": reason, "id": self.row.id, "token": self.row.token})
             self.row.pending_failure = reason
 
     def on_build_failure(self, conn: psycopg.Connection, lineage_id: int, exc: Exception) -> bool:
@@ -317,7 +175,7 @@ def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) ->
     """Claim up to `batch` rows under a new lease: free rows (unless `lapsed_only`) and rows whose
     lease lapsed more than `grace` seconds ago. The FOR UPDATE SKIP LOCKED claim is the CAS: the
     old lease token is replaced, so a late write of the old owner matches nothing."""
-    rows = lineages.one_statement(ctx.conn, CLAIM_SQL, {  # relaxed: a claim is re-derivable (its lease lapses)
+    rows = lineages.one_statement(ctx.conn, relays.CLAIM_SQL, {  # relaxed: a claim is re-derivable (its lease lapses)
         "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
         "draining": ctx.draining, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
     width = len(lineages.LINEAGE_COLUMNS)
@@ -339,7 +197,7 @@ def _deps(ctx: TickContext, *, takeover: bool = False) -> tuple[Deps, Any]:
     return Deps(ctx, engine, set(engine.ours.accounts)), engine.chain
 
 
-def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
+def take_over(ctx: TickContext, grace: float) -> dict[str, int]:
     """Recovery's entry: relays whose lease lapsed more than `grace` seconds ago are claimed through
     the worker's own claim and driven by the worker's own step, limited to the lineage in flight
     (resolve it, resend its same bytes, dispose of it: settle or release the reservation once);
@@ -365,7 +223,7 @@ def _idle(ctx: TickContext) -> TickResult:
     """Nothing to claim: still drive the lineages no queued row holds any more (journal.engine)."""
     from paygate_cli.journal.engine import sweep_when_idle
 
-    swept = sweep_when_idle(ctx, ORPHANS_SQL)
+    swept = sweep_when_idle(ctx, relays.ORPHANS_SQL)
     if swept is None:
         return TickResult()
     driven, alarms = swept
@@ -384,7 +242,7 @@ def tick(ctx: TickContext) -> TickResult:
     try:
         _read_nonces(deps, [r for r in rows if r.lineage_id is None and not r.pending_failure])
         outcomes = _advance_all(deps, rows, result, new_work=True)
-        deps.engine.sweep(ORPHANS_SQL)
+        deps.engine.sweep(relays.ORPHANS_SQL)
     except Unavailable:
         _release_all(deps, rows)  # the chain is gone: hand the rows back now, not after the lease
         raise
@@ -464,7 +322,7 @@ def renew(deps: Deps) -> None:
     now = time.monotonic()
     if not deps.rows or now - deps.renewed_at < lease / 3:
         return
-    lineages.one_statement(deps.conn, RENEW_SQL, {"lease": lease, "ids": [r.id for r in deps.rows],
+    lineages.one_statement(deps.conn, relays.RENEW_SQL, {"lease": lease, "ids": [r.id for r in deps.rows],
                                                   "tokens": [r.token for r in deps.rows]})
     deps.renewed_at = now
 
@@ -481,7 +339,7 @@ def _read_nonces(deps: Deps, fresh: list[Relay]) -> None:
 def _release_all(deps: Deps, rows: list[Relay]) -> None:
     # The tick's 'sent' marks, then the rows handed back, in one statement. Relaxed: a lease left in
     # place only lapses (the rows wait a lease, no more).
-    deps.engine.flush_sent((RELEASE_SQL + RELEASE_RELAXED,
+    deps.engine.flush_sent((relays.RELEASE_SQL + relays.RELEASE_RELAXED,
                             {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]}))
 
 
@@ -513,7 +371,7 @@ def advance(deps: Deps, row: Relay, new_work: bool = True) -> str:
         # abandon already did, through the job's on_abandon).
         if row.lineage_id is not None:
             with deps.conn.transaction():
-                _write(deps, DROP_LINEAGE_SQL, {"id": row.id, "token": row.token, "lineage": lineage.id})
+                _write(deps, relays.DROP_LINEAGE_SQL, {"id": row.id, "token": row.token, "lineage": lineage.id})
             row.lineage_id = None
     if row.pending_failure:  # the network refused its bytes for good, and that lineage is now dead
         return _finish(deps, row, "rejected", row.pending_failure)
@@ -571,7 +429,7 @@ def _prepare(deps: Deps, job: RelayJob, allocation: Allocation | EngineLeaseLost
     if isinstance(allocation, Exception):
         raise allocation  # the row is someone else's now
     row.lineage_id = allocation.lineage_id
-    outcome = deps.engine.prepare(job, allocation.lineage_id, allocation.lane, allocation=allocation)
+    outcome = deps.engine.prepare(job, allocation)
     if isinstance(outcome, Prepared):
         deps.prepared.append(outcome)
         return "prepared"
@@ -617,11 +475,11 @@ def _disposition(row: Relay, lineage: lineages.Lineage) -> dict[str, Any]:
 
 
 def _dispose(deps: Deps, dispositions: list[dict[str, Any]]) -> set[int]:
-    """DISPOSE_INCLUDED_SQL for these dispositions; the relay ids whose flip this statement won."""
+    """relays.DISPOSE_INCLUDED_SQL for these dispositions; the relay ids whose flip this statement won."""
     columns = {"ids": "id", "tokens": "token", "lineages": "lineage", "statuses": "status", "fees": "fee",
                "txs": "tx", "reasons": "reason", "payloads": "payload"}
     params = {array: [d[key] for d in dispositions] for array, key in columns.items()}
-    return {int(r[0]) for r in lineages.one_statement(deps.conn, DISPOSE_INCLUDED_SQL, params).fetchall()}
+    return {int(r[0]) for r in lineages.one_statement(deps.conn, relays.DISPOSE_INCLUDED_SQL, params).fetchall()}
 
 
 def _dispose_alone(deps: Deps, disposition: dict[str, Any]) -> str:
@@ -653,12 +511,12 @@ def _finish(deps: Deps, row: Relay, status: str, reason: str, *, release: bool =
     """A terminal with no fee burned by a lineage of ours: the reservation is released with it
     (needs_human keeps it open: a human decides what the consumed nonce cost)."""
     with deps.conn.transaction():
-        done = deps.conn.execute(FINISH_SQL, {"status": status, "reason": reason[:1000], "id": row.id,
+        done = deps.conn.execute(relays.FINISH_SQL, {"status": status, "reason": reason[:1000], "id": row.id,
                                               "token": row.token}).fetchone()
         if done is None:
             raise LeaseLost(f"relay {row.id}: lease lost")
         if release:
-            deps.conn.execute(RELEASE_FEE_SQL, (row.id, f"{status}: {reason}"[:1000]))
+            deps.conn.execute(relays.RELEASE_FEE_SQL, (row.id, f"{status}: {reason}"[:1000]))
         deps.conn.execute(EMIT_SQL, (f"relay.{status}", Jsonb({
             "relay_id": row.id, "account": row.account, "contract": row.contract, "function": row.function,
             "reason": reason[:1000], "released_fee": row.max_fee if release else 0})))

@@ -28,6 +28,7 @@ from paygate_cli.crashpoints import crashpoint
 from paygate_cli.db.connect import relaxed_transaction
 from paygate_cli.errors import NeedsHuman, PaygateError, Unavailable
 from paygate_cli.journal import lineage as lineages
+from paygate_cli.queues import bot_jobs
 
 if TYPE_CHECKING:
     import psycopg
@@ -37,84 +38,8 @@ if TYPE_CHECKING:
     from paygate_cli.chain.rpc import SendOutcome
     from paygate_cli.journal.engine import Engine
 
-# The queue's one take-over routine too: the worker takes rows whose lease lapsed (grace 0) with its
-# free ones; recovery takes only those (`lapsed_only`) whose lease lapsed more than its grace ago.
-CLAIM_SQL = """
-WITH claimable AS (
-    SELECT ctid, id FROM paygate.bot_jobs
-    WHERE status = 'queued'
-      AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
-           OR lease_expires_at < now() - make_interval(secs => %(grace)s))
-      AND (lineage_id IS NOT NULL OR NOT %(draining)s)
-    ORDER BY (lineage_id IS NULL), id
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE paygate.bot_jobs j
-SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
-    claimed_by = %(owner)s, updated_at = now()
--- Back to the rows by ctid, the version the FOR UPDATE locked (nobody else can move it until
--- this commits): no primary-key descent per claimed row, so the claim costs the same
--- however long the table's history (bench/growth.py).
-FROM claimable WHERE j.ctid = claimable.ctid
-RETURNING j.id, j.job_key, j.contract, j.function, j.args_xdr, j.lease_token, j.lineage_id, j.attempts,
-          coalesce(j.max_attempts, (SELECT bot_job_max_attempts FROM paygate.relay_config)), j.pending_failure,
-          -- The bot-job allow-list, never the relay's: a function safe to relay with a user's
-          -- signature is not therefore safe to call with no signature at all.
-          EXISTS (SELECT 1 FROM paygate.bot_job_allowlist a
-                  WHERE a.contract = j.contract AND a.function = j.function AND a.enabled)
-"""
-HOLD_SQL = """
-SELECT 1 FROM paygate.bot_jobs WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s FOR UPDATE
-"""
-SET_LINEAGE_SQL = """
-UPDATE paygate.bot_jobs SET lineage_id = %(lineage)s, updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
-"""
-# A proven-dead lineage is one attempt; the pointer is cleared so a new one may be prepared.
-DEAD_LINEAGE_SQL = """
-UPDATE paygate.bot_jobs
-SET lineage_id = NULL, dead_lineages = dead_lineages || %(lineage)s::bigint, attempts = attempts + 1,
-    updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
-RETURNING attempts
-"""
-# Inside the engine's transaction, after its hold() took the row lock under our lease.
-UNHOOK_SQL = """
-UPDATE paygate.bot_jobs SET lineage_id = NULL, dead_lineages = dead_lineages || %(lineage)s::bigint, updated_at = now()
-WHERE id = %(id)s AND lineage_id = %(lineage)s
-"""
-SET_PENDING_FAILURE_SQL = """
-UPDATE paygate.bot_jobs SET pending_failure = %(reason)s, updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
-"""
-FINISH_SQL = """
-UPDATE paygate.bot_jobs
-SET status = %(status)s, reason = %(reason)s, fee_charged = %(fee)s, tx_hash = %(tx)s, finished_at = now(),
-    lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
-  AND lineage_id IS NOT DISTINCT FROM %(lineage)s
-RETURNING id
-"""
-RELEASE_SQL = """
-UPDATE paygate.bot_jobs j SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
-WHERE j.id = mine.id AND j.status = 'queued' AND j.lease_token = mine.token
-"""
+# The statements that move the queue's rows are queues/bot_jobs.py's; this module holds the flow.
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
-# The tick's leases renewed before each job's phase (workers/recovery.py's grace assumes it).
-RENEW_SQL = """
-UPDATE paygate.bot_jobs j SET lease_expires_at = greatest(j.lease_expires_at, now() + make_interval(secs => %(lease)s))
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
-WHERE j.id = mine.id AND j.status = 'queued' AND j.lease_token = mine.token
-"""
-ORPHANS_SQL = """
-SELECT x.id FROM paygate.lineages x
-WHERE x.purpose = 'relay' AND x.entitlement LIKE 'bot_job:%%' AND x.state IN ('allocated', 'signed', 'sent')
-  AND x.created_at < now() - interval '1 minute'
-  AND NOT EXISTS (SELECT 1 FROM paygate.bot_jobs j WHERE j.lineage_id = x.id AND j.status = 'queued')
-ORDER BY x.parked_at IS NOT NULL, x.id LIMIT %(limit)s  -- parked ones (migration 0020) never crowd out the rest
-"""
 
 
 @dataclass
@@ -156,12 +81,12 @@ class DrainerJob:
         return bot_job_invocation(self.row.contract, self.row.function, self.row.args_xdr)
 
     def hold(self, conn: psycopg.Connection) -> bool:
-        return conn.execute(HOLD_SQL, {"id": self.row.id, "token": self.row.token}).fetchone() is not None
+        return conn.execute(bot_jobs.HOLD_SQL, {"id": self.row.id, "token": self.row.token}).fetchone() is not None
 
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
         # Abandoned before anchoring: nothing was sent, so it is not a proven-dead attempt. Only
         # the pointer goes.
-        conn.execute(UNHOOK_SQL, {"id": self.row.id, "lineage": lineage_id})
+        conn.execute(bot_jobs.UNHOOK_SQL, {"id": self.row.id, "lineage": lineage_id})
         if self.row.lineage_id == lineage_id:
             self.row.lineage_id = None
 
@@ -171,7 +96,8 @@ class DrainerJob:
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
         if terminal:
             reason = f"bot job transaction rejected by the network: {send.code}"
-            conn.execute(SET_PENDING_FAILURE_SQL, {"reason": reason, "id": self.row.id, "token": self.row.token})
+            conn.execute(bot_jobs.SET_PENDING_FAILURE_SQL,
+                         {"reason": reason, "id": self.row.id, "token": self.row.token})
             self.row.pending_failure = reason
 
     def on_build_failure(self, conn: psycopg.Connection, lineage_id: int, exc: Exception) -> bool:
@@ -207,7 +133,7 @@ def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) ->
     lease lapsed more than `grace` seconds ago. The FOR UPDATE SKIP LOCKED claim is the CAS: the
     old lease token is replaced, so a late write of the old owner matches nothing."""
     with relaxed_transaction(ctx.conn):
-        return [BotJob(*r) for r in ctx.conn.execute(CLAIM_SQL, {
+        return [BotJob(*r) for r in ctx.conn.execute(bot_jobs.CLAIM_SQL, {
             "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
             "draining": ctx.draining, "grace": grace, "lapsed_only": lapsed_only})]
 
@@ -248,12 +174,12 @@ def renew(deps: Deps) -> None:
     if not deps.rows or now - deps.renewed_at < lease / 3:
         return
     with relaxed_transaction(deps.conn):  # a renewal lost in a database crash only lets a lease lapse
-        deps.conn.execute(RENEW_SQL, {"lease": lease, "ids": [r.id for r in deps.rows],
+        deps.conn.execute(bot_jobs.RENEW_SQL, {"lease": lease, "ids": [r.id for r in deps.rows],
                                       "tokens": [r.token for r in deps.rows]})
     deps.renewed_at = now
 
 
-def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
+def take_over(ctx: TickContext, grace: float) -> dict[str, int]:
     """Recovery's entry: jobs whose lease lapsed more than `grace` seconds ago are claimed through
     the worker's own claim and driven by the worker's own step, limited to the lineage in flight
     (resolve it, resend its same bytes, record what it proved); never a new lineage, so no lane or
@@ -278,7 +204,7 @@ def _idle(ctx: TickContext) -> TickResult:
     """Nothing to claim: still drive the lineages no queued row holds any more (journal.engine)."""
     from paygate_cli.journal.engine import sweep_when_idle
 
-    swept = sweep_when_idle(ctx, ORPHANS_SQL)
+    swept = sweep_when_idle(ctx, bot_jobs.ORPHANS_SQL)
     if swept is None:
         return TickResult()
     driven, alarms = swept
@@ -296,7 +222,7 @@ def tick(ctx: TickContext) -> TickResult:
     result = TickResult()
     try:
         outcomes = _advance_all(deps, rows, result, new_work=True)
-        deps.engine.sweep(ORPHANS_SQL)
+        deps.engine.sweep(bot_jobs.ORPHANS_SQL)
     except Unavailable:
         _release_all(deps, rows)
         raise
@@ -312,7 +238,7 @@ def tick(ctx: TickContext) -> TickResult:
 
 def _release_all(deps: Deps, rows: list[BotJob]) -> None:
     with relaxed_transaction(deps.conn):
-        deps.conn.execute(RELEASE_SQL, {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
+        deps.conn.execute(bot_jobs.RELEASE_SQL, {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]})
 
 
 def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
@@ -339,7 +265,7 @@ def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
             return "waiting"
         if row.lineage_id is not None:  # proven dead after it was sent: one attempt spent
             with deps.conn.transaction():
-                got = deps.conn.execute(DEAD_LINEAGE_SQL, {"id": row.id, "token": row.token,
+                got = deps.conn.execute(bot_jobs.DEAD_LINEAGE_SQL, {"id": row.id, "token": row.token,
                                                            "lineage": lineage.id}).fetchone()
                 if got is None:
                     raise LeaseLost(f"bot job {row.id}: lease lost")
@@ -357,7 +283,8 @@ def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
         if got is None:
             return "no_free_lane"
         lineage_id, lane = got
-        if deps.conn.execute(SET_LINEAGE_SQL, {"lineage": lineage_id, "id": row.id, "token": row.token}).rowcount == 0:
+        params = {"lineage": lineage_id, "id": row.id, "token": row.token}
+        if deps.conn.execute(bot_jobs.SET_LINEAGE_SQL, params).rowcount == 0:
             raise LeaseLost(f"bot job {row.id}: lease lost")
     row.lineage_id = lineage_id
     outcome = engine.sign_and_send(job, lineage_id, lane)
@@ -376,7 +303,7 @@ def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
 def _finish(deps: Deps, row: BotJob, status: str, reason: str | None, *,
             lineage: lineages.Lineage | None = None) -> str:
     with deps.conn.transaction():
-        done = deps.conn.execute(FINISH_SQL, {
+        done = deps.conn.execute(bot_jobs.FINISH_SQL, {
             "status": status, "reason": reason[:1000] if reason else None,
             "fee": lineage.fee_charged if lineage else None, "tx": lineage.inner_hash if lineage else None,
             "id": row.id, "token": row.token, "lineage": lineage.id if lineage else None}).fetchone()

@@ -12,39 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from paygate_cli.context import TickContext, TickResult
-
-EXPIRE_SQL = """
-WITH expiring AS (
-    SELECT r.id FROM paygate.relays r
-    LEFT JOIN paygate.lineages x ON x.id = r.lineage_id
-    WHERE r.status = 'queued' AND r.auth_expiration_ledger < %(latest)s
-      AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
-      AND (r.lineage_id IS NULL OR x.state IN ('expired', 'superseded', 'abandoned'))
-    ORDER BY r.auth_expiration_ledger, r.id
-    LIMIT %(batch)s
-    FOR UPDATE OF r SKIP LOCKED
-), flipped AS (
-    UPDATE paygate.relays r
-    SET status = 'expired', finished_at = now(), lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
-        lineage_id = NULL, tx_hash = NULL,
-        dead_lineages = CASE WHEN r.lineage_id IS NULL THEN r.dead_lineages ELSE r.dead_lineages || r.lineage_id END,
-        reason = format('authorisation expired at ledger %%s (latest %%s)', r.auth_expiration_ledger, %(latest)s::int)
-    FROM expiring e WHERE r.id = e.id
-    RETURNING r.id, r.account, r.contract, r.function, r.auth_expiration_ledger, r.max_fee, r.reason
-)
-SELECT f.id, paygate.release_relay_fee(f.id, f.reason),
-       paygate.emit_event('relay.expired', jsonb_build_object(
-           'relay_id', f.id, 'account', f.account, 'contract', f.contract, 'function', f.function,
-           'auth_expiration_ledger', f.auth_expiration_ledger, 'latest_ledger', %(latest)s::int,
-           'released_fee', f.max_fee, 'reason', f.reason))
-FROM flipped f
-"""
-# Cheap check before any chain read: is anything queued at all?
-ANY_QUEUED_SQL = "SELECT min(auth_expiration_ledger) FROM paygate.relays WHERE status = 'queued'"
+from paygate_cli.queues import relays
 
 
 def tick(ctx: TickContext) -> TickResult:
-    earliest = ctx.conn.execute(ANY_QUEUED_SQL).fetchone()[0]
+    earliest = ctx.conn.execute(relays.ANY_QUEUED_SQL).fetchone()[0]
     if earliest is None:
         return TickResult()
     from paygate_cli.chain.rpc import ChainClient
@@ -68,7 +40,7 @@ def tick(ctx: TickContext) -> TickResult:
     if earliest >= latest:
         return TickResult(details=facts)
     with ctx.conn.transaction():
-        rows = ctx.conn.execute(EXPIRE_SQL, {"latest": latest, "batch": ctx.batch}).fetchall()
+        rows = ctx.conn.execute(relays.EXPIRE_SQL, {"latest": latest, "batch": ctx.batch}).fetchall()
     for relay_id, released, _ in rows:
         if not released:
             # The reservation was already closed: the invariant "settled or released, once" held,

@@ -3,7 +3,8 @@
 Claim due rows under a lease (SKIP LOCKED, attempt counted at claim so a row that kills its worker
 still runs out of attempts), POST with no transaction open, then settle each row by CAS on its lease
 token. Deliveries run in parallel, each bounded by a hard deadline, so a hung endpoint never holds up
-another endpoint's events. Delivery is at-least-once: receivers dedupe on `Paygate-Event-Id`."""
+another endpoint's events. Delivery is at-least-once: receivers dedupe on `Paygate-Event-Id`.
+The statements that move the outbox's rows are queues/webhooks.py's."""
 
 from __future__ import annotations
 
@@ -26,73 +27,7 @@ from urllib.parse import urlsplit
 from paygate_cli.context import TickContext, TickResult
 from paygate_cli.crashpoints import crashpoint
 from paygate_cli.db.connect import assert_not_in_transaction
-
-# The one take-over routine for this queue, used by this worker (grace 0, in its claim transaction)
-# and by recovery (past its grace window): a row whose lease lapsed (its worker died mid-delivery)
-# goes back to pending, or dead when its attempts are spent. A CAS on the lease token read, so a
-# delivery that finishes meanwhile is never overwritten, and SKIP LOCKED so two takers split rows.
-TAKE_OVER_SQL = """
-WITH lapsed AS (
-    SELECT id, lease_token FROM paygate.webhook_outbox
-    WHERE status = 'delivering' AND lease_expires_at < now() - make_interval(secs => %(grace)s)
-    ORDER BY lease_expires_at
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-), decided AS (
-    SELECT o.id, lapsed.lease_token, o.attempts >= coalesce(o.max_attempts, %(max_attempts)s) AS spent
-    FROM paygate.webhook_outbox o JOIN lapsed ON lapsed.id = o.id
-)
-UPDATE paygate.webhook_outbox o
-SET status = CASE WHEN d.spent THEN 'dead' ELSE 'pending' END,
-    dead_at = CASE WHEN d.spent THEN now() END,
-    dead_reason = CASE WHEN d.spent THEN format('no success in %%s attempts; the last one was abandoned by its '
-                                                'worker (lease lapsed)', o.attempts) END,
-    last_error = 'abandoned mid-delivery: lease lapsed (taken over by ' || %(by)s || ')',
-    lease_token = NULL, lease_expires_at = NULL, claimed_by = NULL, next_attempt_at = now(), updated_at = now()
-FROM decided d
-WHERE o.id = d.id AND o.status = 'delivering' AND o.lease_token = d.lease_token
-RETURNING o.id, o.status
-"""
-
-CLAIM_SQL = """
-WITH due AS (
-    SELECT ctid FROM paygate.webhook_outbox
-    WHERE status = 'pending' AND next_attempt_at <= now()
-    ORDER BY next_attempt_at
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE paygate.webhook_outbox o
-    SET status = 'delivering', lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => %(lease)s),
-        claimed_by = %(instance)s, attempts = o.attempts + 1, updated_at = now()
-    FROM due
-    -- Back to the rows by ctid, the version the FOR UPDATE locked (nobody else can move it until
-    -- this commits): no primary-key descent per claimed row, so the claim costs the same
-    -- however long the table's history (bench/growth.py).
-    WHERE o.ctid = due.ctid
-    RETURNING o.id, o.event_id, o.endpoint_id, o.event_type, o.payload, o.attempts, o.max_attempts,
-              o.lease_token, o.created_at
-)
-SELECT c.id, c.event_id, c.endpoint_id, c.event_type, c.payload, c.attempts, c.max_attempts,
-       c.lease_token, c.created_at, e.url, e.secret, e.enabled
-FROM claimed c LEFT JOIN paygate.webhook_endpoints e ON e.id = c.endpoint_id
-"""
-
-# CAS on the lease token: a delivery whose lease lapsed and was re-claimed cannot overwrite its successor.
-SETTLE_SQL = """
-UPDATE paygate.webhook_outbox
-SET status = %(status)s,
-    lease_token = NULL, lease_expires_at = NULL, claimed_by = NULL,
-    last_status_code = %(code)s, last_error = %(error)s,
-    delivered_at = CASE WHEN %(status)s = 'delivered' THEN now() END,
-    dead_at = CASE WHEN %(status)s = 'dead' THEN now() END,
-    dead_reason = %(dead_reason)s,
-    next_attempt_at = CASE WHEN %(status)s = 'pending' THEN now() + make_interval(secs => %(delay)s)
-                           ELSE next_attempt_at END,
-    updated_at = now()
-WHERE id = %(id)s AND status = 'delivering' AND lease_token = %(token)s
-"""
+from paygate_cli.queues import webhooks as outbox
 
 USER_AGENT = "paygate-webhooks/1"
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -116,7 +51,7 @@ class Claimed:
 
 @dataclass
 class Delivery:
-    """What happened to one claimed row; becomes the parameters of SETTLE_SQL."""
+    """What happened to one claimed row; becomes the parameters of the settle (queues/webhooks.py)."""
 
     row: Claimed
     status: str  # delivered | pending | dead
@@ -321,8 +256,16 @@ def _retry_or_dead(row: Claimed, max_attempts: int, code: int | None, error: str
 def take_over_lapsed(conn: Any, settings: Any, *, grace: float, batch: int, by: str) -> list[tuple[int, str]]:
     """Rows whose delivery lease lapsed more than `grace` seconds ago -> pending (or dead when their
     attempts are spent). -> [(id, new status)]."""
-    return conn.execute(TAKE_OVER_SQL, {"grace": grace, "batch": batch, "by": by,
-                                        "max_attempts": settings.webhook_max_attempts}).fetchall()
+    return conn.execute(outbox.TAKE_OVER_SQL, {"grace": grace, "batch": batch, "by": by,
+                                               "max_attempts": settings.webhook_max_attempts}).fetchall()
+
+
+def take_over(ctx: TickContext, grace: float) -> dict[str, int]:
+    """Recovery's entry (the same routine the tick runs with grace 0): deliveries whose lease lapsed
+    more than `grace` seconds ago, in one transaction. -> how many went to each status."""
+    with ctx.conn.transaction():
+        taken = take_over_lapsed(ctx.conn, ctx.settings, grace=grace, batch=ctx.batch, by="recovery")
+    return {status: sum(1 for _, s in taken if s == status) for status in {s for _, s in taken}}
 
 
 # A webhook tick holds nothing between ticks (its claims are settled in the same tick), so a
@@ -337,7 +280,7 @@ def tick(ctx: TickContext) -> TickResult:
     with ctx.conn.transaction():
         # Lapsed rows first: back to pending (now due), so the claim below takes them in this transaction.
         take_over_lapsed(ctx.conn, settings, grace=0.0, batch=ctx.batch, by="webhooks")
-        cursor = ctx.conn.execute(CLAIM_SQL, {"batch": ctx.batch, "lease": settings.webhook_lease,
+        cursor = ctx.conn.execute(outbox.CLAIM_SQL, {"batch": ctx.batch, "lease": settings.webhook_lease,
                                               "instance": f"{ctx.instance_id}:{ctx.slot}"})
         rows = [Claimed(*record) for record in cursor.fetchall()]
     if not rows:
@@ -352,7 +295,7 @@ def tick(ctx: TickContext) -> TickResult:
         for d in deliveries:
             params = {"status": d.status, "code": d.code, "error": d.error, "dead_reason": d.dead_reason,
                       "delay": d.delay, "id": d.row.id, "token": d.row.lease_token}
-            if ctx.conn.execute(SETTLE_SQL, params).rowcount != 1:
+            if ctx.conn.execute(outbox.SETTLE_SQL, params).rowcount != 1:
                 lost += 1  # lease lapsed and someone else owns the row now: their result stands
     counts = {status: sum(1 for d in deliveries if d.status == status) for status in ("delivered", "pending", "dead")}
     for d in deliveries:
