@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from paygate_cli.db.connect import database_target, describe_target
+from paygate_cli.db.connect import connect, database_target, describe_target
 from paygate_cli.env import Env
 from paygate_cli.errors import ExitCode, UsageError
 from paygate_cli.output import Mode, mode_from_flags
+
+if TYPE_CHECKING:
+    import psycopg
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON document on stdout (with schema_version).")]
 PlainFlag = Annotated[bool, typer.Option("--plain", help="Tab-separated lines for grep/awk, no decoration.")]
@@ -50,8 +53,20 @@ def target_of(env: Env, conn: Any = None) -> dict[str, Any]:
     return database_target(env.settings, conn)
 
 
+def open_db(env: Env, purpose: str, *, attempts: int = 3) -> psycopg.Connection:
+    """The one way a command reaches the database: a connection for `purpose` (pg_stat_activity shows
+    paygate:<purpose>), handed to the ops/ functions it calls. Connection failures are retried
+    `attempts` times, then raise Unavailable (69)."""
+    return connect(env.settings, purpose, attempts=attempts)
+
+
+def target_detail(target: dict[str, Any]) -> str:
+    """The target as one phrase: host, database, role and context (never the password)."""
+    return describe_target(target)
+
+
 def target_line(target: dict[str, Any]) -> str:
-    return f"target: {describe_target(target)}"
+    return f"target: {target_detail(target)}"
 
 
 def check_context(env: Env, context: str | None, target: dict[str, Any] | None = None) -> dict[str, Any]:

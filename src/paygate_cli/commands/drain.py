@@ -13,12 +13,12 @@ from paygate_cli.commands._common import (
     YesFlag,
     confirm,
     get_env,
+    open_db,
     output_mode,
     target_line,
     target_of,
 )
 from paygate_cli.commands.completion import complete_instances, complete_lanes
-from paygate_cli.db.connect import connect
 from paygate_cli.env import Env
 from paygate_cli.errors import ConfigError, UsageError
 from paygate_cli.output import emit
@@ -83,7 +83,7 @@ def drain_command(
         _seconds(wait)  # a bad --wait is a usage error before anything changes
     where = target_of(env)
     confirm(env, f"drain {target.kind} {target.name}", yes=yes, context=context, dry_run=dry_run, target=where)
-    with connect(env.settings, "drain") as conn:
+    with open_db(env, "drain") as conn:
         result = drain(conn, target, reason=reason, actor=env.settings.effective_operator(), dry_run=dry_run,
                        force=force)
         if wait is not None and not dry_run:
@@ -119,7 +119,7 @@ def undrain_command(ctx: typer.Context, instance: InstanceOpt = None, lane: Lane
     target = Target.of(instance, lane)
     where = target_of(env)
     confirm(env, f"undrain {target.kind} {target.name}", yes=yes, context=context, dry_run=dry_run, target=where)
-    with connect(env.settings, "undrain") as conn:
+    with open_db(env, "undrain") as conn:
         result = undrain(conn, target, actor=env.settings.effective_operator(), dry_run=dry_run)
     if dry_run:
         line = f"would undrain {target.kind} {target.name}" if result["would_undrain"] else "not drained"

@@ -13,11 +13,11 @@ from paygate_cli.commands._common import (
     YesFlag,
     confirm,
     get_env,
+    open_db,
     output_mode,
     target_line,
     target_of,
 )
-from paygate_cli.db.connect import connect
 from paygate_cli.ops.halts import describe_halt, halt, operator_halt, refuse_second_halt, resume
 from paygate_cli.output import emit
 
@@ -35,7 +35,7 @@ def halt_command(
 
     Example: `paygate halt --reason "incident 42: RPC provider degraded" --yes`"""
     env = get_env(ctx)
-    with connect(env.settings, "halt") as conn:
+    with open_db(env, "halt") as conn:
         target = target_of(env, conn)
         confirm(env, "halt admission", yes=yes, context=context, dry_run=True, target=target)  # --context
         if not dry_run:
@@ -71,7 +71,7 @@ def resume_command(ctx: typer.Context, yes: YesFlag = False, dry_run: DryRunFlag
     env = get_env(ctx)
     target = target_of(env)
     confirm(env, "resume admission", yes=yes, context=context, dry_run=dry_run, target=target)
-    with connect(env.settings, "resume") as conn:
+    with open_db(env, "resume") as conn:
         result = resume(conn, actor=env.settings.effective_operator(), dry_run=dry_run)
     if dry_run:
         line = ("would clear the operator halt: " + describe_halt(result["current"][0])

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode
+from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, open_db, output_mode
 from paygate_cli.errors import ExitCode
 from paygate_cli.output import emit
 
@@ -22,11 +22,13 @@ def key_retire_check_command(
     endpoints. Exit 0 when retirable, 3 listing the blockers (first 20 and a count).
 
     Example: `paygate key-retire-check k2025 --json` or `paygate key-retire-check --lane GABC…`"""
-    from paygate_cli.ops.key_retire import key_retire_check
+    from paygate_cli.ops.key_retire import check_request, key_retire_check
 
     env = get_env(ctx)
     mode = output_mode(json_flag, plain_flag)
-    report = key_retire_check(env.settings, key_id=key_id, lane=lane)
+    check_request(env.settings, key_id=key_id, lane=lane)
+    with open_db(env, "key-retire-check") as conn:
+        report = key_retire_check(conn, env.settings, key_id=key_id, lane=lane)
     rows = [{"lineage": b.get("lineage_id"), "state": b.get("state"), "reason": b["reason"]}
             for b in report["blockers"]]
     what = f"{report['kind']} {report['target']}"

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from paygate_cli.commands._common import CHAIN_READ_SECRETS, JsonFlag, PlainFlag, get_env, output_mode
+from paygate_cli.commands._common import CHAIN_READ_SECRETS, JsonFlag, PlainFlag, get_env, open_db, output_mode
 from paygate_cli.commands.completion import complete_lanes
 from paygate_cli.errors import ExitCode
 from paygate_cli.output import amount, emit
@@ -24,12 +24,14 @@ def nonce_inspect_command(
     Read-only. Exit 3 when something needs a human (a sequence gap, a nonce spent elsewhere).
 
     Example: `paygate nonce-inspect --deposit 42 --json`"""
-    from paygate_cli.ops.nonce_inspect import nonce_inspect
+    from paygate_cli.ops.nonce_inspect import check_request, nonce_inspect
 
     env = get_env(ctx)
     env.use_only_secrets(*CHAIN_READ_SECRETS)
     mode = output_mode(json_flag, plain_flag)
-    report = nonce_inspect(env.settings, lane=lane, deposit_id=deposit, relay_id=relay)
+    check_request(lane=lane, deposit_id=deposit, relay_id=relay)
+    with open_db(env, "nonce-inspect") as conn:
+        report = nonce_inspect(conn, env.settings, lane=lane, deposit_id=deposit, relay_id=relay)
     if "relay" in report:
         relay_report = report["relay"]
         auth = relay_report["authorisation"]

@@ -11,9 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
-from paygate_cli.commands._common import DATABASE_SECRETS, get_env, parse_since
+from paygate_cli.commands._common import DATABASE_SECRETS, get_env, open_db, parse_since
 from paygate_cli.commands.completion import complete_report_formats
-from paygate_cli.db.connect import connect
 from paygate_cli.errors import ConfigError, ExitCode, UsageError
 from paygate_cli.output import Mode, _cell, _human, _tsv, amount, duration, emit, to_json
 from paygate_cli.settings import parse_duration
@@ -152,7 +151,7 @@ def reconcile_report_command(
         older = parse_duration(older_than, name="--older-than")
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    with connect(env.settings, "reconcile-report") as conn:
+    with open_db(env, "reconcile-report") as conn:
         document = report(conn, since=parse_since(since), account=account, older_than=older)
     # A lane gap is a nonce gap (the exit-code contract's other "needs a human" of this report). An
     # account the reconciler never checked is not known to be right: 1 (not verified yet), never 0.

@@ -12,11 +12,12 @@ from paygate_cli.commands._common import (
     JsonFlag,
     PlainFlag,
     get_env,
+    open_db,
     output_mode,
+    target_detail,
     target_line,
     target_of,
 )
-from paygate_cli.db.connect import connect
 from paygate_cli.env import Env
 from paygate_cli.errors import DatabaseAuthFailed, DatabaseConfigInvalid, ExitCode, Unavailable
 from paygate_cli.ops.status import ago, distinct_rpc_urls, readiness, unreachable
@@ -31,7 +32,7 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
     env.use_only_secrets(*CHAIN_READ_SECRETS)
     mode = output_mode(json_flag, plain_flag)
     try:
-        with connect(env.settings, "status", attempts=2) as conn, _progress(env, mode):
+        with open_db(env, "status", attempts=2) as conn, _progress(env, mode):
             report = readiness(conn, env.settings)
             report["target"] = target_of(env, conn)  # which database this is: never a reassuring answer from another
     except (Unavailable, DatabaseAuthFailed, DatabaseConfigInvalid) as exc:
@@ -99,10 +100,8 @@ def _progress(env: Env, mode: Mode) -> AbstractContextManager[object]:
 
 
 def _target_row(target: dict[str, object]) -> dict[str, object]:
-    from paygate_cli.db.connect import describe_target
-
     return {"check": "target", "value": target.get("context") or target.get("database"),
-            "detail": describe_target(target)}
+            "detail": target_detail(target)}
 
 
 def _xlm(stroops: object) -> str:

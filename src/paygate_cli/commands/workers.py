@@ -5,8 +5,7 @@ from __future__ import annotations
 import typer
 
 from paygate_cli.catalogue import WORKERS
-from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, output_mode
-from paygate_cli.db.connect import connect
+from paygate_cli.commands._common import JsonFlag, PlainFlag, get_env, open_db, output_mode
 from paygate_cli.db.locks import LOCK_NAMESPACE
 from paygate_cli.ops.status import last_runs
 from paygate_cli.output import duration, emit
@@ -20,7 +19,7 @@ def workers_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag:
     env = get_env(ctx)
     runs: dict[str, dict] = {}
     if not offline:
-        with connect(env.settings, "workers", attempts=2) as conn:
+        with open_db(env, "workers", attempts=2) as conn:
             runs = {r["worker"]: r for r in last_runs(conn)}
     rows = []
     for spec in WORKERS.values():

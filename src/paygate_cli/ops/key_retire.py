@@ -218,22 +218,28 @@ def _report(kind: str, target: str, blockers: list[dict[str, Any]], checked: dic
             "blockers": blockers[:MAX_LISTED], "checked": checked}
 
 
-def key_retire_check(settings: Any, *, key_id: str | None, lane: str | None) -> dict[str, Any]:
-    from paygate_cli.chain.rpc import ChainClient
-    from paygate_cli.db.connect import connect
-
+def check_request(settings: Any, *, key_id: str | None, lane: str | None) -> None:
+    """What is refused before the database is asked anything: not exactly one target (2), fewer read
+    hosts than the quorum rule asks for (78)."""
     if bool(key_id) == bool(lane):
         raise UsageError("give exactly one of KEY_ID or --lane ADDRESS", msgid="usage.retire_target")
     from paygate_cli.settings import require_read_quorum
 
     require_read_quorum(settings, "key-retire-check refuses to decide",
                         "a key or lane is retirable only when a majority of them confirms every receipt")
-    with connect(settings, "key-retire-check") as conn:
-        chain = ChainClient(settings, guard_conn=conn)
-        try:
-            if lane:
-                return check_lane(conn, chain, settings, lane)
-            assert key_id is not None
-            return check_key(conn, chain, settings, key_id)
-        finally:
-            chain.close()
+
+
+def key_retire_check(conn: psycopg.Connection, settings: Any, *, key_id: str | None,
+                     lane: str | None) -> dict[str, Any]:
+    """The whole command over the caller's connection (the command runs check_request before opening it)."""
+    from paygate_cli.chain.rpc import ChainClient
+
+    check_request(settings, key_id=key_id, lane=lane)  # again: the quorum rule holds for every caller
+    chain = ChainClient(settings, guard_conn=conn)
+    try:
+        if lane:
+            return check_lane(conn, chain, settings, lane)
+        assert key_id is not None
+        return check_key(conn, chain, settings, key_id)
+    finally:
+        chain.close()

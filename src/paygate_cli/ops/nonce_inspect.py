@@ -185,40 +185,44 @@ def inspect_relay(conn: psycopg.Connection, chain_of: Callable[[], ChainClient],
     }
 
 
-def nonce_inspect(settings: Any, *, lane: str | None = None, deposit_id: int | None = None,
-                  relay_id: int | None = None) -> dict[str, Any]:
+def check_request(*, lane: str | None = None, deposit_id: int | None = None, relay_id: int | None = None) -> None:
+    """Refused before the database is asked anything (2): more than one of --lane, --deposit, --relay."""
+    if sum(x is not None and x != "" for x in (lane, deposit_id, relay_id)) > 1:
+        raise UsageError("--lane, --deposit and --relay are mutually exclusive")
+
+
+def nonce_inspect(conn: psycopg.Connection, settings: Any, *, lane: str | None = None,
+                  deposit_id: int | None = None, relay_id: int | None = None) -> dict[str, Any]:
     """The whole command: {"lanes": [...]}, {"deposit": {...}} or {"relay": {...}}, plus "needs_human".
     The chain client (and stellar-sdk with it) is built only once something needs more of the chain
     than a lane's sequence (read SDK-free): an unknown lane, deposit or relay is answered from the
     database alone, a lane with nothing in flight from the database and one getLedgerEntries."""
-    from paygate_cli.db.connect import assert_not_in_transaction, connect
+    from paygate_cli.db.connect import assert_not_in_transaction
 
-    if sum(x is not None and x != "" for x in (lane, deposit_id, relay_id)) > 1:
-        raise UsageError("--lane, --deposit and --relay are mutually exclusive")
-    with connect(settings, "nonce-inspect") as conn:
-        clients: list[ChainClient] = []
+    check_request(lane=lane, deposit_id=deposit_id, relay_id=relay_id)
+    clients: list[ChainClient] = []
 
-        def chain_of() -> ChainClient:
-            if not clients:
-                from paygate_cli.chain.rpc import ChainClient
+    def chain_of() -> ChainClient:
+        if not clients:
+            from paygate_cli.chain.rpc import ChainClient
 
-                clients.append(ChainClient(settings, guard_conn=conn))
-            return clients[0]
+            clients.append(ChainClient(settings, guard_conn=conn))
+        return clients[0]
 
-        def sequence_of(address: str) -> int:
-            from paygate_cli.chain.accounts import lane_sequence
+    def sequence_of(address: str) -> int:
+        from paygate_cli.chain.accounts import lane_sequence
 
-            return lane_sequence(settings, address, guard=lambda what: assert_not_in_transaction(conn, what))
+        return lane_sequence(settings, address, guard=lambda what: assert_not_in_transaction(conn, what))
 
-        try:
-            if relay_id is not None:
-                relay_report = inspect_relay(conn, chain_of, relay_id)
-                return {"relay": relay_report, "needs_human": relay_report["needs_human"]}
-            if deposit_id is not None:
-                report = inspect_deposit(conn, chain_of, deposit_id)
-                return {"deposit": report, "needs_human": report["needs_human"]}
-            lanes = inspect_lanes(conn, chain_of, lane, sequence_of)
-            return {"lanes": lanes, "needs_human": any(r["needs_human"] for r in lanes)}
-        finally:
-            for client in clients:
-                client.close()
+    try:
+        if relay_id is not None:
+            relay_report = inspect_relay(conn, chain_of, relay_id)
+            return {"relay": relay_report, "needs_human": relay_report["needs_human"]}
+        if deposit_id is not None:
+            report = inspect_deposit(conn, chain_of, deposit_id)
+            return {"deposit": report, "needs_human": report["needs_human"]}
+        lanes = inspect_lanes(conn, chain_of, lane, sequence_of)
+        return {"lanes": lanes, "needs_human": any(r["needs_human"] for r in lanes)}
+    finally:
+        for client in clients:
+            client.close()
