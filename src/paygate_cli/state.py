@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.queues import bot_jobs, relays, webhooks
+
 if TYPE_CHECKING:
     import psycopg
 
@@ -43,30 +45,9 @@ QUEUE_SQL: dict[str, str] = {
     "lineages.live": """
         SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
         FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')""",
-    "webhooks.pending": """
-        SELECT count(*), extract(epoch FROM now() - min(next_attempt_at))::float8
-        FROM paygate.webhook_outbox WHERE status = 'pending' AND next_attempt_at <= now()""",
-    "webhooks.retrying": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.webhook_outbox WHERE status = 'pending' AND next_attempt_at > now()""",
-    "webhooks.delivering": """
-        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
-        FROM paygate.webhook_outbox WHERE status = 'delivering'""",
-    "webhooks.dead": """
-        SELECT count(*), extract(epoch FROM now() - min(dead_at))::float8
-        FROM paygate.webhook_outbox WHERE status = 'dead'""",
-    "relays.queued": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.relays WHERE status = 'queued'""",
-    "relays.needs_human": """
-        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
-        FROM paygate.relays WHERE status = 'needs_human'""",
-    "bot_jobs.queued": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.bot_jobs WHERE status = 'queued'""",
-    "bot_jobs.dead": """
-        SELECT count(*), extract(epoch FROM now() - min(finished_at))::float8
-        FROM paygate.bot_jobs WHERE status = 'dead'""",
+    **webhooks.DEPTH_ROWS,
+    **relays.DEPTH_ROWS,
+    **bot_jobs.DEPTH_ROWS,
     "idempotency.expired": """
         SELECT count(*), extract(epoch FROM now() - min(expires_at))::float8
         FROM paygate.idempotency_keys WHERE expires_at < now()""",
