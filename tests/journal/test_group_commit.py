@@ -16,7 +16,7 @@ from stellar_sdk import Keypair
 from paygate_cli.context import TickContext
 from paygate_cli.journal.engine import Engine, LeaseLost, Prepared
 
-# A stand-in row table for the job's lease: the engine sees only SQL and parameters (FastJob).
+# A stand-in row table for the job's lease: the engine sees only SQL and parameters (its Job).
 ROWS_DDL = ("CREATE TABLE IF NOT EXISTS public.rows "
             "(id int PRIMARY KEY, token uuid, lineage_id bigint, tx bytea, follow bool DEFAULT true)")
 HOLD_SQL = "SELECT 1 FROM public.rows WHERE id = %(row_id)s AND token = %(row_token)s FOR UPDATE"

@@ -152,7 +152,7 @@ def test_the_takeover_engine_holds_no_key_and_refuses_to_allocate_or_sign(chain:
     from paygate_cli.db.connect import connect
     from paygate_cli.errors import ConfigError
     from paygate_cli.journal import lineage as lineages
-    from paygate_cli.journal.engine import Engine, SigningRefused
+    from paygate_cli.journal.engine import Allocation, Engine, SigningRefused
     from paygate_cli.settings import load_settings
 
     lanes = sorted(pair["public"] for pair in chain.genesis["lanes"])
@@ -171,18 +171,16 @@ def test_the_takeover_engine_holds_no_key_and_refuses_to_allocate_or_sign(chain:
         engine = Engine.for_takeover(ctx)
         try:
             assert engine.lanes == lanes[1:]  # the registered lanes, not the retired one
-            with pytest.raises(SigningRefused, match="sign_and_send on a take-over engine"):
-                engine.sign_and_send(None, lineage_id, lane)
+            # Signing is prepare + send_prepared: each refuses, for one unit as for none.
             with pytest.raises(SigningRefused, match="prepare on a take-over engine"):
-                engine.prepare(None, lineage_id, lane)
+                engine.prepare(None, Allocation(lineage_id, lane, None))
             with pytest.raises(SigningRefused, match="send_prepared on a take-over engine"):
                 engine.send_prepared([])
-            with pytest.raises(SigningRefused, match="allocate_for"):
-                engine.allocate_for(None, entitlement="deposit:2:deposit")
+            # Allocating is allocate_many: for one row as for a tick's, and for none.
+            with pytest.raises(SigningRefused, match="allocate_many on a take-over engine"):
+                engine.allocate_many([None], ["deposit:2:deposit"])
             with pytest.raises(SigningRefused, match="allocate_many"):
                 engine.allocate_many([], [])
-            with pytest.raises(SigningRefused, match="allocate on"):
-                engine.allocate(purpose="deposit", entitlement="deposit:2:deposit")
             with pytest.raises(SigningRefused, match="the signer"):
                 _ = engine.signer  # whatever else reaches for a key refuses too
             # It still drives: the allocated lineage was never anchored, so it is abandoned (no key needed).

@@ -1,88 +1,88 @@
 """The one phase engine every money path uses (docs/architecture.md §1 rule 2-4, §4, §5).
 
 The safety-critical sequence lives here, once; funding, settlement, the relay and the bot-job
-drainer supply only what differs. For one unit of work (a deposit phase, a charge batch, a relay):
+drainer supply only what differs. For a tick's units of work (deposit phases, charge batches,
+relays, bot jobs), each phase for all of them at once:
 
-    allocate (the caller's tx)  -> lane + lineage, least recently used free lane
-    sign_and_send (no tx held)  -> read sequence, build + simulate + sign + fee-bump, encrypt,
-                                   anchor under the row's lease (tx), broadcast, mark sent (tx);
-                                   or in two halves, prepare + send_prepared, so a tick's anchors
-                                   share one synchronous commit
-    drive (a later tick)        -> abandon an unanchored lineage, or resolve() a signed/sent one;
-                                   foreign sequence use fences the lane (resolve does it)
-    sweep                       -> drive the live lineages no row drives any more, so every lineage
-                                   reaches a terminal state whoever settled its row
-    stall_reason                -> why queued work cannot move (no lanes, all fenced, a lane leak)
+    allocate_many (one statement) -> per unit: its lease checked, the least recently used free
+                                     lane, a lineage, the row's pointer to it
+    prepare (no tx held)          -> per unit: read sequence, build + simulate + sign + fee-bump,
+                                     check its authority, encrypt
+    send_prepared (one commit)    -> anchor every envelope under its row's lease, then broadcast each
+    drive_all (a later tick)      -> abandon an unanchored lineage, or resolve() a signed/sent one;
+                                     foreign sequence use fences the lane (resolve does it)
+    sweep                         -> drive the live lineages no row drives any more, so every lineage
+                                     reaches a terminal state whoever settled its row
+    stall_reason                  -> why queued work cannot move (no lanes, all fenced, a lane leak)
 
-API (stable: `relay` and `relay_drainer` build on it)
------------------------------------------------------
+API (stable: every worker builds on it)
+---------------------------------------
 
-    from paygate_cli.journal.engine import Engine, Job, Sent, LaneFailed, BuildFailed, Expired, LeaseLost
+    from paygate_cli.journal.engine import (Engine, Job, Allocation, Prepared, Sent, LaneFailed, BuildFailed,
+                                            Expired, LeaseLost)
 
-    engine = Engine(ctx, chain, signer, keyring)      # one per tick, after the heavy imports
+    engine = Engine.for_tick(ctx)          # one per tick, once the tick has work (the heavy imports)
 
-    # 1. Allocate inside the transaction that records the lineage on the row(s) (and holds the claim):
-    got = engine.allocate(purpose="relay", entitlement=f"relay:{id}")   # -> (lineage_id, lane) | None
+    # 1. Allocate, outside any transaction, ONE statement for the tick's rows (one path's Jobs):
+    allocations = engine.allocate_many(jobs, entitlements)
+    #   per job, in order: Allocation(lineage_id, lane, journal_seq), LeaseLost (returned, that row's
+    #   alone), or None (no free lane left for it). A path whose claim allocates (settlement) builds
+    #   the Allocation from its claim instead.
 
-    # 2. Outside any transaction:
-    outcome = engine.sign_and_send(job, lineage_id, lane)
-    #   Sent(lineage_id, send)          anchored and broadcast (send.status may be anything: resolve decides)
+    # 2. Outside any transaction, per unit:
+    outcome = engine.prepare(job, allocation)
+    #   Prepared(...)                   built, signed, checked and encrypted; nothing written yet
     #   LaneFailed(lane, reason)        a lane reason (not an operator, no account): the lane is fenced,
     #                                   the lineage abandoned, job.on_abandon ran; allocate again at once
-    #   BuildFailed(reason)             the call itself cannot work (simulation); lineage abandoned,
-    #                                   job.on_abandon ran; the path decides what it means for its rows
+    #   BuildFailed(reason)             the call itself cannot work (simulation, the path's check, its
+    #                                   authority); lineage abandoned, job.on_abandon ran; the path
+    #                                   decides what it means for its rows
     #   Expired(reason)                 latest ledger >= job.max_ledger: the authorisation is dead
-    #   raises LeaseLost                the row's lease is gone (someone else has it): nothing anchored
-    #                                   or nothing more done; no alarm, release what you hold
+    #   raises LeaseLost                the row's lease is gone (someone else has it): nothing more
+    #                                   done; no alarm, release what you hold
 
-    # 3. On a later tick, for the lineage the row points at:
-    state = engine.drive(job, engine.load(lineage_id))   # the lineage's state afterwards
-    #    or for all of a tick's rows at once (their receipts recorded in one statement):
-    states = engine.drive_all([(job, lineage), ...])      # per item: a state, or the LeaseLost /
-                                                          # NeedsHuman that stopped it (returned)
-
-    # 4. Once per tick: engine.sweep(ORPHANS_SQL) where ORPHANS_SQL selects `id` of live lineages
-    #    (of the path's purposes) that no row of the path holds any more; LIMIT %(limit)s.
-
-    # The one-statement fast path: a FastJob also gives its
-    # lease check and row updates as SQL, and each phase is then ONE statement, no BEGIN/COMMIT:
-    allocation = engine.allocate_for(job, entitlement=...)    # lease + lane + row pointer | None
-    allocations = engine.allocate_many(jobs, entitlements)   # the same for a tick's rows (a SetBasedJob):
-                                                             # per job Allocation | LeaseLost | None
-    outcome = engine.sign_and_send(job, allocation.lineage_id, allocation.lane, allocation=allocation)
-    engine.flush_sent((release_sql, params))  # once a tick: the tick's 'sent' marks, then the
-                                              # path's release of its rows, in one statement
-
-    # Group commit (funding, relay, settlement): sign_and_send in two halves, so a tick's envelopes
-    # share one synchronous commit. prepare() builds, signs and encrypts (nothing written);
-    # send_prepared() anchors the whole list in ONE transaction, then broadcasts each — never
-    # anything before the commit that journals it:
-    outcome = engine.prepare(job, allocation.lineage_id, allocation.lane, allocation=allocation)
-    #   Prepared(...), or LaneFailed / BuildFailed / Expired as above (nothing to anchor)
+    # 3. Anchor the tick's Prepared in ONE transaction (a tick's envelopes share one synchronous
+    #    commit), then broadcast each — never anything before the commit that journals it:
     results = engine.send_prepared([prepared, ...])   # per unit, in order: Sent | LeaseLost (returned)
+    #   Sent(lineage_id, send, terminal): anchored and broadcast (send.status may be anything:
+    #   resolve decides)
+    engine.flush_sent((release_sql, params))  # the 'sent' marks of the broadcasts (an ordinary
+                                              # answer's mark waits for it), then the path's release
+                                              # of its rows, in one statement; or flush_sent() alone
+
+    # 4. On a later tick, for the lineages the rows point at (their receipts recorded in one statement):
+    states = engine.drive_all([(job, lineage), ...])  # per item: a state, or the LeaseLost /
+                                                      # NeedsHuman that stopped it (returned)
+    state = engine.drive(job, lineage)                # the same for one lineage (raises those)
     engine.finished         # {lineage id: Lineage} whose receipt this engine's CAS wrote this tick
+
+    # 5. Once per tick: engine.sweep(ORPHANS_SQL) where ORPHANS_SQL selects `id` of live lineages
+    #    (of the path's purposes) that no row of the path holds any more; LIMIT %(limit)s.
 
     engine.needs_human   # lanes fenced for foreign sequence use / lane failures this tick (exit 3, once)
 
-A `Job` (Protocol below) is what one path supplies: its crash-point prefix, its lineage purpose, its
-call built for a given lane, an optional ledger bound, its lease guard (`hold`, run inside the
-anchor and abandon transactions: False = lease lost, the transaction rolls back) and what each
-outcome means for its rows (`on_abandon`, `on_anchor` — commits atomically with the envelope —,
-`on_sent`, `on_build_failure`, `check`).
+A `Job` (the one Protocol below) is what one path supplies for one unit: its crash-point prefix, its
+lineage purpose, its call built for a given lane, an optional ledger bound, the authority its
+envelope may carry, its lease check and row updates as SQL (one row's and the set-based form over a
+request of many rows), so that each phase is ONE statement; its lease guard `hold` for the few
+transactions that run the path's Python (abandon, lane fence, build failure), and what those
+outcomes mean for its rows (`on_abandon`, `on_sent` for a refusal for good, `on_build_failure`,
+`check`).
 
 Chain reads already in hand are not repeated within a tick: a lane's sequence comes from the
 probe that just resolved the lane's previous lineage, the latest ledger from any answer of the last
 few seconds (see _latest for why an older one is always the safe side).
 
-Crash points (PAYGATE_CRASH_AT), with `job.crash` as prefix: `.after_allocate`, `.after_sign`,
-`.after_anchor`, `.after_broadcast`, `.before_resolve`, `.after_resolve`."""
+Crash points (PAYGATE_CRASH_AT), with `job.crash` as prefix: `.after_allocate`, `.after_sign`
+(prepare), `.after_anchor`, `.after_broadcast` (send_prepared, per unit), `.before_resolve`,
+`.after_resolve` (drive_all)."""
 
 from __future__ import annotations
 
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, cast
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from paygate_cli.crashpoints import crashpoint
 from paygate_cli.db.connect import assert_not_in_transaction, relaxed_transaction
@@ -108,12 +108,41 @@ class LeaseLost(PaygateError):
 
 
 class Job(Protocol):
+    """One unit of a money path as the engine sees it. Its lease check and row updates come as SQL,
+    so the engine writes each phase (allocate, anchor, mark sent) as ONE statement, no BEGIN/COMMIT:
+    one row's form (a unit alone) and the set-based form over the request `req` (a tick's units of
+    one path together: journal/lineage.py ALLOCATE_ATTACH_MANY_SQL, ANCHOR_HELD_MANY_SQL). Named
+    parameters are the job's own (`params()`; in the set-based form only those that are the same for
+    every row, read from the first job: a row's own come from `req`); the engine's are prefixed `x_`."""
+
     crash: str  # crash point prefix, e.g. "funding", "funding.credit", "settlement"
     purpose: str  # lineages.purpose
     max_ledger: int | None  # last ledger the transaction may apply in (user authorisation), or None
     # What authorisation its envelope may carry (chain/authority.py's policy for the path): checked
     # by prepare() on the signed bytes, before anything is anchored.
     authority: Policy
+
+    # SELECT … FOR UPDATE returning a row iff the lease is still ours: locks the row like hold() does.
+    hold_sql: str
+    # UPDATE … FROM lineage WHERE <the row, under the lease> RETURNING 1: records the new lineage
+    # (`lineage.id`). The attach forms serve allocate_many only: a path that allocates otherwise, as
+    # settlement's claim does, has none.
+    attach_sql: str
+    # UPDATE … FROM anchored WHERE … RETURNING 1: what commits with the envelope (lineage.NO_INSTALL: nothing).
+    install_sql: str
+    # SELECT <row id> AS row_id … JOIN req … FOR UPDATE: the requested rows whose lease is still ours.
+    hold_many_sql: str
+    # UPDATE … FROM lineage JOIN req USING (entitlement) WHERE <the row, under the lease> RETURNING 1.
+    attach_many_sql: str
+    # UPDATE … FROM anchored JOIN req ON req.lineage_id = anchored.id WHERE … RETURNING 1: what
+    # commits with each envelope.
+    install_many_sql: str
+
+    def params(self) -> dict[str, Any]: ...
+
+    def row_key(self) -> tuple[int, Any]:
+        """(row id, lease token) as `req` names them."""
+        ...
 
     def call(self, lane: str) -> Invocation: ...
 
@@ -125,14 +154,11 @@ class Job(Protocol):
         """Inside the transaction that abandoned the lineage (after hold): hand rows back if need be."""
         ...
 
-    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: SignedTransaction) -> None:
-        """Inside the anchor transaction (after hold and the lineage's CAS): anything that must commit
-        atomically with the journaled envelope (e.g. the relay's pointer to it). Raise to roll back."""
-        ...
-
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
-        """Inside the transaction that marked the lineage sent. `terminal`: the network refused these
-        bytes for good (the lineage still has to be proven dead by resolve before anything replaces it)."""
+        """Inside the transaction that marked the lineage sent, for an answer that refused these bytes
+        for good (`terminal`; the lineage still has to be proven dead by resolve before anything
+        replaces it). An ordinary answer has nothing of the path's to record: its mark joins the
+        tick's others (flush_sent)."""
         ...
 
     def on_build_failure(self, conn: psycopg.Connection, lineage_id: int, exc: Exception) -> bool:
@@ -146,47 +172,11 @@ class Job(Protocol):
         ...
 
 
-class FastJob(Job, Protocol):
-    """A Job that also offers its lease check and row updates as SQL, so the engine writes each phase
-    (allocate, anchor, mark sent) as ONE statement instead of a BEGIN … COMMIT of several. Named
-    parameters are the job's own (`params()`); the engine's are prefixed `x_`. Settlement and the
-    drainer use the plain Job."""
-
-    # SELECT … FOR UPDATE returning a row iff the lease is still ours: locks the row like hold() does.
-    hold_sql: str
-    # UPDATE … FROM lineage WHERE <the row, under the lease> RETURNING 1: records the new lineage (`lineage.id`).
-    attach_sql: str
-    # UPDATE … FROM anchored WHERE … RETURNING 1: what commits with the envelope (lineage.NO_INSTALL: nothing).
-    install_sql: str
-
-    def params(self) -> dict[str, Any]: ...
-
-
-class SetBasedJob(FastJob, Protocol):
-    """A FastJob whose rows can also be allocated for and anchored together (allocate_many,
-    send_prepared): its lease check and row updates as set-based SQL over the request `req`
-    (journal/lineage.py ALLOCATE_ATTACH_MANY_SQL, ANCHOR_HELD_MANY_SQL)."""
-
-    # SELECT <row id> AS row_id … JOIN req … FOR UPDATE: the requested rows whose lease is still ours.
-    # Both may use the path's own named parameters that are the same for every row (the first
-    # job's params()), never a row's own: those come from `req`.
-    hold_many_sql: str
-    # UPDATE … FROM lineage JOIN req USING (entitlement) WHERE <the row, under the lease> RETURNING 1
-    # (allocate_many only: a path that allocates otherwise, as settlement's claim does, has none).
-    attach_many_sql: str
-    # UPDATE … FROM anchored JOIN req ON req.lineage_id = anchored.id WHERE … RETURNING 1: what
-    # commits with each envelope (journal/lineage.py ANCHOR_HELD_MANY_SQL).
-    install_many_sql: str
-
-    def row_key(self) -> tuple[int, Any]:
-        """(row id, lease token) as `req` names them."""
-        ...
-
-
 @dataclass(frozen=True)
 class Allocation:
-    """A lane allocated by allocate_for(): the lease was checked and the row took the lineage in the
-    same statement, and the lane's highest consumed sequence in our journal came back with it."""
+    """A lane allocated by allocate_many() (or a path's own claim): the lease was checked and the row
+    took the lineage in the same statement, and the lane's highest consumed sequence in our journal
+    came back with it."""
 
     lineage_id: int
     lane: str
@@ -253,14 +243,10 @@ TERMINAL_SEND_CODES = {"txBAD_AUTH", "txBAD_AUTH_EXTRA", "txMALFORMED", "txSOROB
 LANE_FAILURE_MARKERS = ("not an allow-listed operator", "does not exist on chain", "source account")
 
 
-# How long a latest-ledger answer already in hand is reused instead of read again (sign_and_send).
+# How long a latest-ledger answer already in hand is reused instead of read again (prepare).
 # A freshness bound on a cached read (host monotonic clock), never an expiry decision: those are
 # made from ledger close times by resolve.
 LATEST_REUSE_SECONDS = 5.0
-
-
-def _fast(job: Job) -> bool:
-    return getattr(job, "hold_sql", None) is not None
 
 
 # Connection -> the lane set Engine.for_tick registered through it.
@@ -268,9 +254,8 @@ _SYNCED_LANES: weakref.WeakKeyDictionary[Any, frozenset[str]] = weakref.WeakKeyD
 
 
 def _one_statement_batch(batch: list[Prepared]) -> bool:
-    """Whether a batch can be anchored in one statement: every job a SetBasedJob of the same SQL."""
-    forms = {(getattr(p.job, "hold_many_sql", None), getattr(p.job, "install_many_sql", None)) for p in batch}
-    return len(forms) == 1 and None not in next(iter(forms))
+    """Whether a batch can be anchored in one statement: every job of the same set-based SQL."""
+    return len({(p.job.hold_many_sql, p.job.install_many_sql) for p in batch}) == 1
 
 
 def is_lane_failure(message: str) -> bool:
@@ -300,7 +285,7 @@ class Engine:
         self.signer = signer
         self.keyring = keyring
         self.needs_human = 0  # alarms raised this tick (lanes fenced), each once
-        # Chain facts already in hand this tick, so sign_and_send need not read them again:
+        # Chain facts already in hand this tick, so prepare need not read them again:
         # each lane's sequence as the last probe of one of its lineages saw it (taken once: after a
         # send on the lane it is stale), and the latest ledger (sequence, close time, when seen).
         self._seen_seq: dict[str, int] = {}
@@ -361,46 +346,14 @@ class Engine:
 
     # -- allocation ------------------------------------------------------------------------------
 
-    def allocate(self, *, purpose: str, entitlement: str) -> tuple[int, str] | None:
-        """Inside the caller's transaction. None when every lane is busy, drained or fenced."""
-        return lineages.allocate(self.conn, purpose=purpose, entitlement=entitlement, lanes=self.lanes)
-
-    def allocate_for(self, job: FastJob, *, entitlement: str) -> Allocation | None:
-        """The lease check, the allocation and the row's pointer in one statement (outside any
-        transaction). None when every lane is busy, drained or fenced (or another allocator won
-        the race for the last one); raises LeaseLost when the row is no longer ours."""
-        import psycopg
-
-        sql = lineages.ALLOCATE_ATTACH_SQL.format(hold=job.hold_sql, attach=job.attach_sql)
-        params = {**job.params(), "x_lanes": sorted(self.lanes), "x_purpose": job.purpose,
-                  "x_entitlement": entitlement}
-        try:
-            held, lineage_id, lane, journal_seq, _ok, _relaxed = lineages.one_statement(
-                self.conn, sql, params).fetchone()
-        except psycopg.errors.UniqueViolation as exc:
-            # Two allocators saw the same lane free: the live-lineage index refused the second
-            # insert (the whole statement rolled back). "No free lane this time", as in allocate().
-            if exc.diag.constraint_name != "lineages_one_live_per_lane":
-                raise
-            return None
-        except psycopg.errors.SerializationFailure:
-            return None
-        except psycopg.Error as exc:
-            if exc.sqlstate == lineages.REQUIRE_FAILED:
-                raise LeaseLost(f"{job.crash}: the row did not take its lineage (lease lost)") from None
-            raise
-        if not held:
-            raise LeaseLost(f"{job.crash}: lease lost")
-        if lineage_id is None:
-            return None
-        return Allocation(int(lineage_id), str(lane), None if journal_seq is None else int(journal_seq))
-
-    def allocate_many(self, jobs: list[SetBasedJob], entitlements: list[str]) -> list[Allocation | LeaseLost | None]:
-        """allocate_for() for a tick's rows in one statement (one path: the jobs share their SQL; each
-        lineage takes its own job's purpose): per job, in order, its Allocation, LeaseLost, or None
-        when no free lane was left for it; lanes go to the jobs in order. A row that did not take its
-        lineage aborts the statement (nothing allocated); the rows are then allocated for one by one,
-        so the failure stays that row's."""
+    def allocate_many(self, jobs: list[Job], entitlements: list[str]) -> list[Allocation | LeaseLost | None]:
+        """The lease check, the allocation and each row's pointer for a tick's rows in ONE statement
+        (outside any transaction; one path: the jobs share their SQL; each lineage takes its own
+        job's purpose): per job, in order, its Allocation, LeaseLost (the row is no longer ours), or
+        None when no free lane was left for it (every lane busy, drained or fenced, or another
+        allocator won the race for the last one); lanes go to the jobs in order. A row that did not
+        take its lineage aborts the statement (nothing allocated); the rows are then allocated for
+        one by one, so the failure stays that row's."""
         import psycopg
 
         if not jobs:
@@ -415,9 +368,11 @@ class Engine:
         try:
             answers = lineages.one_statement(self.conn, sql, params).fetchall()
         except psycopg.errors.UniqueViolation as exc:
+            # Two allocators saw the same lane free: the live-lineage index refused the second
+            # insert (the whole statement rolled back): "no free lane this time".
             if exc.diag.constraint_name != "lineages_one_live_per_lane":
                 raise
-            return [None] * len(jobs)  # another allocator won a lane: "no free lane this time"
+            return [None] * len(jobs)
         except psycopg.errors.SerializationFailure:
             return [None] * len(jobs)
         except psycopg.Error as exc:
@@ -435,11 +390,32 @@ class Engine:
                 results.append(Allocation(int(lineage_id), str(lane), seq))
         return results
 
-    def _allocate_alone(self, job: FastJob, entitlement: str) -> Allocation | LeaseLost | None:
+    def _allocate_alone(self, job: Job, entitlement: str) -> Allocation | LeaseLost | None:
+        """One row's allocation as its own statement (the job's one-row SQL): allocate_many's
+        answer for that row."""
+        import psycopg
+
+        sql = lineages.ALLOCATE_ATTACH_SQL.format(hold=job.hold_sql, attach=job.attach_sql)
+        params = {**job.params(), "x_lanes": sorted(self.lanes), "x_purpose": job.purpose,
+                  "x_entitlement": entitlement}
         try:
-            return self.allocate_for(job, entitlement=entitlement)
-        except LeaseLost as exc:
-            return exc
+            held, lineage_id, lane, journal_seq, _ok, _relaxed = lineages.one_statement(
+                self.conn, sql, params).fetchone()
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != "lineages_one_live_per_lane":
+                raise
+            return None
+        except psycopg.errors.SerializationFailure:
+            return None
+        except psycopg.Error as exc:
+            if exc.sqlstate == lineages.REQUIRE_FAILED:
+                return LeaseLost(f"{job.crash}: the row did not take its lineage (lease lost)")
+            raise
+        if not held:
+            return LeaseLost(f"{job.crash}: lease lost")
+        if lineage_id is None:
+            return None
+        return Allocation(int(lineage_id), str(lane), None if journal_seq is None else int(journal_seq))
 
     def load(self, lineage_id: int) -> lineages.Lineage:
         return lineages.load(self.conn, lineage_id)
@@ -473,41 +449,27 @@ class Engine:
 
     # -- prepare, anchor, broadcast --------------------------------------------------------------
 
-    def sign_and_send(self, job: Job, lineage_id: int, lane: str, *, allocation: Allocation | None = None
-                      ) -> Outcome:
-        """prepare() then send_prepared() for one unit of work; raises LeaseLost. `allocation`: what
-        allocate_for() returned just now (its statement checked the lease and read the lane's journal
-        sequence, so neither is read again here)."""
-        prepared = self.prepare(job, lineage_id, lane, allocation=allocation)
-        if not isinstance(prepared, Prepared):
-            return prepared
-        sent = self.send_prepared([prepared])[0]
-        if isinstance(sent, LeaseLost):
-            raise sent
-        return sent
-
-    def prepare(self, job: Job, lineage_id: int, lane: str, *, allocation: Allocation | None = None
-                ) -> Prepared | LaneFailed | BuildFailed | Expired:
-        """Read the lane's sequence, build + simulate + sign + fee-bump, encrypt: everything before
-        the anchor, no transaction held. Nothing is written for a Prepared until send_prepared()."""
+    def prepare(self, job: Job, allocation: Allocation) -> Prepared | LaneFailed | BuildFailed | Expired:
+        """Read the lane's sequence, build + simulate + sign + fee-bump, check, encrypt: everything
+        before the anchor, no transaction held, on the lane `allocation` gave (its statement checked
+        the lease and read the lane's journal sequence, so neither is read again here). Nothing is
+        written for a Prepared until send_prepared()."""
         from paygate_cli.chain.authority import check as check_authority
         from paygate_cli.chain.contracts import SimulationFailed, build_signed
+        from paygate_cli.chain.rpc import LaneMissing
 
         settings = self.ctx.settings
         conn = self.conn
+        lineage_id, lane = allocation.lineage_id, allocation.lane
         crashpoint(f"{job.crash}.after_allocate")
         assert_not_in_transaction(conn, "building a transaction")
-        if allocation is None:
-            self._check_lease(job)  # a worker stalled past its lease stops here, before any chain work
-        from paygate_cli.chain.rpc import LaneMissing
-
         chain_seq = self._seen_seq.pop(lane, None)  # read by this tick's probe of the lane's last lineage
         if chain_seq is None:
             try:
                 chain_seq = self.chain.account_sequence(lane)
             except LaneMissing as exc:  # proven absent by a quorum; a lagging read (LaneNotVisible) is 69
                 return self._lane_failed(job, lineage_id, lane, str(exc))
-        journal_seq = allocation.journal_seq if allocation is not None else lineages.last_consumed(conn, lane)
+        journal_seq = allocation.journal_seq
         if journal_seq is not None and chain_seq != journal_seq:
             # Rule 10: a new lineage only on a lane whose chain sequence is exactly the journal's
             # last consumed one (a lane the journal never used has nothing to compare: the chain's
@@ -587,7 +549,7 @@ class Engine:
         self.broadcasts += 1
         crashpoint(f"{job.crash}.after_broadcast")
         terminal = send.status == "ERROR" and send.code in TERMINAL_SEND_CODES
-        if _fast(job) and not terminal:
+        if not terminal:
             # Nothing of the path's to record with an ordinary answer: the mark joins the tick's
             # others in one statement (flush_sent). Until then the lineage reads 'signed', which
             # resolve treats exactly as 'sent' (and a crash before the flush leaves what a crash
@@ -602,15 +564,15 @@ class Engine:
         return Sent(lineage_id, send, terminal)
 
     def flush_sent(self, then: tuple[str, dict[str, Any]] | None = None) -> None:
-        """Record the broadcasts sign_and_send left pending (a path calls it once a tick, before it
-        hands its rows back). `then`: the path's own relaxed statement (its lease release), written
-        in the same statement right after the marks."""
+        """Record the broadcasts send_prepared left pending (a path calls it once a tick, before it
+        hands its rows back; the bot-job drainer after each job's broadcast). `then`: the path's own
+        relaxed statement (its lease release), written in the same statement right after the marks."""
         pending, self._sent = self._sent, []
         lineages.mark_sent_many(self.conn, pending, then)
 
     def _anchor_batch(self, batch: list[Prepared]) -> list[LeaseLost | None]:
         """Anchor the batch with one synchronous commit; per unit None (anchored) or LeaseLost.
-        A batch of one path's SetBasedJobs is one statement (ANCHOR_HELD_MANY_SQL): a lost lease there
+        A batch of one path's jobs is one statement (ANCHOR_HELD_MANY_SQL): a lost lease there
         is a unit that did not hold, not an error, so one unit's lost row leaves the others anchored.
         A unit whose own write did not follow its lineage's (paygate.require, PGR01) aborts the
         statement — nothing of the batch is committed — and the batch is anchored again unit by
@@ -635,36 +597,19 @@ class Engine:
         """One unit's anchor as its own transaction (synchronous commit)."""
         import psycopg
 
-        job, lineage_id = prepared.job, prepared.lineage_id
-        if _fast(job):
-            try:
-                held, anchored, _ok = lineages.one_statement(self.conn, *self._anchor_statement(prepared)
-                                                             ).fetchone()
-            except psycopg.Error as exc:
-                if exc.sqlstate == lineages.REQUIRE_FAILED:
-                    return LeaseLost(f"lineage {lineage_id}: the row did not take its envelope (lease lost)")
-                raise
-            return _anchor_verdict(prepared, held, anchored)
-        signed = prepared.signed
         try:
-            with self.conn.transaction():  # synchronous commit: durable before anything is broadcast
-                if not job.hold(self.conn):
-                    raise LeaseLost(f"lineage {lineage_id}: lease lost before anchor")
-                if not lineages.anchor(self.conn, lineage_id, seq=prepared.seq, key_id=prepared.key_id,
-                                       envelope=prepared.ciphertext, inner_hash=signed.inner_hash,
-                                       outer_hash=signed.outer_hash, max_time=signed.max_time,
-                                       signed_at_ledger=prepared.signed_at_ledger, max_ledger=signed.max_ledger):
-                    raise LeaseLost(f"lineage {lineage_id} was no longer allocated at anchor")
-                job.on_anchor(self.conn, lineage_id, signed)
-        except LeaseLost as exc:
-            return exc
-        return None
+            held, anchored, _ok = lineages.one_statement(self.conn, *self._anchor_statement(prepared)).fetchone()
+        except psycopg.Error as exc:
+            if exc.sqlstate == lineages.REQUIRE_FAILED:
+                return LeaseLost(f"lineage {prepared.lineage_id}: the row did not take its envelope (lease lost)")
+            raise
+        return _anchor_verdict(prepared, held, anchored)
 
     @staticmethod
     def _anchor_statement(prepared: Prepared) -> tuple[str, dict[str, Any]]:
         """The anchor as one statement: the lease check, allocated -> signed with the envelope, and
         the path's own install, all or nothing."""
-        job, signed = cast(FastJob, prepared.job), prepared.signed
+        job, signed = prepared.job, prepared.signed
         sql = lineages.ANCHOR_HELD_SQL.format(hold=job.hold_sql, install=job.install_sql)
         return sql, {**job.params(), "x_id": prepared.lineage_id, "x_seq": prepared.seq,
                      "x_key_id": prepared.key_id, "x_envelope": prepared.ciphertext,
@@ -675,9 +620,9 @@ class Engine:
     @staticmethod
     def _anchor_many_statement(batch: list[Prepared]) -> tuple[str, dict[str, Any]]:
         """The batch's anchors as one statement (ANCHOR_HELD_MANY_SQL)."""
-        first = cast(SetBasedJob, batch[0].job)
+        first = batch[0].job
         sql = lineages.ANCHOR_HELD_MANY_SQL.format(hold=first.hold_many_sql, install=first.install_many_sql)
-        keys = [cast(SetBasedJob, p.job).row_key() for p in batch]
+        keys = [p.job.row_key() for p in batch]
         return sql, {**first.params(), "x_row_ids": [k[0] for k in keys], "x_row_tokens": [k[1] for k in keys],
                      "x_ids": [p.lineage_id for p in batch], "x_seqs": [p.seq for p in batch],
                      "x_key_ids": [p.key_id for p in batch], "x_envelopes": [p.ciphertext for p in batch],
@@ -686,15 +631,6 @@ class Engine:
                      "x_max_times": [p.signed.max_time for p in batch],
                      "x_signed_at_ledgers": [p.signed_at_ledger for p in batch],
                      "x_max_ledgers": [p.signed.max_ledger for p in batch]}
-
-    def _check_lease(self, job: Job) -> None:
-        with relaxed_transaction(self.conn):
-            if not job.hold(self.conn):
-                raise LeaseLost(f"{job.crash}: lease lost")
-
-    def check_lease(self, job: Job) -> None:
-        """Before a phase that could alarm or write: the lease must still be ours (else LeaseLost)."""
-        self._check_lease(job)
 
     def _abandon(self, job: Job, lineage_id: int, why: str) -> None:
         with self.conn.transaction():
@@ -925,17 +861,8 @@ class TakeoverEngine(Engine):
             self._registered = [address for (address,) in self.conn.execute(REGISTERED_LANES_SQL)]
         return list(self._registered)
 
-    def allocate(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._refuse("allocate")
-
-    def allocate_for(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._refuse("allocate_for")
-
     def allocate_many(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("allocate_many")
-
-    def sign_and_send(self, *args: Any, **kwargs: Any) -> NoReturn:
-        self._refuse("sign_and_send")
 
     def prepare(self, *args: Any, **kwargs: Any) -> NoReturn:
         self._refuse("prepare")

@@ -54,9 +54,22 @@ WHERE j.id = mine.id AND j.status = 'queued' AND j.lease_token = mine.token
 HOLD_SQL = """
 SELECT 1 FROM paygate.bot_jobs WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s FOR UPDATE
 """
-SET_LINEAGE_SQL = """
-UPDATE paygate.bot_jobs SET lineage_id = %(lineage)s, updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
+# The engine's one-statement allocation (journal/engine.py Job): the job takes its new lineage
+# (`lineage`) under its lease, one job's form and a tick's over the request `req`.
+ATTACH_SQL = """
+UPDATE paygate.bot_jobs j SET lineage_id = lineage.id, updated_at = now()
+FROM lineage WHERE j.id = %(id)s AND j.status = 'queued' AND j.lease_token = %(token)s
+RETURNING 1
+"""
+HOLD_MANY_SQL = """
+SELECT j.id AS row_id FROM paygate.bot_jobs j JOIN req ON j.id = req.row_id
+WHERE j.status = 'queued' AND j.lease_token = req.row_token FOR UPDATE OF j
+"""
+ATTACH_MANY_SQL = """
+UPDATE paygate.bot_jobs j SET lineage_id = lineage.id, updated_at = now()
+FROM lineage JOIN req USING (entitlement)
+WHERE j.id = req.row_id AND j.status = 'queued' AND j.lease_token = req.row_token
+RETURNING 1
 """
 # A proven-dead lineage is one attempt; the pointer is cleared so a new one may be prepared.
 DEAD_LINEAGE_SQL = """

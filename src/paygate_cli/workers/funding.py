@@ -703,14 +703,14 @@ def _prepare_and_send(deps: Deps, item: Ready, first: Allocation | LeaseLost | N
     """Build, sign and encrypt on the lane allocate_many() gave (the lease, the lane and the row's
     pointer were one statement; relaxed: the anchor's synchronous commit flushes it before any
     send); the anchor and the broadcast follow with the tick's others (tick). A lane that fails for
-    a lane reason is fenced and the work moves to another lane at once (allocate_for)."""
+    a lane reason is fenced and the work moves to another lane at once (allocate_many again)."""
     from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Prepared
 
     job, row = item.job, item.job.row
     allocation = first
     for attempt in range(len(deps.signer.lanes)):
         if attempt:
-            allocation = deps.engine.allocate_for(job, entitlement=item.entitlement)
+            allocation = deps.engine.allocate_many([job], [item.entitlement])[0]
             deps.free_lanes -= 1
         if isinstance(allocation, LeaseLost):
             raise allocation
@@ -720,7 +720,7 @@ def _prepare_and_send(deps: Deps, item: Ready, first: Allocation | LeaseLost | N
         setattr(row, job.column, allocation.lineage_id)
         if job.purpose == "credit":
             row.pending_failure = None
-        outcome = deps.engine.prepare(job, allocation.lineage_id, allocation.lane, allocation=allocation)
+        outcome = deps.engine.prepare(job, allocation)
         if isinstance(outcome, Prepared):
             deps.prepared.append(outcome)  # anchored with the tick's others, then broadcast (tick)
             return "prepared"

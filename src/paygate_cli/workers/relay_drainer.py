@@ -71,9 +71,24 @@ class DrainerJob:
     crash = "relay_drainer"
     purpose = "relay"
     max_ledger: int | None = None  # no user authorisation: maxTime bounds it
+    # The engine's one-statement phases: the lease check as hold() makes it, the job's pointer
+    # recorded with the allocation; nothing of the job's commits with the envelope (it already
+    # points at its lineage).
+    hold_sql = bot_jobs.HOLD_SQL
+    attach_sql = bot_jobs.ATTACH_SQL
+    install_sql = lineages.NO_INSTALL
+    hold_many_sql = bot_jobs.HOLD_MANY_SQL
+    attach_many_sql = bot_jobs.ATTACH_MANY_SQL
+    install_many_sql = lineages.NO_INSTALL
 
     def __init__(self, row: BotJob) -> None:
         self.row = row
+
+    def params(self) -> dict[str, Any]:
+        return {"id": self.row.id, "token": self.row.token}
+
+    def row_key(self) -> tuple[int, Any]:
+        return self.row.id, self.row.token
 
     def call(self, lane: str) -> Invocation:
         from paygate_cli.chain.relay import bot_job_invocation
@@ -89,9 +104,6 @@ class DrainerJob:
         conn.execute(bot_jobs.UNHOOK_SQL, {"id": self.row.id, "lineage": lineage_id})
         if self.row.lineage_id == lineage_id:
             self.row.lineage_id = None
-
-    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: SignedTransaction) -> None:
-        return None  # the job already points at its lineage (set with the allocation, under the lease)
 
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
         if terminal:
@@ -244,7 +256,8 @@ def _release_all(deps: Deps, rows: list[BotJob]) -> None:
 def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
     """Everything the journal and the chain allow for one job now; returns what happened.
     `new_work=False` (recovery) stops before a new lineage: only the one in flight is driven."""
-    from paygate_cli.journal.engine import BuildFailed, LaneFailed, Sent
+    from paygate_cli.journal.engine import BuildFailed, LaneFailed, Prepared
+    from paygate_cli.journal.engine import LeaseLost as EngineLeaseLost
 
     engine = deps.engine
     job = DrainerJob(row)
@@ -278,17 +291,20 @@ def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
         return "released"  # nothing in flight: the worker prepares the next lineage
     if not row.allowed:
         return _finish(deps, row, "failed", f"{row.contract}.{row.function} is not on the bot-job allow-list")
-    with relaxed_transaction(deps.conn):
-        got = engine.allocate(purpose=job.purpose, entitlement=row.entitlement)
-        if got is None:
-            return "no_free_lane"
-        lineage_id, lane = got
-        params = {"lineage": lineage_id, "id": row.id, "token": row.token}
-        if deps.conn.execute(bot_jobs.SET_LINEAGE_SQL, params).rowcount == 0:
-            raise LeaseLost(f"bot job {row.id}: lease lost")
-    row.lineage_id = lineage_id
-    outcome = engine.sign_and_send(job, lineage_id, lane)
-    if isinstance(outcome, Sent):
+    # One job at a time through the set-based phases (a list of one): each job's lease is renewed
+    # before its phase, and a crash point fires with the jobs after it untouched.
+    allocation = engine.allocate_many([job], [row.entitlement])[0]
+    if allocation is None:
+        return "no_free_lane"
+    if isinstance(allocation, EngineLeaseLost):
+        raise allocation
+    row.lineage_id = allocation.lineage_id
+    outcome = engine.prepare(job, allocation)
+    if isinstance(outcome, Prepared):
+        sent = engine.send_prepared([outcome])[0]
+        if isinstance(sent, EngineLeaseLost):
+            raise sent
+        engine.flush_sent()  # its 'sent' mark now, before the next job's phases
         return "sent"
     if isinstance(outcome, LaneFailed):
         return "lane_failed"

@@ -569,7 +569,7 @@ def _start_batch(deps: Deps, result: TickResult) -> str:
     # sequence, so the engine need not check the one or read the other again.
     allocation = Allocation(lineage_id, lane, claimed.journal_seq)
     try:
-        outcome = deps.engine.prepare(job, lineage_id, lane, allocation=allocation)
+        outcome = deps.engine.prepare(job, allocation)
     except Unavailable:
         _give_back(deps, lineage_id, token, "the RPC was unavailable before anything was signed and journaled")
         _give_back_prepared(deps)
