@@ -157,7 +157,7 @@ WORKERS: dict[str, WorkerSpec] = {
         WorkerSpec("funding", cadence=2, batch=16, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.funding:tick",
                    description="pending deposits -> SAC transfer (user-signed auth) -> credit on the billing contract",
-                   requires=(*SENDS_TRANSACTIONS, "usdc_contract"), queues=("funding.pending",)),
+                   requires=(*SENDS_TRANSACTIONS, "usdc_contract"), queues=("deposits.pending",)),
         WorkerSpec("settlement", cadence=2, batch=48, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.settlement:tick",
                    description="authorized charges -> charge_batch (<=50 read-write footprint keys per batch)",
@@ -206,6 +206,38 @@ WORKERS: dict[str, WorkerSpec] = {
                    description="terminal rows older than the retention window -> paygate_archive, in bounded batches"),
     )
 }
+
+
+@dataclass(frozen=True)
+class Recoverable:
+    """A queue recovery takes over (workers/recovery.py): rows whose owner left no result past the
+    grace window go through the owning worker's own `take_over(ctx, grace) -> outcome counts`."""
+
+    queue: str
+    worker: str  # owns the queue's claims (its cadence is "a tick"); its module holds take_over
+    receipt_timeout: str  # the Settings field: longest a live owner may wait on one answer without a write
+
+    def timeout(self, settings: Settings) -> float:
+        return float(getattr(settings, self.receipt_timeout))
+
+    def load(self) -> Callable[[TickContext, float], dict[str, int]]:
+        """The owning worker's take_over, imported only when recovery runs (as a tick target is), so
+        recovery itself imports no other worker."""
+        module_name = WORKERS[self.worker].target.partition(":")[0]
+        return importlib.import_module(module_name).take_over
+
+
+# In the order recovery takes them over: webhooks first, which read no chain, so a chain outage that
+# fails a later entry has not held them up.
+RECOVERABLE: tuple[Recoverable, ...] = (
+    # A delivery holds its row for at most the HTTP timeout; its settle follows at once.
+    Recoverable("webhooks", "webhooks", "webhook_timeout"),
+    # A money worker renews its lease before each phase; within a phase it waits on one RPC answer.
+    Recoverable("deposits", "funding", "rpc_timeout"),
+    Recoverable("charge_batches", "settlement", "rpc_timeout"),
+    Recoverable("relays", "relay", "rpc_timeout"),
+    Recoverable("bot_jobs", "relay_drainer", "rpc_timeout"),
+)
 
 
 def get_worker(name: str) -> WorkerSpec:

@@ -6,77 +6,25 @@ The grace window must exceed the longest a live owner may legitimately hold a ro
 (its receipt timeout) plus one of its ticks; a shorter one could take a row from a worker that is
 still about to write, so such a configuration is refused (78).
 
-Queues are a table of `Recoverable` entries: webhook deliveries, deposits, charge batches, relays
-and bot jobs. Each entry calls its queue's own routine in its worker module; for
-the money paths that drives the lineage in flight through the phase engine (journal/engine.py:
-resolve, or resend the same bytes) and never starts a new transaction. So recovery holds no lane or
+Queues are data, catalogue.RECOVERABLE: webhook deliveries, deposits, charge batches, relays and
+bot jobs. Each entry names the worker owning the queue, whose `take_over(ctx, grace)` recovery
+calls (resolved by the catalogue: recovery imports no other worker); for the money paths that
+drives the lineage in flight through the phase engine (journal/engine.py: resolve, or resend the
+same bytes) and never starts a new transaction. So recovery holds no lane or
 fee seed (least privilege): each routine builds its engine with Engine.for_takeover, which needs
 only the journal keys (to decrypt the bytes it resends) and RPC, and refuses to allocate or sign.
 A deployment gives recovery the database URL, the RPC endpoints and the journal keys, no more."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from paygate_cli.catalogue import RECOVERABLE, WORKERS
 from paygate_cli.context import TickContext, TickResult
 from paygate_cli.errors import ConfigError
 from paygate_cli.queues.findings import Finding, clear_findings, record_findings
 
 HONOURS_DRAIN = True  # a drained instance takes nothing over
-
-
-@dataclass(frozen=True)
-class Recoverable:
-    queue: str
-    worker: str  # the worker that owns the queue's claims (its cadence is "a tick")
-    receipt_timeout: Callable[[Any], float]  # longest a live owner may wait on one answer without a write
-    take_over: Callable[[TickContext, float], dict[str, int]]  # the queue's own routine -> outcome counts
-
-
-def _webhooks(ctx: TickContext, grace: float) -> dict[str, int]:
-    from paygate_cli.workers.webhooks import take_over_lapsed
-
-    with ctx.conn.transaction():
-        taken = take_over_lapsed(ctx.conn, ctx.settings, grace=grace, batch=ctx.batch, by="recovery")
-    return {status: sum(1 for _, s in taken if s == status) for status in {s for _, s in taken}}
-
-
-def _deposits(ctx: TickContext, grace: float) -> dict[str, int]:
-    from paygate_cli.workers import funding
-
-    rows = funding.claim(ctx, grace=grace, lapsed_only=True)
-    return funding.drive_taken_over(ctx, rows) if rows else {}
-
-
-def _charge_batches(ctx: TickContext, grace: float) -> dict[str, int]:
-    from paygate_cli.workers import settlement
-
-    return settlement.take_over(ctx, grace=grace)
-
-
-def _relays(ctx: TickContext, grace: float) -> dict[str, int]:
-    from paygate_cli.workers import relay
-
-    return relay.take_over(ctx, grace=grace)
-
-
-def _bot_jobs(ctx: TickContext, grace: float) -> dict[str, int]:
-    from paygate_cli.workers import relay_drainer
-
-    return relay_drainer.take_over(ctx, grace=grace)
-
-
-RECOVERABLE: tuple[Recoverable, ...] = (
-    # A delivery holds its row for at most the HTTP timeout; its settle follows at once.
-    Recoverable("webhooks", "webhooks", lambda s: float(s.webhook_timeout), _webhooks),
-    # A money worker renews its lease before each phase; within a phase it waits on one RPC answer.
-    Recoverable("deposits", "funding", lambda s: float(s.rpc_timeout), _deposits),
-    Recoverable("charge_batches", "settlement", lambda s: float(s.rpc_timeout), _charge_batches),
-    Recoverable("relays", "relay", lambda s: float(s.rpc_timeout), _relays),
-    Recoverable("bot_jobs", "relay_drainer", lambda s: float(s.rpc_timeout), _bot_jobs),
-)
 
 # Items in flight longer than the alarm age, per queue (at most `limit` each): each a finding.
 STUCK_SQL = """
@@ -114,11 +62,9 @@ STUCK_LIMIT = 100
 def check_grace(settings: Any) -> float:
     """The grace window, or ConfigError (78) when it does not exceed every recovered queue's receipt
     timeout plus one tick of its worker."""
-    from paygate_cli.catalogue import WORKERS
-
     grace = float(settings.recovery_grace)
     for entry in RECOVERABLE:
-        needed = entry.receipt_timeout(settings) + WORKERS[entry.worker].cadence
+        needed = entry.timeout(settings) + WORKERS[entry.worker].cadence
         if grace <= needed:
             raise ConfigError(f"recovery_grace {grace:g}s must exceed the {entry.queue} receipt timeout plus one "
                               f"{entry.worker} tick ({needed:g}s): a shorter grace could take work from a live "
@@ -134,7 +80,7 @@ def tick(ctx: TickContext) -> TickResult:
     processed = 0
     fenced = 0
     for entry in RECOVERABLE:
-        outcomes = entry.take_over(ctx, grace)
+        outcomes = entry.load()(ctx, grace)
         fenced += outcomes.pop("lane_fenced", 0)
         fenced += outcomes.get("needs_human", 0)  # a taken-over unit handed to a human (e.g. a parked lineage)
         taken = sum(outcomes.values())
