@@ -51,7 +51,7 @@ def test_changed_applied_migration_is_refused(dsn: str) -> None:
         conn.execute("UPDATE paygate.schema_migrations SET checksum = repeat('0', 64) WHERE version = 1")
     result = run_cli("migrate", dsn=dsn)
     assert result.code == ExitCode.NEEDS_HUMAN
-    assert "0001_foundation was changed after it was applied" in result.err
+    assert "0001_baseline was changed after it was applied" in result.err
 
 
 @pytest.fixture

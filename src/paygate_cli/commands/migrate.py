@@ -1,5 +1,5 @@
-"""`paygate migrate [--roles]`: apply sql/ migrations; optionally (re)create the runtime and read-only
-roles with exactly the grants of the table of decisions (db/privileges.py)."""
+"""`paygate migrate [--roles]`: apply sql/ migrations and changed sql/functions files; optionally
+(re)create the runtime and read-only roles with exactly the grants of the table of decisions (db/privileges.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def migrate_command(
     yes: YesFlag = False,
     context: ContextFlag = None,
 ) -> int:
-    """Apply pending migrations in order, under an advisory lock (safe from two hosts at once).
+    """Apply pending migrations in order, and every sql/functions file changed since the last migrate,
+    in one transaction under an advisory lock (safe from two hosts at once).
 
     Against a production context (PAYGATE_CONTEXT_PRODUCTION) it asks for the context's name on a TTY,
     and needs `--yes --context NAME` without one; elsewhere it asks nothing.
@@ -57,10 +58,11 @@ def migrate_command(
         lines.append(f"wrong database? {describe_target(target)} had no paygate schema: migrate "
                      + ("would create it there" if dry_run else "created it there"))
     if dry_run:
-        line = f"pending: {', '.join(result['pending']) or 'none'}"
+        line = _plan_line(result["pending"], result["functions_pending"], result["functions_forgotten"],
+                          "would apply", result["schema_version"])
     else:
-        line = (f"applied {len(result['applied'])} migration(s): {', '.join(result['applied'])}"
-                if result["applied"] else "schema up to date") + f" (version {result['schema_version']})"
+        line = _plan_line(result["applied"], result["functions_applied"], result["functions_forgotten"],
+                          "applied", result["schema_version"])
         if roles:
             line += f"; roles {role_name} (runtime) and {readonly_role_name} (read-only) granted"
             unclassified = result["roles"]["unclassified_tables"]
@@ -71,6 +73,20 @@ def migrate_command(
                     ", ".join(unclassified), extra={"msgid": "migrate.unclassified_tables"})
     emit(env, output_mode(json_flag), {"migrate": result, "target": target}, lines=[line, *lines])
     return 0
+
+
+def _plan_line(migrations: list[str], functions: list[str], forgotten: list[str], verb: str, version: int) -> str:
+    """What migrate did (or would do): migrations, then function files (sql/functions)."""
+    parts = []
+    if migrations:
+        parts.append(f"{verb} {len(migrations)} migration(s): {', '.join(migrations)}")
+    if functions:
+        parts.append(f"{verb} {len(functions)} function file(s): {', '.join(functions)}")
+    if forgotten:
+        parts.append(f"forgot {len(forgotten)} function file(s) no longer shipped: {', '.join(forgotten)}")
+    if not parts:
+        return f"nothing to do: schema up to date (version {version}, functions current)"
+    return "; ".join(parts) + f" (version {version})"
 
 
 def register(app: typer.Typer) -> None:

@@ -56,6 +56,8 @@ def _grant(table: str, runtime: str, readonly: bool, why: str) -> TableGrant:
 GRANTS: tuple[TableGrant, ...] = (
     _grant("paygate.schema_migrations", "SELECT", True,
            "every command and tick checks the schema version; only `migrate` (the owner) writes"),
+    _grant("paygate.schema_functions", "SELECT", True,
+           "every tick compares the function files' checksums with its build's; only `migrate` (the owner) writes"),
     _grant("paygate.accounts", "SELECT UPDATE", True,
            "funding/observer/settlement move cached_balance by CAS, the reconciler reads it; accounts "
            "are created by admission (API role), never deleted"),
@@ -122,7 +124,7 @@ GRANTS: tuple[TableGrant, ...] = (
     _grant("paygate.retention_totals", "SELECT UPDATE", True,
            "retention adds the settled amount it archives (one row, updated in the archiving statement); "
            "the reconciler reads it"),
-    # The archive (sql/0011_retention.sql): append-only for the runtime role, readable on call.
+    # The archive (sql/0001_baseline.sql, "Retention"): append-only for the runtime role, readable on call.
     *(_grant(f"paygate_archive.{table}", "SELECT INSERT", True,
              "retention inserts the rows it deletes from the hot table in the same statement; archived "
              "rows are never changed or deleted by a worker")

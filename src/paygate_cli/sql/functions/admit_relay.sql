@@ -1,32 +1,26 @@
--- Replay of relays and bot jobs (ops/replay.py). A replayed relay reserves its fee again,
--- so a relay may now hold several reservations over its life: one per admission or replay (its
--- `round`), at most one of them open. settle_relay_fee / release_relay_fee already close "the open
--- one" (relay_id AND status = 'reserved'), so they are unchanged; the closed rounds stay as history.
-ALTER TABLE paygate.fee_reservations ADD COLUMN round integer NOT NULL DEFAULT 1 CHECK (round > 0);
-ALTER TABLE paygate.fee_reservations DROP CONSTRAINT fee_reservations_pkey;
-ALTER TABLE paygate.fee_reservations ADD PRIMARY KEY (relay_id, round);
-CREATE UNIQUE INDEX fee_reservations_one_open ON paygate.fee_reservations (relay_id) WHERE status = 'reserved';
-
--- The budget rule, in one place for admission and replay: add `p_amount` to the open reservations
--- if the budget still covers it, under the accumulator's row lock (concurrent callers serialise
--- here, so the check and the increment cannot interleave). -> the new reserved total, or NULL when
--- the budget cannot cover it (nothing changed).
-CREATE FUNCTION paygate.take_relay_fee_budget(p_amount bigint) RETURNS bigint LANGUAGE sql AS $$
-    UPDATE paygate.relay_fee_totals SET reserved = reserved + p_amount, updated_at = now()
-    WHERE reserved + p_amount <= (SELECT fee_budget FROM paygate.relay_config)
-    RETURNING reserved
-$$;
-
--- Admission, unchanged but for the budget rule, which it now takes from take_relay_fee_budget.
+-- Admission of a relay, called by the API service. One transaction: idempotency record, the
+-- relay, its fee reservation against the budget (take_relay_fee_budget), the accumulator, the
+-- outbox event. Refusals (nothing is recorded; SQLSTATEs as admit_charge): 22023 bad arguments or
+-- malformed auth entries (the checksum on both addresses, a one-dimensional entry array, a bounded
+-- TTL), 23505 idempotency key reused for a different request, 55000 admission halted (operator or
+-- gas halt), 42501 contract function not allow-listed, PG402 fee budget exhausted.
+-- Admission hardening (all admit_* functions and create_subscription): what a hostile or broken
+-- API caller can send is refused with a clear message and a stable SQLSTATE before anything is
+-- written, never with a raw overflow, check-constraint or datetime error:
+--   22023 invalid_parameter_value: every malformed argument (the message names the argument);
+--   23505 key reused for another request, 55000 admission halted, 42501 not allow-listed,
+--   PG402 no funds / no fee budget.
+-- What SQL cannot see (signatures, the network an entry was signed for, the USDC contract a
+-- deposit names) is checked by the workers, which quarantine the row with its reason. NUL bytes
+-- never reach these functions: PostgreSQL text cannot hold them (the server answers 22021 first).
 CREATE OR REPLACE FUNCTION paygate.admit_relay(
     p_account text, p_contract text, p_function text, p_args_xdr text, p_auth_entries text[],
     p_max_fee bigint, p_idempotency_key text, p_idempotency_ttl interval DEFAULT interval '24 hours'
 ) RETURNS TABLE (relay_id bigint, reserved_fee bigint, replayed boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_request_hash bytea := sha256(convert_to(concat_ws('|', p_account, p_contract, p_function, p_args_xdr,
-                                                        array_to_string(p_auth_entries, ','), p_max_fee::text),
-                                              'UTF8'));
+    v_request_hash bytea;
+    v_problem text;
     v_existing paygate.idempotency_keys%ROWTYPE;
     v_inserted boolean;
     v_config paygate.relay_config%ROWTYPE;
@@ -39,29 +33,35 @@ DECLARE
     v_reserved bigint;
     v_id bigint;
 BEGIN
-    IF p_idempotency_key IS NULL OR length(p_idempotency_key) NOT BETWEEN 1 AND 255 THEN
-        RAISE EXCEPTION 'admit_relay: idempotency key must be 1..255 characters' USING ERRCODE = '22023';
+    v_problem := paygate.admission_key_problem(p_idempotency_key);
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION 'admit_relay: idempotency key %', v_problem USING ERRCODE = '22023';
     END IF;
-    IF p_account IS NULL OR p_account !~ '^[GC][A-Z2-7]{55}$' THEN
-        RAISE EXCEPTION 'admit_relay: account % is not a Stellar address', p_account USING ERRCODE = '22023';
+    IF NOT (paygate.strkey_is_valid(p_account, 'G') OR paygate.strkey_is_valid(p_account, 'C')) THEN
+        RAISE EXCEPTION 'admit_relay: account is not a Stellar address (G... or C..., 56 characters, valid checksum)'
+            USING ERRCODE = '22023';
     END IF;
-    IF p_contract IS NULL OR p_contract !~ '^C[A-Z2-7]{55}$' THEN
-        RAISE EXCEPTION 'admit_relay: contract % is not a contract address', p_contract USING ERRCODE = '22023';
+    IF NOT paygate.strkey_is_valid(p_contract, 'C') THEN
+        RAISE EXCEPTION 'admit_relay: contract is not a contract address (C..., 56 characters, valid checksum)'
+            USING ERRCODE = '22023';
     END IF;
     IF p_function IS NULL OR p_function !~ '^[A-Za-z0-9_]{1,32}$' THEN
-        RAISE EXCEPTION 'admit_relay: function % is not a contract function name', p_function USING ERRCODE = '22023';
+        RAISE EXCEPTION 'admit_relay: function is not a contract function name (1..32 of A-Z a-z 0-9 _)'
+            USING ERRCODE = '22023';
     END IF;
     IF p_args_xdr IS NULL OR length(p_args_xdr) > 65536 OR p_args_xdr !~ '^[A-Za-z0-9+/]+={0,2}$'
        OR length(p_args_xdr) % 4 <> 0 THEN
-        RAISE EXCEPTION 'admit_relay: args_xdr is not base64 XDR' USING ERRCODE = '22023';
+        RAISE EXCEPTION 'admit_relay: args_xdr is not base64 XDR (at most 65536 characters)' USING ERRCODE = '22023';
     END IF;
     v_args := decode(p_args_xdr, 'base64');
     -- SCVal { type = SCV_VEC (16), optional<SCVec> present (1) }: the argument list of the call.
     IF length(v_args) < 8 OR substring(v_args FROM 1 FOR 8) <> '\x0000001000000001'::bytea THEN
         RAISE EXCEPTION 'admit_relay: args_xdr must be an SCVal vector of the call''s arguments' USING ERRCODE = '22023';
     END IF;
-    IF p_auth_entries IS NULL OR cardinality(p_auth_entries) NOT BETWEEN 1 AND 8 THEN
-        RAISE EXCEPTION 'admit_relay: 1..8 auth entries are required' USING ERRCODE = '22023';
+    IF p_auth_entries IS NULL OR cardinality(p_auth_entries) NOT BETWEEN 1 AND 8
+       OR array_ndims(p_auth_entries) <> 1 THEN
+        RAISE EXCEPTION 'admit_relay: 1..8 auth entries are required (a one-dimensional array)'
+            USING ERRCODE = '22023';
     END IF;
     FOREACH v_entry IN ARRAY p_auth_entries LOOP
         BEGIN
@@ -79,6 +79,11 @@ BEGIN
     IF p_max_fee IS NULL OR p_max_fee <= 0 THEN
         RAISE EXCEPTION 'admit_relay: max_fee must be a positive number of stroops' USING ERRCODE = '22023';
     END IF;
+    IF paygate.idempotency_ttl_problem(p_idempotency_ttl) IS NOT NULL THEN
+        RAISE EXCEPTION 'admit_relay: %', paygate.idempotency_ttl_problem(p_idempotency_ttl) USING ERRCODE = '22023';
+    END IF;
+    v_request_hash := sha256(convert_to(concat_ws('|', p_account, p_contract, p_function, p_args_xdr,
+                                                  array_to_string(p_auth_entries, ','), p_max_fee::text), 'UTF8'));
 
     -- The key first, so two concurrent calls with one key serialise here (as admit_charge).
     INSERT INTO paygate.idempotency_keys (scope, key, request_hash, response, expires_at)

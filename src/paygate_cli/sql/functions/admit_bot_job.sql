@@ -1,23 +1,18 @@
--- 0018: bot jobs get their own allow-list.
---
--- A bot job is a call the gateway makes with no one's signature (permissionless: the workers refuse
--- an envelope carrying any authorisation entry, chain/authority.py). A function that is safe to
--- relay with a user's signed authorisation is not therefore safe to call with none, so admission
--- and the drainer no longer read relay_allowlist for bot jobs but this list. It starts empty on
--- purpose: nothing relay_allowlist held is copied (which of those functions are permissionless is
--- the operator's decision); a queued job whose function is not listed here fails at its next claim
--- with the reason, and admission refuses it with 42501.
-CREATE TABLE paygate.bot_job_allowlist (
-    contract    text NOT NULL CHECK (contract ~ '^C[A-Z2-7]{55}$'),
-    function    text NOT NULL CHECK (function ~ '^[A-Za-z0-9_]{1,32}$'),
-    enabled     boolean NOT NULL DEFAULT true,
-    note        text,
-    added_by    text NOT NULL DEFAULT current_user,
-    added_at    timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (contract, function)
-);
-
--- As 0013's, reading the bot-job allow-list.
+-- Admission of a bot job (a permissionless contract call the product queues), called by the API
+-- service. Dedup per job key: the same key with the same call returns the first job; the same key
+-- with a different call is refused (23505). Refused while admission is halted (55000) or when the
+-- function is not on the bot-job allow-list (42501): a bot job spends the gateway's fees too, and
+-- a function safe to relay with a user's signature is not therefore safe to call with none, so
+-- this reads bot_job_allowlist, never relay_allowlist.
+-- Admission hardening (all admit_* functions and create_subscription): what a hostile or broken
+-- API caller can send is refused with a clear message and a stable SQLSTATE before anything is
+-- written, never with a raw overflow, check-constraint or datetime error:
+--   22023 invalid_parameter_value: every malformed argument (the message names the argument);
+--   23505 key reused for another request, 55000 admission halted, 42501 not allow-listed,
+--   PG402 no funds / no fee budget.
+-- What SQL cannot see (signatures, the network an entry was signed for, the USDC contract a
+-- deposit names) is checked by the workers, which quarantine the row with its reason. NUL bytes
+-- never reach these functions: PostgreSQL text cannot hold them (the server answers 22021 first).
 CREATE OR REPLACE FUNCTION paygate.admit_bot_job(
     p_job_key text, p_contract text, p_function text, p_args_xdr text, p_max_attempts integer DEFAULT NULL
 ) RETURNS TABLE (bot_job_id bigint, replayed boolean)
