@@ -109,7 +109,7 @@ def test_account_reads_lag_by_k_ledgers(server: SorobanServer, devnet: DevnetHan
     devnet.close_ledger()
     devnet.set_fault("account_lag", ledgers=1)
     assert server.load_account(src.public_key).sequence == seq0  # the node has not caught up
-    # a transaction built from the stale read gets txBAD_SEQ, the stellar-rpc#1019 symptom
+    # a transaction built from the stale read gets txBAD_SEQ, the symptom of a lagging account read
     stale = payment(server, devnet, src, amount="2")  # a different envelope (the first one is banned)
     sent = server.send_transaction(stale)
     assert sent.status == S.ERROR and result_code(sent.error_result_xdr) == "txBAD_SEQ"

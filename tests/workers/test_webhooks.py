@@ -59,7 +59,7 @@ def test_delivery_is_signed_with_the_documented_recipe(dsn: str, db: psycopg.Con
     [request] = receiver.requests
     header = request["headers"]["Paygate-Signature"]
     parts = dict(part.split("=", 1) for part in header.split(","))
-    # The recipe from the README, verbatim: HMAC-SHA256(secret, "<t>.<raw body>"), hex.
+    # The recipe from docs/workers.md, verbatim: HMAC-SHA256(secret, "<t>.<raw body>"), hex.
     expected = hmac.new(SECRET.encode(), f"{parts['t']}.".encode() + request["body"], hashlib.sha256).hexdigest()
     assert hmac.compare_digest(parts["v1"], expected)
     assert abs(int(parts["t"]) - time.time()) < 60

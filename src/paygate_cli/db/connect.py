@@ -109,7 +109,7 @@ def connection_target(conn: psycopg.Connection) -> dict[str, Any]:
 
 
 def database_target(settings: Settings, conn: psycopg.Connection | None = None) -> dict[str, Any]:
-    """The database and named context a command acts on (README, "Which database am I on?"): from
+    """The database and named context a command acts on (docs/configuration.md, "Which database am I on?"): from
     the live connection when there is one, else from the configured DSN."""
     target = connection_target(conn) if conn is not None else dsn_target(settings.dsn())
     context = settings.values.get("context")
