@@ -106,7 +106,7 @@ WHERE id = %(id)s AND state = 'allocated'
 
 # -- the one-statement phases ------------------------------------------------------------
 # A phase written as ONE statement: no BEGIN/COMMIT round trips, one server round trip. A path that
-# offers it (journal/engine.py's FastJob) supplies `{hold}` — its lease check, a SELECT … FOR UPDATE
+# offers it (journal/engine.py's Job) supplies `{hold}` — its lease check, a SELECT … FOR UPDATE
 # that returns a row iff the lease is still its own — and its own row update (`{attach}` reading the
 # new `lineage`, `{install}` reading `anchored`). Every part is conditioned on the one before, and
 # paygate.require() (migration 0014) aborts the whole statement if the row's part did not follow the

@@ -62,15 +62,10 @@ RELEASE_RELAXED = "RETURNING set_config('synchronous_commit', 'off', true)"
 HOLD_SQL = """
 SELECT 1 FROM paygate.relays WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s FOR UPDATE
 """
-# Phase 2b, the atomic install: in the engine's anchor transaction, the relay points at the hash of
-# the envelope just journaled, guarded on the live lease and the allocated lineage. Zero rows rolls
-# the anchor back with it: nothing installed, nothing sent.
-INSTALL_SQL = """
-UPDATE paygate.relays SET tx_hash = %(tx)s, updated_at = now()
-WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
-"""
-# The engine's one-statement phases (RelayJob as a FastJob): the lease check as SQL, the row's
-# pointer recorded with the allocation, and phase 2b's install committed with the anchor.
+# The engine's one-statement phases (RelayJob, journal/engine.py Job): the lease check as SQL, the
+# row's pointer recorded with the allocation, and phase 2b's install committed with the anchor (the
+# relay points at the hash of the envelope just journaled, guarded on the live lease and the
+# allocated lineage; zero rows rolls the anchor back with it: nothing installed, nothing sent).
 HOLD_ROW_SQL = """
 SELECT 1 FROM paygate.relays WHERE id = %(row_id)s AND status = 'queued' AND lease_token = %(row_token)s FOR UPDATE
 """

@@ -613,7 +613,7 @@ class FundingJob:
         return conn.execute(RENEW_SQL, {"id": self.row.id, "token": self.row.token,
                                         "lease": self.deps.ctx.settings.funding_lease}).fetchone() is not None
 
-    # The engine's one-statement phases (FastJob): the same lease guard as SQL.
+    # The engine's one-statement phases (journal/engine.py Job): the same lease guard as SQL,
     hold_sql = HOLD_ROW_SQL
     install_sql = RENEW_AT_ANCHOR_SQL
 
@@ -621,7 +621,7 @@ class FundingJob:
     def attach_sql(self) -> str:
         return ATTACH_DEPOSIT_SQL if self.purpose == "deposit" else ATTACH_CREDIT_SQL
 
-    # (SetBasedJob) the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
+    # and the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
     hold_many_sql = HOLD_MANY_SQL
     attach_many_sql = ATTACH_MANY_SQL
     install_many_sql = RENEW_AT_ANCHOR_MANY_SQL
@@ -635,9 +635,6 @@ class FundingJob:
 
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
         pass  # the row keeps pointing at the dead lineage until a new one replaces it
-
-    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: Any) -> None:
-        pass  # the row already points at its lineage (recorded at allocation)
 
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: Any, terminal: bool) -> None:
         if terminal:

@@ -101,11 +101,11 @@ class RelayJob:
     def hold(self, conn: psycopg.Connection) -> bool:
         return conn.execute(relays.HOLD_SQL, {"id": self.row.id, "token": self.row.token}).fetchone() is not None
 
-    # The engine's one-statement phases (FastJob): the same guards as SQL.
+    # The engine's one-statement phases: the same guards as SQL,
     hold_sql = relays.HOLD_ROW_SQL
     attach_sql = relays.ATTACH_SQL
     install_sql = relays.INSTALL_ANCHORED_SQL
-    # (SetBasedJob) the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
+    # and the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
     hold_many_sql = relays.HOLD_MANY_SQL
     attach_many_sql = relays.ATTACH_MANY_SQL
     install_many_sql = relays.INSTALL_ANCHORED_MANY_SQL
@@ -120,11 +120,6 @@ class RelayJob:
         conn.execute(relays.DROP_LINEAGE_SQL, {"id": self.row.id, "token": self.row.token, "lineage": lineage_id})
         if self.row.lineage_id == lineage_id:
             self.row.lineage_id = None
-
-    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: SignedTransaction) -> None:
-        if conn.execute(relays.INSTALL_SQL, {"tx": signed.inner_hash, "id": self.row.id, "token": self.row.token,
-                                      "lineage": lineage_id}).rowcount == 0:
-            raise LeaseLost(f"relay {self.row.id}: lease lost at install")
 
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
         if terminal:

@@ -488,9 +488,9 @@ class BatchJob:
         return conn.execute(HOLD_BATCH_SQL, {"lineage": self.lineage_id, "token": self.token,
                                              "lease": self.deps.ctx.settings.settlement_lease}).fetchone() is not None
 
-    # The engine's one-statement phases (FastJob); hold() as SQL, and the set-based form the engine
-    # anchors a tick's batches with in one statement (SetBasedJob). No attach SQL: the claim
-    # allocates (CLAIM_SQL), so the engine's allocate_for / allocate_many never see a batch.
+    # The engine's one-statement phases (journal/engine.py Job); hold() as SQL, and the set-based form the engine
+    # anchors a tick's batches with in one statement. No attach SQL: the claim
+    # allocates (CLAIM_SQL), so the engine's allocate_many never sees a batch.
     hold_sql = HOLD_BATCH_ROW_SQL
     install_sql = RENEW_BATCH_AT_ANCHOR_SQL
     hold_many_sql = HOLD_BATCHES_SQL
@@ -507,9 +507,6 @@ class BatchJob:
         # Never signed (or never anchored): its rows go back without counting an attempt.
         conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
         _close(self.deps, lineage_id, self.token, "abandoned")
-
-    def on_anchor(self, conn: psycopg.Connection, lineage_id: int, signed: SignedTransaction) -> None:
-        pass  # every row already points at the lineage (recorded with the claim)
 
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
         conn.execute(RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": self.token})
