@@ -10,7 +10,7 @@ back (so every repetition sees the same work):
 
 - settlement claim: candidates (FOR UPDATE SKIP LOCKED) + lane allocation + recording the lineage on
   the rows and opening the batch (`workers/settlement.py`, `journal/lineage.py`);
-- funding claim (`workers/funding.py` CLAIM_SQL), and the other claims: subscriptions, relay,
+- funding claim (`queues/deposits.py` CLAIM_SQL), and the other claims: subscriptions, relay,
   relay_drainer, webhooks (claim and take-over), open charge batches, recovery's stuck scan;
 - observer page: seen-events lookup, event insert, settle of a page of 48 charges, cursor advance,
   the unexplained-charges check (`workers/observer.py`);
@@ -47,17 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 
 from paygate_cli.db.migrate import migrate
-from paygate_cli.queues import bot_jobs, relays, webhooks
+from paygate_cli.queues import bot_jobs, charges, deposits, relays, subscriptions, webhooks
 from paygate_cli.sandbox.pg_cluster import Cluster
 from paygate_cli.state import QUEUE_SQL
-from paygate_cli.workers import (
-    funding,
-    observer,
-    recovery,
-    retention,
-    settlement,
-    subscriptions,
-)
+from paygate_cli.workers import observer, recovery, retention, settlement
 
 ACCOUNTS = 1000
 LANE_COUNT = 8
@@ -180,7 +173,7 @@ def observer_page(conn: psycopg.Connection) -> list[tuple[str, dict[str, Any]]]:
     return [
         ("cursor", (observer.LOAD_CURSOR_SQL, {})),
         ("seen", (observer.SEEN_EVENTS_SQL, (json.dumps(ids),))),
-        ("settle", (observer.SETTLE_CHARGES_SQL, (json.dumps(settles),))),
+        ("settle", (charges.SETTLE_CHARGES_SQL, (json.dumps(settles),))),
         ("insert events", (observer.INSERT_EVENTS_SQL, (json.dumps(events),))),
         ("advance cursor", (observer.ADVANCE_CURSOR_SQL, {
             "cursor": "0000004294967298000-0000000000", "ledger": 1000000, "latest": 1000000, "events": n,
@@ -193,13 +186,13 @@ def operations(conn: psycopg.Connection) -> dict[str, list[tuple[str, tuple[str,
     claim = {"lapsed_only": False, "grace": 180, "draining": False, "lease": 30, "owner": "bench"}
     return {
         "settlement claim": [
-            ("has work", (settlement.HAS_WORK_SQL, {})),
+            ("has work", (charges.HAS_WORK_SQL, {})),
             # One statement: candidates under SKIP LOCKED, lane, lineage, rows marked, batch opened.
             ("claim", (settlement.claim_sql(48), {
                 "lanes": LANES, "owner": "bench", "token": "00000000-0000-0000-0000-000000000001",
                 "lease": 30, "entitlement": "bench"})),
         ],
-        "funding claim": [("claim", (funding.CLAIM_SQL, {**claim, "batch": 16}))],
+        "funding claim": [("claim", (deposits.CLAIM_SQL, {**claim, "batch": 16}))],
         "observer page (48 settles)": observer_page(conn),
         "subscriptions claim": [("due", (subscriptions.CLAIM_DUE_SQL, ([0],)))],
         "relay claim": [("claim", (relays.CLAIM_SQL, {**claim, "batch": 16}))],
@@ -207,7 +200,7 @@ def operations(conn: psycopg.Connection) -> dict[str, list[tuple[str, tuple[str,
         "webhooks claim": [
             ("take over", (webhooks.TAKE_OVER_SQL, {"grace": 60, "batch": 32, "max_attempts": 8, "by": "bench"})),
             ("claim", (webhooks.CLAIM_SQL, {"batch": 32, "lease": 60, "instance": "bench"}))],
-        "open charge batches": [("claim", (settlement.CLAIM_OPEN_BATCHES_SQL, {**claim, "limit": 4}))],
+        "open charge batches": [("claim", (charges.CLAIM_OPEN_BATCHES_SQL, {**claim, "limit": 4}))],
         "recovery stuck scan": [("stuck", (recovery.STUCK_SQL, {"age": 3600, "limit": 100}))],
         "state metrics (queue depths)": [(name, (sql, {})) for name, sql in QUEUE_SQL.items()],
         # Retention's own batch (5000 rows of each table with no backlog ahead of it; every history row

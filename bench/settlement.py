@@ -235,6 +235,7 @@ class SettleRounds:
         import uuid
 
         from paygate_cli.journal import lineage as lineages
+        from paygate_cli.queues import charges
         from paygate_cli.workers import settlement
 
         claimed: dict[int, tuple[uuid.UUID, list[Any]]] = {}
@@ -249,7 +250,7 @@ class SettleRounds:
             return {}
         ids, tokens, n = list(claimed), [t for t, _ in claimed.values()], len(claimed)
         lineages.one_statement(self.db, lineages.ANCHOR_HELD_MANY_SQL.format(
-            hold=settlement.HOLD_BATCHES_SQL, install=settlement.RENEW_BATCHES_AT_ANCHOR_SQL), {
+            hold=charges.HOLD_BATCHES_SQL, install=charges.RENEW_BATCHES_AT_ANCHOR_SQL), {
             "batch_lease": 30, "x_row_ids": ids, "x_row_tokens": tokens, "x_ids": ids,
             "x_seqs": [self.seq + k for k in range(n)], "x_key_ids": ["k"] * n,
             "x_envelopes": [os.urandom(600) for _ in range(n)],
@@ -258,24 +259,24 @@ class SettleRounds:
             "x_signed_at_ledgers": [self.ledger] * n, "x_max_ledgers": [None] * n})
         self.seq += n
         lineages.mark_sent_many(self.db, [(lineage_id, "PENDING") for lineage_id in ids])
-        self.db.execute(settlement.RELEASE_SENT_LEASES_SQL, {"lineages": ids, "tokens": tokens})
+        self.db.execute(charges.RELEASE_SENT_LEASES_SQL, {"lineages": ids, "tokens": tokens})
         self.batches += n
         return {lineage_id: rows for lineage_id, (_, rows) in claimed.items()}
 
     def record_and_close(self) -> list[int]:
         """The next tick: take released batches over, record their receipts, close them: their lineages."""
         from paygate_cli.journal import lineage as lineages
-        from paygate_cli.workers import settlement
+        from paygate_cli.queues import charges
 
         self.ledger += 1
-        taken = self.db.execute(settlement.CLAIM_OPEN_BATCHES_SQL, {
+        taken = self.db.execute(charges.CLAIM_OPEN_BATCHES_SQL, {
             "limit": len(self.lane_keys), "lease": 30, "owner": self.owner, "grace": 0.0,
             "lapsed_only": False}).fetchall()
         if not taken:
             return []
         lineages.finish_receipts(self.db, [{"id": row[1], "state": "applied", "ledger": self.ledger, "fee": 100,
                                             "code": "txSUCCESS", "resolution": "bench"} for row in taken])
-        self.db.execute(settlement.CLOSE_APPLIED_MANY_SQL, {"lineages": [row[1] for row in taken],
+        self.db.execute(charges.CLOSE_APPLIED_MANY_SQL, {"lineages": [row[1] for row in taken],
                                                             "tokens": [row[0] for row in taken]}).fetchall()
         return [row[1] for row in taken]
 

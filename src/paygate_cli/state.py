@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from paygate_cli.queues import bot_jobs, relays, webhooks
+from paygate_cli.queues import bot_jobs, charges, deposits, relays, subscriptions, webhooks
 
 if TYPE_CHECKING:
     import psycopg
@@ -17,31 +17,12 @@ if TYPE_CHECKING:
 # Each queue: depth and the age of its oldest item. Add a queue here when its worker lands.
 # A plain label -> SQL dict, so a queue module's own depth rows can be merged in.
 QUEUE_SQL: dict[str, str] = {
-    "funding.pending": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.deposits WHERE status = 'pending'""",
-    "funding.needs_human": """
-        SELECT count(*), extract(epoch FROM now() - min(updated_at))::float8
-        FROM paygate.deposits WHERE status = 'needs_human'""",
-    "charges.waiting": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.charges WHERE status = 'authorized' AND lineage_id IS NULL""",
-    "charges.in_batch": """
-        SELECT count(*), extract(epoch FROM now() - min(claimed_at))::float8
-        FROM paygate.charges WHERE status = 'authorized' AND lineage_id IS NOT NULL""",
-    "charge_batches.open": """
-        SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.charge_batches WHERE closed_at IS NULL""",
+    **deposits.DEPTH_ROWS,
+    **charges.DEPTH_ROWS,
     "observer.quarantined": """
         SELECT count(*), extract(epoch FROM now() - min(observed_at))::float8
         FROM paygate.chain_events WHERE quarantined""",
-    "subscriptions.due": """
-        SELECT count(*), extract(epoch FROM now() - min(coalesce(retry_at, next_period_start)))::float8
-        FROM paygate.subscriptions
-        WHERE (status = 'active' AND next_period_start <= now()) OR (status = 'past_due' AND retry_at <= now())""",
-    "subscriptions.past_due": """
-        SELECT count(*), extract(epoch FROM now() - min(past_due_since))::float8
-        FROM paygate.subscriptions WHERE status = 'past_due'""",
+    **subscriptions.DEPTH_ROWS,
     "lineages.live": """
         SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
         FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')""",

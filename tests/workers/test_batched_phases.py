@@ -146,7 +146,7 @@ def test_a_ticks_deposits_settle_together_with_each_events_own_running_balance(d
     """Funding settles a tick's deposits in one statement: one increment per account, each deposit's
     event carrying the balance right after its own credit, and a deposit whose hash does not match
     left pending."""
-    from paygate_cli.workers.funding import SETTLE_SQL
+    from paygate_cli.queues.deposits import SETTLE_SQL
 
     db.execute("INSERT INTO paygate.webhook_endpoints (url, secret) VALUES ('http://127.0.0.1:9/h', "
                "'0123456789abcdef0123')")

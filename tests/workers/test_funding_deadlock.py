@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from paygate_cli.workers.funding import SETTLE_SQL
+from paygate_cli.queues.deposits import SETTLE_SQL
 from tests.support.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
 from tests.support.devnet_support import DevnetHandle, start_devnet
 

@@ -31,8 +31,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from paygate_cli.queues import bot_jobs, relays
-from paygate_cli.workers import funding
+from paygate_cli.queues import bot_jobs, deposits, relays
 
 CONTRACT = "C" + "A" * 55
 AUTH_ENTRY = "A" * 470  # the size of a real base64 authorisation entry (address credentials, one call)
@@ -56,7 +55,7 @@ class Queue:
 
 
 QUEUES = {
-    "funding": Queue("deposits", funding.CLAIM_SQL, funding.RELEASE_SQL, """
+    "funding": Queue("deposits", deposits.CLAIM_SQL, deposits.RELEASE_SQL, """
         INSERT INTO paygate.deposits (account, amount, auth_entry, auth_nonce, auth_expiration_ledger,
                                             idempotency_key)
         SELECT %(account)s, 70, %(auth)s, g, 1000, 'hot' || g FROM generate_series(1, %(n)s) g"""),

@@ -15,6 +15,7 @@ from stellar_sdk import Keypair, scval, xdr
 
 from paygate_cli.chain.charges import _footprint_after_call, _NotMeasured, _skip_ledger_key, charge_batch
 from paygate_cli.journal import lineage as lineages
+from paygate_cli.queues import charges
 from paygate_cli.workers import settlement
 from tests.support.chain_env import ChainEnv
 from tests.support.charges_support import admit_charge, charge_chain, fund, run_until_quiet
@@ -52,7 +53,7 @@ def test_the_claim_takes_the_oldest_prefix_that_fits_and_records_its_lineage(db:
     assert (lineage.purpose, lineage.state, lineage.lane) == ("charge_batch", "allocated", got.lane)
     # The claim's own commit was relaxed; the session is not: the anchor that follows commits synchronously.
     assert db.execute("SHOW synchronous_commit").fetchone()[0] == "on"
-    assert db.execute(f"WITH {settlement.RELAXED_CTE} SELECT current_setting('synchronous_commit') FROM relaxed"
+    assert db.execute(f"WITH {charges.RELAXED_CTE} SELECT current_setting('synchronous_commit') FROM relaxed"
                       ).fetchone()[0] == "off"
     assert db.execute("SHOW synchronous_commit").fetchone()[0] == "on"
     # A row with a lineage is never claimed again: the next claim takes the rest on the other lane.

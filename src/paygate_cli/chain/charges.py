@@ -126,7 +126,7 @@ def _bytes_xdr(value: bytes) -> bytes:
 
 def claim_estimate() -> dict[str, int]:
     """Before simulating, the claim's footprint estimate as the limits its query applies to each
-    prefix of candidates (workers/settlement.CLAIM_SQL): each entry writes its charge-id entry, each
+    prefix of candidates (queues/charges.CLAIM_SQL): each entry writes its charge-id entry, each
     distinct account its balance entry, so read-write keys = entries + distinct accounts (limit 50);
     the contract instance and code are read-only (total limit 100)."""
     return {"max_entries": CONTRACT_MAX_BATCH, "max_write": MAX_WRITE_ENTRIES, "read_only": 2,

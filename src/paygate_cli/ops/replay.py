@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from paygate_cli.errors import Unavailable, UsageError
 from paygate_cli.ops.audit import record
-from paygate_cli.queues import bot_jobs, relays, webhooks
+from paygate_cli.queues import bot_jobs, deposits, relays, webhooks
 
 if TYPE_CHECKING:
     import psycopg
@@ -39,36 +39,6 @@ def _webhook_refusal(conn: psycopg.Connection, chain: ChainClient | None, row: d
 
 
 # -- deposits --------------------------------------------------------------------------------------
-
-DEPOSIT_ROWS_SQL = """
-SELECT p.id, p.status, p.account, p.amount, p.auth_entry, p.auth_nonce, p.auth_expiration_ledger, p.reason,
-       p.attempts, p.deposit_tx, p.deposit_lineage_id, p.credit_lineage_id, p.idempotency_key, p.updated_at,
-       (SELECT array_agg(l.id || ':' || l.state ORDER BY l.id) FROM paygate.lineages l
-        WHERE l.entitlement IN ('deposit:' || p.id || ':deposit', 'deposit:' || p.id || ':credit')
-          AND l.state IN ('allocated', 'signed', 'sent')) AS live,
-       (SELECT array_agg(l.id ORDER BY l.id) FROM paygate.lineages l
-        WHERE l.entitlement = 'deposit:' || p.id || ':deposit' AND l.state = 'applied') AS applied
-FROM paygate.deposits p
-WHERE CASE WHEN %(ids)s::bigint[] IS NULL
-           THEN p.status = ANY(%(dead)s) AND (%(since)s::timestamptz IS NULL OR p.updated_at >= %(since)s)
-           ELSE p.id = ANY(%(ids)s) END
-ORDER BY p.id
-"""
-# Back to pending: the funding worker starts it afresh (its old lineages are all terminal and stay
-# in the journal under the same entitlement; the row no longer points at them).
-DEPOSIT_REPLAY_SQL = """
-UPDATE paygate.deposits
-SET status = 'pending', reason = NULL, pending_failure = NULL, attempts = 0, lease_token = NULL,
-    lease_expires_at = NULL, claimed_by = NULL, deposit_lineage_id = NULL, credit_lineage_id = NULL, updated_at = now()
-WHERE id = %(id)s AND status = %(status)s AND updated_at = %(updated_at)s AND deposit_tx IS NULL
-RETURNING id
-"""
-DEPOSIT_EVENT_SQL = """
-SELECT paygate.emit_event('deposit.replayed', jsonb_build_object('deposit_id', %(id)s::bigint,
-                          'account', %(account)s::text, 'amount', %(amount)s::text,
-                          'previous_status', %(status)s::text))
-"""
-
 
 def _require_majority_answered(answers: dict[str, Any], nonce: int) -> None:
     """Fewer than a majority of read endpoints answered: the chain's view is unknown. That is an
@@ -228,8 +198,8 @@ class QueueSpec:
 QUEUES: dict[str, QueueSpec] = {spec.name: spec for spec in (
     QueueSpec("webhooks", webhooks.REPLAY_ROWS_SQL, _webhook_refusal, webhooks.REPLAY_SQL, needs_chain=False,
               dead=("dead",), aliases=("webhook", "webhook_deliveries", "webhook_outbox")),
-    QueueSpec("deposits", DEPOSIT_ROWS_SQL, _deposit_refusal, DEPOSIT_REPLAY_SQL, needs_chain=True,
-              event_sql=DEPOSIT_EVENT_SQL, dead=DEPOSIT_DEAD, validate=_deposit_validation,
+    QueueSpec("deposits", deposits.REPLAY_ROWS_SQL, _deposit_refusal, deposits.REPLAY_SQL, needs_chain=True,
+              event_sql=deposits.REPLAY_EVENT_SQL, dead=DEPOSIT_DEAD, validate=_deposit_validation,
               aliases=("deposit", "deposits", "funding")),
     QueueSpec("relays", relays.REPLAY_ROWS_SQL, _relay_refusal, relays.REPLAY_SQL, needs_chain=True,
               event_sql=relays.REPLAY_EVENT_SQL, after=_relay_reserve, dead=RELAY_DEAD, aliases=("relay",)),
@@ -270,6 +240,11 @@ def plan(conn: psycopg.Connection, chain: ChainClient | None, spec: QueueSpec, *
     return rows
 
 
+# This transaction is a replay: queue_status_guard (sql/functions) lets a dead row's status go back
+# to its start status only then (SET LOCAL: it ends with the transaction).
+REPLAYING_SQL = "SELECT set_config('paygate.replaying', 'on', true)"
+
+
 class _RolledBack(Exception):
     """Leaves a replay's transaction so it rolls back (the reason is kept by the caller)."""
 
@@ -289,6 +264,7 @@ def apply(conn: psycopg.Connection, spec: QueueSpec, rows: list[dict[str, Any]],
             refused = None
             try:
                 with conn.transaction():
+                    conn.execute(REPLAYING_SQL)
                     won = conn.execute(spec.replay_sql, row).fetchone()
                     refused = None if won else "changed while replaying (re-run)"
                     if won and spec.after is not None:

@@ -22,6 +22,7 @@ from paygate_cli.crashpoints import crashpoint
 from paygate_cli.errors import NeedsHuman, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.engine import LeaseLost
+from paygate_cli.queues import deposits
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -34,173 +35,9 @@ if TYPE_CHECKING:
     from paygate_cli.journal.engine import Allocation, Driven, Engine, Job, Prepared
     from paygate_cli.journal.keyring import Keyring
 
-# Rows with a transaction in flight first (resolving them frees lanes), then fresh ones in order.
-# A drained instance takes no new work but still drives what is in flight (a row with a lineage).
-CLAIM_SQL = """
-WITH claimable AS (
-    SELECT ctid, id, deposit_lineage_id, credit_lineage_id FROM paygate.deposits
-    WHERE status = 'pending'
-      AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
-           OR lease_expires_at < now() - make_interval(secs => %(grace)s))
-      AND (NOT %(draining)s OR deposit_lineage_id IS NOT NULL OR credit_lineage_id IS NOT NULL)
-    ORDER BY (deposit_lineage_id IS NULL AND credit_lineage_id IS NULL), id
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE paygate.deposits p
-SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
-    claimed_by = %(owner)s, attempts = p.attempts + 1, updated_at = now()
-FROM claimable LEFT JOIN paygate.lineages x ON x.id = coalesce(claimable.credit_lineage_id,
-                                                               claimable.deposit_lineage_id)
--- Back to the rows by ctid, the version the FOR UPDATE locked (nobody else can move it until
--- this commits): no primary-key descent per claimed row, so the claim costs the same
--- however long the table's history (bench/growth.py).
-WHERE p.ctid = claimable.ctid
-RETURNING p.id, p.account, p.amount, p.auth_entry, p.auth_nonce, p.auth_expiration_ledger, p.lease_token,
-          p.deposit_lineage_id, p.credit_lineage_id, p.deposit_tx, p.pending_failure, {lineage_columns}
-"""
-
-CLAIM_SQL = CLAIM_SQL.format(lineage_columns=", ".join(f"x.{c}" for c in lineages.LINEAGE_COLUMNS))
-
-# Every write below is guarded by the lease token it claimed with: a worker whose lease lapsed
-# (and whose row someone else now owns) changes nothing.
-#
-# The engine's one-statement phases (FundingJob below): the lease check locks the row; the
-# allocation records the lineage on the row and renews the lease in the same statement; the credit's
-# allocation also records the deposit's inner hash (until then an applied deposit lineage says it:
-# the row points at it, so a crash before this write re-derives it). The anchor renews the lease.
-HOLD_ROW_SQL = """
-SELECT 1 FROM paygate.deposits
-WHERE id = %(row_id)s AND status = 'pending' AND lease_token = %(row_token)s FOR UPDATE
-"""
-ATTACH_DEPOSIT_SQL = """
-UPDATE paygate.deposits p
-SET deposit_lineage_id = lineage.id, updated_at = now(),
-    lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
-FROM lineage WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
-RETURNING 1
-"""
-ATTACH_CREDIT_SQL = """
-UPDATE paygate.deposits p
-SET credit_lineage_id = lineage.id, deposit_tx = %(row_deposit_tx)s, pending_failure = NULL, updated_at = now(),
-    lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
-FROM lineage WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
-RETURNING 1
-"""
-# The same for a tick's rows (engine.allocate_many, over its request `req`), deposits and credits in
-# one statement: each row takes the lineage of its own phase. A credit's deposit hash is its applied
-# deposit lineage's (what the single-row form is given); a row where that is not so takes nothing,
-# the statement's require() fails, and each row is allocated for alone.
-HOLD_MANY_SQL = """
-SELECT p.id AS row_id FROM paygate.deposits p JOIN req ON p.id = req.row_id
-WHERE p.status = 'pending' AND p.lease_token = req.row_token FOR UPDATE OF p
-"""
-ATTACH_MANY_SQL = """
-UPDATE paygate.deposits p
-SET deposit_lineage_id = CASE lineage.purpose WHEN 'deposit' THEN lineage.id ELSE p.deposit_lineage_id END,
-    credit_lineage_id = CASE lineage.purpose WHEN 'credit' THEN lineage.id ELSE p.credit_lineage_id END,
-    deposit_tx = CASE lineage.purpose WHEN 'credit'
-                 THEN (SELECT d.inner_hash FROM paygate.lineages d WHERE d.id = p.deposit_lineage_id)
-                 ELSE p.deposit_tx END,
-    pending_failure = CASE lineage.purpose WHEN 'credit' THEN NULL ELSE p.pending_failure END,
-    updated_at = now(),
-    lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
-FROM lineage JOIN req USING (entitlement)
-WHERE p.id = req.row_id AND p.status = 'pending' AND p.lease_token = req.row_token
-  AND (lineage.purpose = 'deposit'
-       OR EXISTS (SELECT 1 FROM paygate.lineages d
-                  WHERE d.id = p.deposit_lineage_id AND d.state = 'applied'
-                    AND d.inner_hash = coalesce(p.deposit_tx, d.inner_hash)))
-RETURNING 1
-"""
-RENEW_AT_ANCHOR_SQL = """
-UPDATE paygate.deposits p
-SET lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
-FROM anchored WHERE p.id = %(row_id)s AND p.status = 'pending' AND p.lease_token = %(row_token)s
-RETURNING 1
-"""
-RENEW_AT_ANCHOR_MANY_SQL = """
-UPDATE paygate.deposits p
-SET lease_expires_at = greatest(p.lease_expires_at, now() + make_interval(secs => %(row_lease)s))
-FROM anchored JOIN req ON req.lineage_id = anchored.id
-WHERE p.id = req.row_id AND p.status = 'pending' AND p.lease_token = req.row_token
-RETURNING 1
-"""
-SET_PENDING_FAILURE_SQL = """
-UPDATE paygate.deposits SET pending_failure = %(reason)s, updated_at = now()
-WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
-"""
-FINISH_ROW_SQL = """
-UPDATE paygate.deposits
-SET status = %(status)s, reason = %(reason)s, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
-RETURNING account, amount
-"""
-RELEASE_RELAXED = "RETURNING set_config('synchronous_commit', 'off', true)"
-RELEASE_SQL = """
-UPDATE paygate.deposits p SET lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS mine(id, token)
-WHERE p.id = mine.id AND p.status = 'pending' AND p.lease_token = mine.token
-"""
-# The flip and the balance increment are one statement (for a tick's deposits, or the observer's
-# one): whichever of funding and the observer wins pending -> settled applies the increment; the
-# loser's statement matches no row (the observer runs it inside its page transaction). Funding's
-# own settle (SETTLE_RELAXED_SQL) commits relaxed: it records what the credit's receipt proves, so
-# a database crash that loses it leaves the row pending on its applied credit lineage and the next
-# tick settles again. Nothing outside the database acts on it first: a webhook POST follows the
-# webhook claim's synchronous commit, which flushes the WAL past this one.
-SETTLE_TEMPLATE = """
-WITH flipped AS (
-    UPDATE paygate.deposits p
-    SET status = 'settled', settled_by = %(by)s, settled_at = now(), lease_token = NULL,
-        lease_expires_at = NULL, updated_at = now()
-    FROM unnest(%(ids)s::bigint[], %(deposit_txs)s::bytea[]) AS s(id, deposit_tx)
-    WHERE p.id = s.id AND p.status = 'pending' AND p.deposit_tx = s.deposit_tx
-    RETURNING p.id, p.account, p.amount, p.deposit_tx
-), credited AS (
-    -- One increment per account (an UPDATE … FROM applies one matching row per target row).
-    UPDATE paygate.accounts a SET cached_balance = a.cached_balance + t.amount, updated_at = now()
-    FROM (SELECT account, sum(amount) AS amount FROM flipped GROUP BY account) t WHERE a.address = t.account
-    RETURNING a.address, a.cached_balance
-), settled AS (
-    -- Each deposit's balance right after its own credit: the account's new balance less what this
-    -- statement credited it after that deposit (by id).
-    SELECT f.id, f.account, f.amount, f.deposit_tx,
-           c.cached_balance - (sum(f.amount) OVER (PARTITION BY f.account ORDER BY f.id DESC) - f.amount) AS balance
-    FROM flipped f JOIN credited c ON c.address = f.account
-    ORDER BY f.id
-)
-SELECT s.id, s.account, s.amount, s.balance,
-       paygate.emit_event('deposit.settled', jsonb_build_object(
-           'deposit_id', s.id, 'account', s.account, 'amount', s.amount::text,
-           'deposit_tx', encode(s.deposit_tx, 'hex'), 'balance', s.balance::text)){relaxed}
-FROM settled s
-"""
-SETTLE_SQL = SETTLE_TEMPLATE.format(relaxed="")
-SETTLE_RELAXED_SQL = SETTLE_TEMPLATE.format(relaxed=", set_config('synchronous_commit', 'off', true)")
-
+# Every statement that moves a deposit's row (claim, renew, attach, release, finish, settle) is the
+# queue's, with its why: queues/deposits.py. This module holds the flow of the phases.
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
-# A claim is re-derivable (its lease lapses): the statement's own transaction commits relaxed.
-RELAXED = ", set_config('synchronous_commit', 'off', true)"
-# The lease check before each phase, renewing it: zero rows = another worker has the row now.
-RENEW_SQL = """
-UPDATE paygate.deposits
-SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => %(lease)s))
-WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s
-RETURNING 1
-"""
-# Live funding lineages that no pending row points at any more: the row was settled (the observer
-# won the credit race), failed or was handed to a human. Nothing else would ever resolve them.
-ORPHANS_SQL = """
-SELECT x.id FROM paygate.lineages x
-WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose IN ('deposit', 'credit')
-  AND NOT EXISTS (SELECT 1 FROM paygate.deposits p
-                  WHERE p.status = 'pending' AND (p.deposit_lineage_id = x.id OR p.credit_lineage_id = x.id))
-ORDER BY x.parked_at IS NOT NULL, x.id  -- parked ones (migration 0020) never crowd out the rest
-LIMIT %(limit)s
-"""
-# A tick's first look once it has work: how many lanes are free, and whether orphans wait.
-FREE_LANES_AND_ORPHANS_SQL = "SELECT " + lineages.FREE_LANES_EXPR + ", EXISTS (" + ORPHANS_SQL + ")"
 
 
 @dataclass
@@ -261,8 +98,8 @@ class Deps:
         return self.ctx.conn
 
 
-# Recovery (workers/recovery.py) takes over through claim() and drive_taken_over() below: this
-# queue's one take-over routine, shared with the worker's own claim.
+# Recovery (workers/recovery.py) takes over through take_over() below: this queue's one take-over
+# routine, the worker's own claim (lapsed rows only) and the engine's drive of what is in flight.
 HONOURS_DRAIN = True  # a drained instance drives what is in flight and claims no fresh row
 
 
@@ -270,13 +107,20 @@ def claim(ctx: TickContext, *, grace: float = 0.0, lapsed_only: bool = False) ->
     """Claim up to `batch` rows under a new lease: free rows (unless `lapsed_only`) and rows whose
     lease lapsed more than `grace` seconds ago. The FOR UPDATE SKIP LOCKED claim is the CAS: the
     old lease token is replaced, so its late writes match nothing."""
-    rows = lineages.one_statement(ctx.conn, CLAIM_SQL + RELAXED, {
+    rows = lineages.one_statement(ctx.conn, deposits.CLAIM_SQL + deposits.RELAXED, {
         "batch": ctx.batch, "lease": ctx.settings.funding_lease, "owner": f"{ctx.instance_id}:{ctx.slot}",
         "draining": ctx.draining, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
     width = len(lineages.LINEAGE_COLUMNS)
     return [Deposit(r[0], r[1], int(r[2]), *r[3:11],
                     lineage=lineages.Lineage(*r[11:11 + width]) if r[11] is not None else None)
             for r in rows]
+
+
+def take_over(ctx: TickContext, grace: float) -> dict[str, int]:
+    """Recovery's entry: rows whose lease lapsed more than `grace` seconds ago are claimed with the
+    worker's own claim and their lineage in flight driven (drive_taken_over). -> outcome counts."""
+    rows = claim(ctx, grace=grace, lapsed_only=True)
+    return drive_taken_over(ctx, rows) if rows else {}
 
 
 def drive_taken_over(ctx: TickContext, rows: list[Deposit]) -> dict[str, int]:
@@ -312,7 +156,7 @@ def _drive_in_flight_one(deps: Deps, row: Deposit, purpose: str, lineage_id: int
 
 def tick(ctx: TickContext) -> TickResult:
     rows = claim(ctx)
-    if not rows and ctx.conn.execute(ORPHANS_SQL, {"limit": 1}).fetchone() is None:
+    if not rows and ctx.conn.execute(deposits.ORPHANS_SQL, {"limit": 1}).fetchone() is None:
         return TickResult()
     if rows:
         crashpoint("funding.after_claim")
@@ -321,7 +165,7 @@ def tick(ctx: TickContext) -> TickResult:
 
     engine = Engine.for_tick(ctx)
     deps = Deps(ctx, engine.chain, engine.signer, engine.keyring, engine)
-    free, orphans = ctx.conn.execute(FREE_LANES_AND_ORPHANS_SQL, {"lanes": sorted(deps.signer.lanes),
+    free, orphans = ctx.conn.execute(deposits.FREE_LANES_AND_ORPHANS_SQL, {"lanes": sorted(deps.signer.lanes),
                                                                  "limit": 1}).fetchone()
     deps.free_lanes = int(free)
     # Rows with a transaction in flight first: resolving them frees lanes for the new ones.
@@ -340,7 +184,7 @@ def tick(ctx: TickContext) -> TickResult:
     try:
         _read_nonces(deps, rows)
         if orphans:
-            outcomes["orphans_driven"] = deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(deps.signer.lanes)))
+            outcomes["orphans_driven"] = deps.engine.sweep(deposits.ORPHANS_SQL, limit=max(8, len(deps.signer.lanes)))
             deps.free_lanes = lineages.free_lane_count(ctx.conn, list(deps.signer.lanes))
         _drive_in_flight(deps, rows)
         for row in rows:
@@ -413,7 +257,7 @@ def _read_nonces(deps: Deps, rows: list[Deposit]) -> None:
 def _release_all(deps: Deps, rows: list[Deposit]) -> None:
     # The tick's 'sent' marks, then the rows handed back, in one statement. Relaxed: a lease left in
     # place only lapses (the rows wait a lease, no more).
-    deps.engine.flush_sent((RELEASE_SQL + RELEASE_RELAXED,
+    deps.engine.flush_sent((deposits.RELEASE_SQL + deposits.RELEASE_RELAXED,
                             {"ids": [r.id for r in rows], "tokens": [r.token for r in rows]}))
 
 
@@ -438,7 +282,7 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
         state = _drive(deps, row, lineage, "deposit")
         if state == "applied":
             assert lineage.inner_hash is not None
-            # Recorded on the row with the credit's allocation (one statement, ATTACH_CREDIT_SQL):
+            # Recorded on the row with the credit's allocation (one statement, deposits.ATTACH_CREDIT_SQL):
             # until then the applied lineage the row points at says it, so nothing is lost.
             row.deposit_tx = lineage.inner_hash
             row.pending_failure = None  # the same bytes landed after all: the refusal is moot
@@ -529,7 +373,7 @@ def _finished(deps: Deps, lineage_id: int) -> lineages.Lineage:
 
 def _settle_all(deps: Deps) -> list[str]:
     """Settle every deposit whose credit applied this tick, in one statement (its own transaction,
-    relaxed: SETTLE_RELAXED_SQL): the flips, the increments, the events. One outcome per deposit."""
+    relaxed: deposits.SETTLE_RELAXED_SQL): the flips, the increments, the events. One outcome per deposit."""
     import psycopg
 
     settling, deps.settling = deps.settling, []
@@ -575,8 +419,8 @@ def _settle_all(deps: Deps) -> list[str]:
 
 
 def _settle(deps: Deps, rows: list[Deposit]) -> set[int]:
-    """SETTLE_RELAXED_SQL for these deposits, its own transaction; the ids whose flip it won."""
-    return {int(r[0]) for r in lineages.one_statement(deps.conn, SETTLE_RELAXED_SQL, {
+    """deposits.SETTLE_RELAXED_SQL for these deposits, its own transaction; the ids whose flip it won."""
+    return {int(r[0]) for r in lineages.one_statement(deps.conn, deposits.SETTLE_RELAXED_SQL, {
         "ids": [row.id for row in rows], "by": "funding", "deposit_txs": [row.deposit_tx for row in rows]}).fetchall()}
 
 
@@ -610,21 +454,21 @@ class FundingJob:
         return self.invocation(lane) if callable(self.invocation) else self.invocation
 
     def hold(self, conn: psycopg.Connection) -> bool:
-        return conn.execute(RENEW_SQL, {"id": self.row.id, "token": self.row.token,
+        return conn.execute(deposits.RENEW_SQL, {"id": self.row.id, "token": self.row.token,
                                         "lease": self.deps.ctx.settings.funding_lease}).fetchone() is not None
 
     # The engine's one-statement phases (journal/engine.py Job): the same lease guard as SQL,
-    hold_sql = HOLD_ROW_SQL
-    install_sql = RENEW_AT_ANCHOR_SQL
+    hold_sql = deposits.HOLD_ROW_SQL
+    install_sql = deposits.RENEW_AT_ANCHOR_SQL
 
     @property
     def attach_sql(self) -> str:
-        return ATTACH_DEPOSIT_SQL if self.purpose == "deposit" else ATTACH_CREDIT_SQL
+        return deposits.ATTACH_DEPOSIT_SQL if self.purpose == "deposit" else deposits.ATTACH_CREDIT_SQL
 
     # and the same for a tick's rows: engine.allocate_many and the anchor of send_prepared
-    hold_many_sql = HOLD_MANY_SQL
-    attach_many_sql = ATTACH_MANY_SQL
-    install_many_sql = RENEW_AT_ANCHOR_MANY_SQL
+    hold_many_sql = deposits.HOLD_MANY_SQL
+    attach_many_sql = deposits.ATTACH_MANY_SQL
+    install_many_sql = deposits.RENEW_AT_ANCHOR_MANY_SQL
 
     def row_key(self) -> tuple[int, Any]:
         return self.row.id, self.row.token
@@ -640,7 +484,7 @@ class FundingJob:
         if terminal:
             # Rejected for good; the row ends failed once the lineage is proven dead (maxTime). If
             # the same bytes land after all, the mark is cleared with the receipt (never stale).
-            _write(self.deps, SET_PENDING_FAILURE_SQL, {
+            _write(self.deps, deposits.SET_PENDING_FAILURE_SQL, {
                 "reason": f"{self.purpose} rejected by the network: {send.code}", "id": self.row.id,
                 "token": self.row.token})
 
@@ -745,7 +589,7 @@ def _write(deps: Deps, sql: str, params: dict[str, Any]) -> None:
 def _finish(deps: Deps, row: Deposit, status: str, reason: str, *, event: str) -> bool:
     """Guarded by the lease: False when the row is someone else's now (nothing written)."""
     with deps.conn.transaction():
-        done = deps.conn.execute(FINISH_ROW_SQL, {"status": status, "reason": reason[:1000], "id": row.id,
+        done = deps.conn.execute(deposits.FINISH_ROW_SQL, {"status": status, "reason": reason[:1000], "id": row.id,
                                                   "token": row.token}).fetchone()
         if done is not None:
             deps.conn.execute(EMIT_SQL, (event, Jsonb({"deposit_id": row.id, "account": row.account,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from paygate_cli.context import TickContext, TickResult
 from paygate_cli.crashpoints import crashpoint
 from paygate_cli.errors import ConfigError, NeedsHuman
-from paygate_cli.workers.funding import SETTLE_SQL as FUNDING_SETTLE_SQL
+from paygate_cli.queues import charges, deposits
 
 if TYPE_CHECKING:
     import logging
@@ -77,66 +77,8 @@ FROM json_to_recordset(%s::json) AS e(event_id text, ledger integer, tx_hash tex
 ON CONFLICT (event_id) DO NOTHING
 """
 
-# Set-based promotion of a page's `charge` events: only rows whose account and amount match the
-# event, and only from a non-terminal state; the rest are diagnosed one by one and quarantined.
-# `needs_human` is not terminal for the chain: a charge handed to a human because its batch's
-# envelope no longer decrypts is settled (or failed) by its event when those bytes land after all.
-# The outbox rows are paygate.emit_event's, in set form (one row per enabled endpoint per event):
-# calling the function once per row cost a third of the statement.
-SETTLE_CHARGES_SQL = """
-WITH ev AS (
-    SELECT e.event_id, decode(e.charge_id, 'hex') AS charge_id, e.account, e.amount, e.ledger
-    FROM json_to_recordset(%s::json) AS e(event_id text, charge_id text, account text, amount numeric,
-                                          ledger integer)
-), settled AS (
-    UPDATE paygate.charges c
-    SET status = 'settled', settled_at = now(), settled_ledger = ev.ledger, event_id = ev.event_id,
-        updated_at = now()
-    FROM ev
-    WHERE c.charge_id = ev.charge_id AND c.account = ev.account AND c.amount = ev.amount
-      AND c.status IN ('authorized', 'needs_human')
-    RETURNING c.id, c.charge_id, c.account, c.amount, ev.event_id, ev.ledger
-), emitted AS (
-    INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload)
-    SELECT w.id, 'charge.settled', jsonb_build_object(
-               'charge_row_id', s.id, 'charge_id', encode(s.charge_id, 'hex'), 'account', s.account,
-               'amount', s.amount::text, 'ledger', s.ledger, 'event_id', s.event_id)
-    FROM settled s CROSS JOIN paygate.webhook_endpoints w
-    WHERE w.enabled
-)
-SELECT s.event_id, s.id FROM settled s
-"""
-
-# `charge_failed`: the failure and the balance restore in one statement (docs/architecture.md §5).
-FAIL_CHARGES_SQL = """
-WITH ev AS (
-    SELECT e.event_id, decode(e.charge_id, 'hex') AS charge_id, e.account, e.amount, e.ledger, e.reason
-    FROM json_to_recordset(%s::json) AS e(event_id text, charge_id text, account text, amount numeric,
-                                          ledger integer, reason text)
-), failed AS (
-    UPDATE paygate.charges c
-    SET status = 'failed', failed_at = now(), failed_by = 'observer', settled_ledger = ev.ledger,
-        event_id = ev.event_id, reason = 'charge_failed on chain: ' || ev.reason, updated_at = now()
-    FROM ev
-    WHERE c.charge_id = ev.charge_id AND c.account = ev.account AND c.amount = ev.amount
-      AND c.status IN ('authorized', 'needs_human')
-    RETURNING c.id, c.charge_id, c.account, c.amount, ev.event_id, ev.ledger, ev.reason
-), restored AS (
-    UPDATE paygate.accounts a SET cached_balance = a.cached_balance + f.total, updated_at = now()
-    FROM (SELECT account, sum(amount) AS total FROM failed GROUP BY account) f
-    WHERE a.address = f.account
-    RETURNING a.address, a.cached_balance
-), emitted AS (
-    INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload)
-    SELECT w.id, 'charge.failed', jsonb_build_object(
-               'charge_row_id', f.id, 'charge_id', encode(f.charge_id, 'hex'), 'account', f.account,
-               'amount', f.amount::text, 'reason', f.reason, 'ledger', f.ledger, 'event_id', f.event_id,
-               'balance', (SELECT r.cached_balance::text FROM restored r WHERE r.address = f.account))
-    FROM failed f CROSS JOIN paygate.webhook_endpoints w
-    WHERE w.enabled
-)
-SELECT f.event_id, f.id FROM failed f
-"""
+# The statements that move a charge's row from its event (settle, fail with the balance restored)
+# and a deposit's (funding's settle) are the queues': queues/charges.py, queues/deposits.py.
 
 CHARGE_ROW_SQL = "SELECT id, account, amount, status FROM paygate.charges WHERE charge_id = %s"
 DEPOSIT_ROW_SQL = "SELECT id, account, amount, status FROM paygate.deposits WHERE deposit_tx = %s"
@@ -283,7 +225,7 @@ def apply_page(conn: psycopg.Connection, page: EventsPage, old_cursor: str | Non
             outcome[event_id] = (None, None, f"undecodable: {result}")
         else:
             decoded[event_id] = result
-    passes = (("charge", SETTLE_CHARGES_SQL, "settled"), ("charge_failed", FAIL_CHARGES_SQL, "failed"))
+    passes = (("charge", charges.SETTLE_CHARGES_SQL, "settled"), ("charge_failed", charges.FAIL_CHARGES_SQL, "failed"))
     ledgers = {e.id: e.ledger for e in fresh}
     for kind, sql, effect in passes:
         group = [(eid, ev) for eid, ev in decoded.items() if ev.kind == kind]
@@ -345,7 +287,7 @@ def _apply_credit(conn: psycopg.Connection, stats: PageStats, ev: Any) -> tuple[
     if account != ev.account or int(amount) != ev.amount:
         return target, None, (f"credit: deposit {pending_id} is {amount} for {account}, the event says {ev.amount} "
                               f"for {ev.account} (amount/account mismatch)")
-    won = conn.execute(FUNDING_SETTLE_SQL, {"ids": [pending_id], "by": "observer", "deposit_txs": [ev.ref]}).fetchone()
+    won = conn.execute(deposits.SETTLE_SQL, {"ids": [pending_id], "by": "observer", "deposit_txs": [ev.ref]}).fetchone()
     if won is not None:
         stats.credited += 1
         return target, "credited", None

@@ -10,9 +10,9 @@ new batches while lanes are free:
 for the batch's rows.)
 
 The claim takes rows `WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL`
-and records the lineage on every row in the same statement (CLAIM_SQL), so a row with a lineage is
-never claimed again while that lineage could land. The worker never marks a charge settled: the observer
-does, from the contract's events.
+and records the lineage on every row in the same statement (queues/charges.py CLAIM_SQL), so a row
+with a lineage is never claimed again while that lineage could land. The worker never marks a charge
+settled: the observer does, from the contract's events.
 
 Batch sizing (why the default --batch is 48, not the contract's 100): each entry writes its
 charge-id entry and each distinct account its balance entry, and Soroban allows 50 read-write
@@ -33,6 +33,7 @@ from paygate_cli.crashpoints import crashpoint
 from paygate_cli.errors import NeedsHuman, Unavailable
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.engine import Allocation, LeaseLost
+from paygate_cli.queues import charges
 
 if TYPE_CHECKING:
     import psycopg
@@ -44,247 +45,8 @@ if TYPE_CHECKING:
     from paygate_cli.journal.engine import Engine, Prepared
     from paygate_cli.journal.keyring import Keyring
 
-HAS_WORK_SQL = """
-SELECT EXISTS (SELECT 1 FROM paygate.charges
-               WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL),
-       EXISTS (SELECT 1 FROM paygate.charge_batches
-               WHERE closed_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at < now())),
-       -- ORPHANS_SQL's question, asked here to save a round trip per tick
-       EXISTS (SELECT 1 FROM paygate.lineages x
-               WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose = 'charge_batch'
-                 AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b
-                                 WHERE b.lineage_id = x.id AND b.closed_at IS NULL)
-                 AND x.created_at < now() - interval '5 seconds')
-"""
-
-# Writes the system can re-derive after a database crash (a claim, a lease taken or released, a
-# batch closed from a terminal lineage) commit without waiting for their WAL flush, as
-# db.connect.relaxed_transaction does — but as ONE round trip: set_config(..., true) is local to the
-# statement's own implicit transaction, so an autocommit statement that references this CTE commits
-# asynchronously (BEGIN + SET LOCAL + statement + COMMIT would be four). Ordering still holds: the
-# anchor's synchronous commit flushes everything before it, before anything is broadcast.
-RELAXED_CTE = "relaxed AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true) AS off)"
-
-# The whole claim in one statement (docs/architecture.md §5; a row with a lineage is never re-claimable):
-# - candidates: the oldest claimable rows, locked FOR UPDATE SKIP LOCKED;
-# - chosen: their longest prefix (claim order) that fits one transaction's footprint estimate
-#   (chain/charges.claim_estimate: each entry writes its charge-id entry and each distinct account its
-#   balance, so entries + distinct accounts <= the read-write key limit);
-# - lane + lineage: the least recently used free active lane of ours gets a new charge_batch lineage
-#   (the same rule as journal/lineage.ALLOCATE_SQL, repeated here so claim and allocation are one
-#   round trip; the partial unique index on live lineages is the real guard: a lost race raises
-#   UniqueViolation and the whole claim rolls back — "no free lane this time");
-# - claimed: the lineage recorded on every chosen row, and the batch opened under this process's
-#   lease, in the same statement, so no row is ever claimed without its lineage.
-# One result row even when nothing was claimed: `wanted` (rows that would fit) tells an empty queue
-# (0) from no free lane (> 0, lineage NULL).
-CLAIM_SQL = """
-WITH """ + RELAXED_CTE + """, candidates AS MATERIALIZED (
-    SELECT ctid, id, account, created_at FROM paygate.charges
-    WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
-    ORDER BY created_at, id
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-), counted AS (
-    SELECT ctid, row_number() OVER claim_order AS entries, sum(first_of_account) OVER claim_order AS accounts
-    FROM (SELECT ctid, id, created_at,
-                 (row_number() OVER (PARTITION BY account ORDER BY created_at, id) = 1)::int AS first_of_account
-          FROM candidates) c
-    WINDOW claim_order AS (ORDER BY created_at, id ROWS UNBOUNDED PRECEDING)
-), chosen AS MATERIALIZED (
-    SELECT ctid FROM counted
-    WHERE entries <= %(max_entries)s AND entries + accounts <= %(max_write)s
-      AND entries + accounts + %(read_only)s <= %(max_keys)s
-), """ + lineages.free_lane_ctes(only_if="EXISTS (SELECT 1 FROM chosen)") + """, lineage AS (
-    INSERT INTO paygate.lineages (purpose, entitlement, lane)
-    SELECT 'charge_batch', %(entitlement)s, lane.address FROM lane
-    RETURNING id, lane
-), claimed AS (
-    UPDATE paygate.charges c
-    SET claimed_at = now(), claimed_by = %(owner)s, lineage_id = lineage.id, updated_at = now()
-    FROM lineage
-    -- Back to the rows by ctid, the version the FOR UPDATE locked (nobody else can move it until
-    -- this commits): no primary-key descent per claimed row, so the claim costs the same
-    -- however long the table's history (bench/growth.py).
-    WHERE c.ctid IN (SELECT ctid FROM chosen)
-      AND c.status = 'authorized' AND c.claimed_at IS NULL AND c.lineage_id IS NULL
-    RETURNING c.id, c.account, c.amount, c.charge_id, c.created_at, lineage.id AS lineage_id, lineage.lane
-), batch AS (
-    INSERT INTO paygate.charge_batches (lineage_id, entries, lease_token, lease_expires_at, claimed_by)
-    SELECT lineage.id, (SELECT count(*) FROM chosen), %(token)s, now() + make_interval(secs => %(lease)s),
-           %(owner)s
-    FROM lineage
-), journal AS (
-    -- The lane's highest sequence our journal knows consumed (what lineage.next_sequence reads).
-    SELECT """ + lineages.last_consumed_seq_sql("lineage.lane") + """ AS seq FROM lineage
-)
-SELECT (SELECT count(*) FROM chosen) AS wanted, claimed.lineage_id, claimed.lane,
-       claimed.id, claimed.account, claimed.amount, claimed.charge_id, (SELECT seq FROM journal)
-FROM relaxed LEFT JOIN claimed ON true
-ORDER BY claimed.created_at, claimed.id
-"""
-
-# Batches whose lease lapsed (their process died or finished its step): any settlement process
-# may pick them up and drive their lineage one step further.
-# The lineage's columns as journal/lineage.LOAD_SQL selects them (so Lineage(*row) stays right if
-# they change): taking over a batch and loading its lineage are one round trip.
-LINEAGE_COLUMNS = ", ".join("x." + c.strip() for c in
-                            lineages.LOAD_SQL.split("SELECT", 1)[1].split("FROM", 1)[0].split(","))
-CLAIM_OPEN_BATCHES_SQL = """
-WITH """ + RELAXED_CTE + """, open AS (
-    SELECT lineage_id FROM paygate.charge_batches
-    WHERE closed_at IS NULL
-      AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
-           OR lease_expires_at < now() - make_interval(secs => %(grace)s))
-    ORDER BY created_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), taken AS (
-    UPDATE paygate.charge_batches b
-    SET lease_token = gen_random_uuid(), lease_expires_at = now() + make_interval(secs => %(lease)s),
-        claimed_by = %(owner)s
-    FROM open WHERE b.lineage_id = open.lineage_id
-    RETURNING b.lineage_id, b.lease_token
-)
-SELECT taken.lease_token, """ + LINEAGE_COLUMNS + """
-FROM relaxed, taken JOIN paygate.lineages x ON x.id = taken.lineage_id
-ORDER BY x.id
-"""
-# Guard for every write made on behalf of a batch: the lease this process holds is still its own
-# (and it is renewed: checked before each phase, a slow phase does not lose it to a lapse).
-HOLD_BATCH_SQL = """
-UPDATE paygate.charge_batches
-SET lease_expires_at = greatest(lease_expires_at, now() + make_interval(secs => %(lease)s))
-WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
-RETURNING 1
-"""
-# The same guard as parts of the engine's one-statement phases, where the engine offers them
-# (journal/engine.py FastJob: the anchor is then ONE statement, lease check and all): `hold` locks
-# the batch row iff the lease is still ours, `install` (committed with the envelope) renews it.
-HOLD_BATCH_ROW_SQL = """
-SELECT 1 FROM paygate.charge_batches
-WHERE lineage_id = %(batch_lineage)s AND lease_token = %(batch_token)s AND closed_at IS NULL FOR UPDATE
-"""
-RENEW_BATCH_AT_ANCHOR_SQL = """
-UPDATE paygate.charge_batches b
-SET lease_expires_at = greatest(b.lease_expires_at, now() + make_interval(secs => %(batch_lease)s))
-FROM anchored
-WHERE b.lineage_id = %(batch_lineage)s AND b.lease_token = %(batch_token)s AND b.closed_at IS NULL
-RETURNING 1
-"""
-# The same for a tick's batches, anchored in one statement (journal/lineage.py ANCHOR_HELD_MANY_SQL;
-# the request `req` names each batch by its lineage and lease token).
-HOLD_BATCHES_SQL = """
-SELECT b.lineage_id AS row_id FROM paygate.charge_batches b JOIN req ON b.lineage_id = req.row_id
-WHERE b.lease_token = req.row_token AND b.closed_at IS NULL FOR UPDATE OF b
-"""
-RENEW_BATCHES_AT_ANCHOR_SQL = """
-UPDATE paygate.charge_batches b
-SET lease_expires_at = greatest(b.lease_expires_at, now() + make_interval(secs => %(batch_lease)s))
-FROM anchored JOIN req ON req.lineage_id = anchored.id
-WHERE b.lineage_id = req.row_id AND b.lease_token = req.row_token AND b.closed_at IS NULL
-RETURNING 1
-"""
-# Leases released together, relaxed, one statement: the tick's broadcast batches where the engine
-# defers the 'sent' marks (flush_sent; on_sent is not called for an ordinary answer), after the
-# flush; and the batches a take-over found still in flight.
-RELEASE_SENT_LEASES_SQL = """
-WITH """ + RELAXED_CTE + """
-UPDATE paygate.charge_batches b SET lease_token = NULL, lease_expires_at = NULL
-FROM relaxed, unnest(%(lineages)s::bigint[], %(tokens)s::uuid[]) AS s(lineage_id, token)
-WHERE b.lineage_id = s.lineage_id AND b.lease_token = s.token AND b.closed_at IS NULL
-"""
-# Live charge_batch lineages no open batch holds any more: nothing else would resolve them.
-ORPHANS_SQL = """
-SELECT x.id FROM paygate.lineages x
-WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose = 'charge_batch'
-  AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b WHERE b.lineage_id = x.id AND b.closed_at IS NULL)
-  AND x.created_at < now() - interval '5 seconds'  -- not one being claimed right now
-ORDER BY x.parked_at IS NOT NULL, x.id  -- parked ones (migration 0020) never crowd out the rest
-LIMIT %(limit)s
-"""
-RELEASE_BATCH_LEASE_SQL = """
-UPDATE paygate.charge_batches SET lease_token = NULL, lease_expires_at = NULL
-WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
-"""
-SHRINK_BATCH_SQL = """
-UPDATE paygate.charge_batches SET entries = %(entries)s
-WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
-"""
-CLOSE_BATCH_SQL = """
-UPDATE paygate.charge_batches
-SET outcome = %(outcome)s, closed_at = now(), lease_token = NULL, lease_expires_at = NULL
-WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
-"""
-# The batches a take-over found applied, closed together after the loop: re-derivable from their
-# terminal lineages, so relaxed, one statement. Returns the ones still held under the lease.
-CLOSE_APPLIED_MANY_SQL = """
-WITH """ + RELAXED_CTE + """
-UPDATE paygate.charge_batches b
-SET outcome = 'applied', closed_at = now(), lease_token = NULL, lease_expires_at = NULL
-FROM relaxed, unnest(%(lineages)s::bigint[], %(tokens)s::uuid[]) AS s(lineage_id, token)
-WHERE b.lineage_id = s.lineage_id AND b.lease_token = s.token AND b.closed_at IS NULL
-RETURNING b.lineage_id
-"""
-# Hand rows back without counting an attempt: their lineage never got signed bytes (abandoned),
-# or they were trimmed from a batch before signing.
-UNCLAIM_SQL = """
-UPDATE paygate.charges SET claimed_at = NULL, claimed_by = NULL, lineage_id = NULL, updated_at = now()
-WHERE lineage_id = %(lineage)s AND status = 'authorized' AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s))
-"""
-# The lineage is proven dead (it cannot land: expired, superseded, or included and failed, which
-# reverts every entry). Its rows get a new chance, or, at the attempt limit, fail with the balance
-# restored and the product told, in this one statement — guarded by the lineage's terminal state.
-RELEASE_DEAD_SQL = """
-WITH dead AS (
-    SELECT id FROM paygate.lineages WHERE id = %(lineage)s AND state IN ('failed', 'expired', 'superseded')
-), released AS (
-    UPDATE paygate.charges c
-    SET attempts = c.attempts + 1, dead_lineages = c.dead_lineages || c.lineage_id,
-        lineage_id = NULL, claimed_at = NULL, claimed_by = NULL,
-        status = CASE WHEN c.attempts + 1 >= %(max)s THEN 'failed' ELSE 'authorized' END,
-        failed_at = CASE WHEN c.attempts + 1 >= %(max)s THEN now() END,
-        failed_by = CASE WHEN c.attempts + 1 >= %(max)s THEN 'settlement' END,
-        reason = CASE WHEN c.attempts + 1 >= %(max)s
-                      THEN format('%%s charge_batch transactions were each proven dead (last: %%s)',
-                                  c.attempts + 1, %(why)s::text) END,
-        updated_at = now()
-    FROM dead WHERE c.lineage_id = dead.id AND c.status = 'authorized'
-    RETURNING c.id, c.charge_id, c.account, c.amount, c.status, c.attempts, c.reason
-), restored AS (
-    UPDATE paygate.accounts a SET cached_balance = a.cached_balance + r.total, updated_at = now()
-    FROM (SELECT account, sum(amount) AS total FROM released WHERE status = 'failed' GROUP BY account) r
-    WHERE a.address = r.account
-    RETURNING a.address, a.cached_balance
-)
-SELECT r.id, r.status,
-       CASE WHEN r.status = 'failed' THEN paygate.emit_event('charge.failed', jsonb_build_object(
-           'charge_row_id', r.id, 'charge_id', encode(r.charge_id, 'hex'), 'account', r.account,
-           'amount', r.amount::text, 'reason', r.reason,
-           'balance', (SELECT x.cached_balance::text FROM restored x WHERE x.address = r.account)))
-       END
-FROM released r
-"""
-
-# A batch whose lineage a human must look at (an envelope that does not decrypt): the batch closes
-# and its charges become needs_human with the reason, each announced, in one statement under the lease.
-BATCH_NEEDS_HUMAN_SQL = """
-WITH closed AS (
-    UPDATE paygate.charge_batches
-    SET outcome = 'needs_human', closed_at = now(), lease_token = NULL, lease_expires_at = NULL
-    WHERE lineage_id = %(lineage)s AND lease_token = %(token)s AND closed_at IS NULL
-    RETURNING lineage_id
-), held AS (
-    UPDATE paygate.charges c SET status = 'needs_human', reason = %(reason)s, updated_at = now()
-    FROM closed WHERE c.lineage_id = closed.lineage_id AND c.status = 'authorized'
-    RETURNING c.id, c.charge_id, c.account, c.amount
-), announced AS (
-    SELECT paygate.emit_event('charge.needs_human', jsonb_build_object(
-        'charge_row_id', h.id, 'charge_id', encode(h.charge_id, 'hex'), 'account', h.account,
-        'amount', h.amount::text, 'reason', %(reason)s::text)) FROM held h
-)
-SELECT (SELECT count(*) FROM closed), (SELECT count(*) FROM held), (SELECT count(*) FROM announced)
-"""
+# Every statement that moves a charge's or a batch's row (claim, take over, hold, release, close,
+# fail, needs_human) is the queue's, with its why: queues/charges.py. This module holds the flow.
 
 
 @dataclass
@@ -331,7 +93,7 @@ class Claim:
 
 
 def claim_sql(batch: int) -> str:
-    """CLAIM_SQL with the batch size and the footprint limits written in. They are constants of the
+    """charges.CLAIM_SQL with the batch size and the footprint limits written in. They are constants of the
     process, and as parameters they cost a plan per claim: Postgres cannot cost a generic plan for
     LIMIT $n, so it planned this statement anew on every execution (~0.8 ms of a ~3 ms claim, a
     quarter of settlement's database time). Written in, the statement psycopg prepares is planned
@@ -343,7 +105,7 @@ def claim_sql(batch: int) -> str:
 
 @functools.cache
 def _claim_sql(batch: int, limits: tuple[tuple[str, int], ...]) -> str:
-    sql = CLAIM_SQL.replace("%(batch)s", str(batch))
+    sql = charges.CLAIM_SQL.replace("%(batch)s", str(batch))
     for name, value in limits:
         sql = sql.replace(f"%({name})s", str(value))
     return sql
@@ -376,18 +138,11 @@ def claim(conn: psycopg.Connection, *, lanes: list[str], owner: str, token: uuid
 
 HONOURS_DRAIN = True  # a drained instance drives open batches and starts no new one
 
-# Batches whose owner died holding the lease, more than %(grace)s seconds ago (recovery's question).
-LAPSED_BATCHES_SQL = """
-SELECT EXISTS (SELECT 1 FROM paygate.charge_batches
-               WHERE closed_at IS NULL AND lease_expires_at < now() - make_interval(secs => %(grace)s))
-"""
-
-
-def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
+def take_over(ctx: TickContext, grace: float) -> dict[str, int]:
     """Recovery's entry: open batches whose lease lapsed more than `grace` seconds ago are driven
     through the same routine the worker uses (resolve the lineage; a proven-dead one hands its rows
     back), under a new lease."""
-    if not ctx.conn.execute(LAPSED_BATCHES_SQL, {"grace": grace}).fetchone()[0]:
+    if not ctx.conn.execute(charges.LAPSED_BATCHES_SQL, {"grace": grace}).fetchone()[0]:
         return {}
     from paygate_cli.journal.engine import Engine
 
@@ -403,7 +158,7 @@ def take_over(ctx: TickContext, *, grace: float) -> dict[str, int]:
 
 
 def tick(ctx: TickContext) -> TickResult:
-    claimable, drivable, orphans = ctx.conn.execute(HAS_WORK_SQL).fetchone()
+    claimable, drivable, orphans = ctx.conn.execute(charges.HAS_WORK_SQL).fetchone()
     if ctx.draining:
         claimable = False  # a drained instance drives what is in flight and takes nothing new
     if not claimable and not drivable and not orphans:
@@ -423,7 +178,7 @@ def tick(ctx: TickContext) -> TickResult:
         if drivable:
             _drive_open_batches(deps, result)
         if orphans:
-            deps.count("orphans_driven", deps.engine.sweep(ORPHANS_SQL, limit=max(8, len(deps.signer.lanes))))
+            deps.count("orphans_driven", deps.engine.sweep(charges.ORPHANS_SQL, limit=max(8, len(deps.signer.lanes))))
         started = 0
         # A batch whose lane failed for a lane reason is handed back and claimed again at once on
         # another lane (the failing lane is fenced); bounded by the number of lanes.
@@ -485,16 +240,16 @@ class BatchJob:
         return self.built
 
     def hold(self, conn: psycopg.Connection) -> bool:
-        return conn.execute(HOLD_BATCH_SQL, {"lineage": self.lineage_id, "token": self.token,
+        return conn.execute(charges.HOLD_BATCH_SQL, {"lineage": self.lineage_id, "token": self.token,
                                              "lease": self.deps.ctx.settings.settlement_lease}).fetchone() is not None
 
     # The engine's one-statement phases (journal/engine.py Job); hold() as SQL, and the set-based form the engine
     # anchors a tick's batches with in one statement. No attach SQL: the claim
-    # allocates (CLAIM_SQL), so the engine's allocate_many never sees a batch.
-    hold_sql = HOLD_BATCH_ROW_SQL
-    install_sql = RENEW_BATCH_AT_ANCHOR_SQL
-    hold_many_sql = HOLD_BATCHES_SQL
-    install_many_sql = RENEW_BATCHES_AT_ANCHOR_SQL
+    # allocates (charges.CLAIM_SQL), so the engine's allocate_many never sees a batch.
+    hold_sql = charges.HOLD_BATCH_ROW_SQL
+    install_sql = charges.RENEW_BATCH_AT_ANCHOR_SQL
+    hold_many_sql = charges.HOLD_BATCHES_SQL
+    install_many_sql = charges.RENEW_BATCHES_AT_ANCHOR_SQL
 
     def params(self) -> dict[str, object]:
         return {"batch_lineage": self.lineage_id, "batch_token": self.token,
@@ -505,11 +260,11 @@ class BatchJob:
 
     def on_abandon(self, conn: psycopg.Connection, lineage_id: int, why: str) -> None:
         # Never signed (or never anchored): its rows go back without counting an attempt.
-        conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
+        conn.execute(charges.UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
         _close(self.deps, lineage_id, self.token, "abandoned")
 
     def on_sent(self, conn: psycopg.Connection, lineage_id: int, send: SendOutcome, terminal: bool) -> None:
-        conn.execute(RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": self.token})
+        conn.execute(charges.RELEASE_BATCH_LEASE_SQL, {"lineage": lineage_id, "token": self.token})
         self.released = True
         if send.status == "ERROR":
             # Not proof of anything by itself: the lineage is resolved (and, once proven dead, its
@@ -524,8 +279,8 @@ class BatchJob:
         resource = isinstance(exc, BatchTooLarge) or is_resource_failure(str(exc))
         if resource and len(rows) > 1:
             keep, drop = rows[: len(rows) // 2], rows[len(rows) // 2:]
-            conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": [r.id for r in drop]})
-            conn.execute(SHRINK_BATCH_SQL, {"entries": len(keep), "lineage": lineage_id, "token": self.token})
+            conn.execute(charges.UNCLAIM_SQL, {"lineage": lineage_id, "ids": [r.id for r in drop]})
+            conn.execute(charges.SHRINK_BATCH_SQL, {"entries": len(keep), "lineage": lineage_id, "token": self.token})
             self.deps.ctx.log.warning("charge batch of %d exceeds a resource limit (%s); split to %d", len(rows),
                                       exc, len(keep), extra={"msgid": "settlement.batch_split",
                                                              "lineage_id": lineage_id})
@@ -624,7 +379,7 @@ def _release_sent(deps: Deps) -> None:
     together (relaxed, one statement each). Skipped, a lease only lapses: the batch waits a lease."""
     deps.engine.flush_sent()
     if deps.unreleased:
-        deps.conn.execute(RELEASE_SENT_LEASES_SQL, {"lineages": list(deps.unreleased),
+        deps.conn.execute(charges.RELEASE_SENT_LEASES_SQL, {"lineages": list(deps.unreleased),
                                                     "tokens": list(deps.unreleased.values())})
         deps.unreleased.clear()
 
@@ -632,7 +387,8 @@ def _release_sent(deps: Deps) -> None:
 def _close(deps: Deps, lineage_id: int, token: uuid.UUID, outcome: str) -> None:
     """Close the batch under this process's lease (the CAS is the guard for what follows in the
     same transaction)."""
-    if deps.conn.execute(CLOSE_BATCH_SQL, {"outcome": outcome, "lineage": lineage_id, "token": token}).rowcount != 1:
+    closed = deps.conn.execute(charges.CLOSE_BATCH_SQL, {"outcome": outcome, "lineage": lineage_id, "token": token})
+    if closed.rowcount != 1:
         raise LeaseLost(f"charge batch {lineage_id}: lease lost")
 
 
@@ -640,12 +396,12 @@ def _give_back(deps: Deps, lineage_id: int, token: uuid.UUID, why: str) -> None:
     """Hand a claimed batch back now (not after its lease) when its lineage was never anchored."""
     try:
         with deps.conn.transaction():
-            if deps.conn.execute(CLOSE_BATCH_SQL, {"outcome": "abandoned", "lineage": lineage_id,
+            if deps.conn.execute(charges.CLOSE_BATCH_SQL, {"outcome": "abandoned", "lineage": lineage_id,
                                                    "token": token}).rowcount != 1:
                 return
             if not lineages.abandon(deps.conn, lineage_id, why):
                 raise _Rollback  # anchored after all: roll back; a later tick resolves it
-            deps.conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
+            deps.conn.execute(charges.UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
     except _Rollback:
         pass
 
@@ -657,7 +413,7 @@ def _drive_open_batches(deps: Deps, result: TickResult, *, grace: float = 0.0, l
     """This queue's one take-over routine: the worker drives every open batch nobody holds; recovery
     (`lapsed_only`, past its grace) only those whose owner died holding the lease."""
     # One statement, relaxed: a lease taken and lost in a database crash just lapses again.
-    batches = deps.conn.execute(CLAIM_OPEN_BATCHES_SQL, {
+    batches = deps.conn.execute(charges.CLAIM_OPEN_BATCHES_SQL, {
         "limit": limit or max(8, len(deps.engine.lanes)), "lease": deps.ctx.settings.settlement_lease,
         "owner": deps.owner, "grace": grace, "lapsed_only": lapsed_only}).fetchall()
     applied: dict[int, uuid.UUID] = {}  # closed together after the loop
@@ -688,10 +444,10 @@ def _drive_open_batches(deps: Deps, result: TickResult, *, grace: float = 0.0, l
         # Relaxed, one statement each; if they never run, the leases lapse and the next take-over
         # closes (or releases) them: a terminal lineage is not resolved again.
         if in_flight:
-            deps.conn.execute(RELEASE_SENT_LEASES_SQL, {"lineages": list(in_flight),
+            deps.conn.execute(charges.RELEASE_SENT_LEASES_SQL, {"lineages": list(in_flight),
                                                         "tokens": list(in_flight.values())})
         if applied:
-            closed = deps.conn.execute(CLOSE_APPLIED_MANY_SQL, {"lineages": list(applied),
+            closed = deps.conn.execute(charges.CLOSE_APPLIED_MANY_SQL, {"lineages": list(applied),
                                                                 "tokens": list(applied.values())}).fetchall()
             lost = len(applied) - len(closed)
             if lost:  # someone else took the batch meanwhile: theirs to close
@@ -705,21 +461,21 @@ def _driven(deps: Deps, lineage: lineages.Lineage, token: uuid.UUID, state: str)
     if lineage.state == "allocated":
         # Never anchored: the engine abandoned it and job.on_abandon handed the rows back (no attempt used).
         return state
-    if state in ("allocated", "signed", "sent"):
+    if state in lineages.LIVE_STATES:
         return "in_flight"  # its lease is released with the others' (_drive_open_batches)
     if state == "applied":
         return "applied"  # landed: the observer promotes each charge from its event; closed with the others
     if state == "abandoned":
         with deps.conn.transaction():
             _close(deps, lineage_id, token, "abandoned")
-            deps.conn.execute(UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
+            deps.conn.execute(charges.UNCLAIM_SQL, {"lineage": lineage_id, "ids": None})
         return "abandoned"
     # failed / expired / superseded: proven dead.
     why = f"lineage {lineage_id} {state}"
     with deps.conn.transaction():
         _close(deps, lineage_id, token, "dead")
         crashpoint("settlement.before_release_dead")
-        released = deps.conn.execute(RELEASE_DEAD_SQL, {"lineage": lineage_id, "max": _max_attempts(deps),
+        released = deps.conn.execute(charges.RELEASE_DEAD_SQL, {"lineage": lineage_id, "max": _max_attempts(deps),
                                                         "why": why}).fetchall()
     failed = sum(1 for r in released if r[1] == "failed")
     if failed:
@@ -737,7 +493,7 @@ def _needs_human(deps: Deps, lineage: lineages.Lineage, token: uuid.UUID, exc: N
     debited and never claimable again (their lineage may still land; the sweep drives it to what the
     chain proves). Guarded by the batch's lease."""
     reason = f"charge_batch lineage {lineage.id}: {exc}"[:1000]
-    row = deps.conn.execute(BATCH_NEEDS_HUMAN_SQL, {"lineage": lineage.id, "token": token, "reason": reason}
+    row = deps.conn.execute(charges.BATCH_NEEDS_HUMAN_SQL, {"lineage": lineage.id, "token": token, "reason": reason}
                             ).fetchone()
     if not row[0]:
         return "lease_lost"  # someone else has the batch now: theirs to report

@@ -15,48 +15,15 @@ from psycopg.types.json import Jsonb
 
 from paygate_cli.context import TickContext, TickResult
 from paygate_cli.crashpoints import crashpoint
+from paygate_cli.queues import subscriptions
 
 MAX_PERIODS_PER_TICK = 12
 # admit_charge's refusals (sql/0003_charges.sql): admission halted, and not enough cached balance.
 HALTED = "55000"
 INSUFFICIENT_BALANCE = "PG402"
 
-# Due: an active subscription whose next period has started, or a past_due one whose retry time
-# came. One subscription per transaction, locked for its (short, database-only) duration: a
-# transaction then touches one account row, so concurrent workers cannot deadlock on accounts.
-CLAIM_DUE_SQL = """
-SELECT id FROM paygate.subscriptions
-WHERE ((status = 'active' AND next_period_start <= now()) OR (status = 'past_due' AND retry_at <= now()))
-  AND id <> ALL(%s)  -- each subscription at most once per tick: catch-up stays bounded
-ORDER BY coalesce(retry_at, next_period_start)
-LIMIT 1
-FOR UPDATE SKIP LOCKED
-"""
-LOAD_SQL = """
-SELECT id, account, amount, period, status, next_period_index, next_period_start, description,
-       next_period_start <= now() AS due, anchor + (next_period_index + 1) * period AS following_start
-FROM paygate.subscriptions WHERE id = %s
-"""
-ADMIT_SQL = """
-SELECT charge_row_id, replayed FROM paygate.admit_charge(%(account)s, %(amount)s, %(key)s, %(description)s,
-                                                         %(subscription)s, %(period_start)s)
-"""
-ADVANCE_SQL = """
-UPDATE paygate.subscriptions
-SET status = 'active', next_period_index = next_period_index + 1,
-    next_period_start = anchor + (next_period_index + 1) * period,
-    retry_at = NULL, past_due_since = NULL, updated_at = now()
-WHERE id = %s AND next_period_index = %s
-"""
-# The next try of an unpaid period is the next period boundary after now (DB time).
-PAST_DUE_SQL = """
-UPDATE paygate.subscriptions
-SET status = 'past_due', past_due_since = coalesce(past_due_since, now()), updated_at = now(),
-    retry_at = anchor + (SELECT min(i) FROM generate_series(next_period_index + 1, next_period_index + 100000) i
-                         WHERE anchor + i * period > now()) * period
-WHERE id = %s AND next_period_index = %s
-RETURNING retry_at
-"""
+# The statements that take a due subscription and move it on (claim, load, admit, advance,
+# past_due) are the queue's, with their why: queues/subscriptions.py.
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
 
 
@@ -72,7 +39,7 @@ def tick(ctx: TickContext) -> TickResult:
     handled: list[int] = []
     for _ in range(ctx.batch):
         with ctx.conn.transaction():
-            row = ctx.conn.execute(CLAIM_DUE_SQL, (handled,)).fetchone()
+            row = ctx.conn.execute(subscriptions.CLAIM_DUE_SQL, (handled,)).fetchone()
             if row is None:
                 break
             handled.append(row[0])
@@ -91,7 +58,7 @@ def charge_due_periods(conn: psycopg.Connection, subscription_id: int) -> dict[s
     outcome = {"charged": 0, "past_due": 0, "halted": 0}
     for _ in range(MAX_PERIODS_PER_TICK):
         (sid, account, amount, _period, status, index, period_start, description, due,
-         _following) = conn.execute(LOAD_SQL, (subscription_id,)).fetchone()
+         _following) = conn.execute(subscriptions.LOAD_SQL, (subscription_id,)).fetchone()
         if status not in ("active", "past_due") or not due:
             break
         params = {"account": account, "amount": amount, "key": f"subscription:{sid}:{index}",
@@ -99,20 +66,20 @@ def charge_due_periods(conn: psycopg.Connection, subscription_id: int) -> dict[s
                   "period_start": period_start}
         try:
             with conn.transaction():  # a savepoint: a refused admission rolls back only itself
-                charge_row, _replayed = conn.execute(ADMIT_SQL, params).fetchone()
+                charge_row, _replayed = conn.execute(subscriptions.ADMIT_SQL, params).fetchone()
         except psycopg.Error as exc:
             if exc.sqlstate == HALTED:
                 outcome["halted"] += 1
                 break
             if exc.sqlstate == INSUFFICIENT_BALANCE:
-                retry_at = conn.execute(PAST_DUE_SQL, (sid, index)).fetchone()[0]
+                retry_at = conn.execute(subscriptions.PAST_DUE_SQL, (sid, index)).fetchone()[0]
                 conn.execute(EMIT_SQL, ("subscription.past_due", Jsonb({
                     "subscription_id": sid, "account": account, "amount": str(amount), "period_index": index,
                     "period_start": period_start.isoformat(), "retry_at": retry_at.isoformat()})))
                 outcome["past_due"] += 1
                 break
             raise
-        conn.execute(ADVANCE_SQL, (sid, index))
+        conn.execute(subscriptions.ADVANCE_SQL, (sid, index))
         conn.execute(EMIT_SQL, ("subscription.charged", Jsonb({
             "subscription_id": sid, "charge_row_id": charge_row, "period_index": index,
             "period_start": period_start.isoformat(), "amount": str(amount)})))
