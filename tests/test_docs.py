@@ -199,3 +199,16 @@ def test_every_relative_link_in_the_readme_and_docs_resolves() -> None:
             elif anchor and path.suffix == ".md" and anchor not in _anchors(path.read_text(encoding="utf-8")):
                 broken.append(f"{name}: {target} (no such heading)")
     assert not broken, broken
+
+
+def test_the_configuration_examples_use_only_real_keys() -> None:
+    import tomllib
+
+    from paygate_cli.settings import FIELD_BY_NAME, SECRETS, URL_FILES
+
+    known = set(FIELD_BY_NAME) | {f"{name}_file" for name in (*SECRETS, *URL_FILES)}
+    for text in (README, CONFIGURATION_DOC.read_text(encoding="utf-8")):
+        examples = re.findall(r"^```toml\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+        assert examples
+        for example in examples:
+            assert set(tomllib.loads(example)) <= known, set(tomllib.loads(example)) - known
