@@ -131,7 +131,8 @@ def test_out_dash_is_stdout_and_an_existing_file_is_kept_without_force(dsn: str,
 
 
 def test_since_takes_compound_durations_from_one_shared_parser() -> None:
-    from paygate_cli.commands import _common, reconcile, replay
+    from paygate_cli.commands import _common, replay
+    from paygate_cli.commands import reconcile_report as reconcile
 
     now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     assert _common.parse_since("2h30m", now=now) == now - timedelta(hours=2, minutes=30)
@@ -220,7 +221,8 @@ def test_a_batch_over_the_paths_ceiling_is_refused(dsn: str) -> None:
 
 
 def test_completion_offers_queues_formats_lanes_and_instances(dsn: str, db: psycopg.Connection) -> None:
-    from paygate_cli.commands import completion, reconcile
+    from paygate_cli.commands import completion
+    from paygate_cli.commands import reconcile_report as reconcile
     from paygate_cli.ops.replay import QUEUES
 
     assert set(completion.REPLAY_QUEUES) == set(QUEUES) and completion.REPORT_FORMATS == reconcile.FORMATS
