@@ -15,6 +15,7 @@ from paygate_cli.commands._common import (
     YesFlag,
     confirm,
     get_env,
+    open_db,
     output_mode,
     parse_since,
     target_line,
@@ -45,12 +46,14 @@ def replay_command(
     was refused.
 
     Example: `paygate replay webhooks --all-dead --since 2h --dry-run`"""
-    from paygate_cli.ops.replay import run
+    from paygate_cli.ops.replay import check_request, run
 
     env = get_env(ctx)
     mode = output_mode(json_flag, plain_flag)
     target = target_of(env)
     confirm(env, f"replay {queue} rows", yes=yes, context=context, dry_run=True, target=target)  # --context
+    since_at = parse_since(since)
+    check_request(env.settings, queue, ids=ids or None, all_dead=all_dead, since=since_at)
     with ExitStack() as stack:
         progress = None
         if env.stderr_isatty and not json_flag:
@@ -70,8 +73,9 @@ def replay_command(
         def ask(count: int) -> None:
             confirm(env, f"replay {count} {queue} row(s)", yes=yes, context=context, target=target)
 
-        result = run(env.settings, queue, ids=ids or None, all_dead=all_dead, since=parse_since(since),
-                     actor=env.settings.effective_operator(), dry_run=dry_run, confirm=ask, progress=progress)
+        with open_db(env, "replay") as conn:
+            result = run(conn, env.settings, queue, ids=ids or None, all_dead=all_dead, since=since_at,
+                         actor=env.settings.effective_operator(), dry_run=dry_run, confirm=ask, progress=progress)
     rows: list[dict[str, Any]] = [{"id": r["id"], "outcome": r["outcome"], "reason": r.get("reason") or ""}
                                   for r in result["rows"]]
     summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(result["counts"].items())) or "no rows"

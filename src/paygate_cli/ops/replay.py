@@ -284,11 +284,10 @@ def apply(conn: psycopg.Connection, spec: QueueSpec, rows: list[dict[str, Any]],
     return outcomes
 
 
-def run(settings: Any, queue: str, *, ids: list[int] | None, all_dead: bool, since: Any, actor: str, dry_run: bool,
-        confirm: Callable[[int], None], progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """The whole command: plan, confirm (a count of replayable rows), replay."""
-    from paygate_cli.db.connect import connect
-
+def check_request(settings: Any, queue: str, *, ids: list[int] | None, all_dead: bool, since: Any) -> QueueSpec:
+    """What is refused before the database is asked anything: an unknown queue, not exactly one of
+    IDS and --all-dead, --since with IDS (2); for a queue re-verified on chain, fewer read hosts
+    than the quorum rule asks for (78). -> the queue's spec."""
     spec = queue_spec(queue)
     if bool(ids) == all_dead:
         raise UsageError("give row IDS or --all-dead (one of them)", msgid="usage.replay_rows")
@@ -299,21 +298,29 @@ def run(settings: Any, queue: str, *, ids: list[int] | None, all_dead: bool, sin
 
         require_read_quorum(settings, f"replay {spec.name} refuses to decide",
                             "a row is replayed only when a majority of them re-verifies its effect is not on chain")
-    with connect(settings, "replay") as conn:
-        chain = None
-        if spec.needs_chain:
-            from paygate_cli.chain.rpc import ChainClient
+    return spec
 
-            chain = ChainClient(settings, guard_conn=conn)
-        try:
-            rows = plan(conn, chain, spec, ids=ids or None, since=since, settings=settings)
-            replayable = sum(1 for r in rows if not r["refusal"])
-            if replayable and not dry_run:
-                confirm(replayable)
-            outcomes = apply(conn, spec, rows, actor=actor, dry_run=dry_run, progress=progress)
-        finally:
-            if chain is not None:
-                chain.close()
+
+def run(conn: psycopg.Connection, settings: Any, queue: str, *, ids: list[int] | None, all_dead: bool, since: Any,
+        actor: str, dry_run: bool, confirm: Callable[[int], None],
+        progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """The whole command over the caller's connection (the command runs check_request before opening
+    it): plan, confirm (a count of replayable rows), replay."""
+    spec = check_request(settings, queue, ids=ids, all_dead=all_dead, since=since)  # again: for every caller
+    chain = None
+    if spec.needs_chain:
+        from paygate_cli.chain.rpc import ChainClient
+
+        chain = ChainClient(settings, guard_conn=conn)
+    try:
+        rows = plan(conn, chain, spec, ids=ids or None, since=since, settings=settings)
+        replayable = sum(1 for r in rows if not r["refusal"])
+        if replayable and not dry_run:
+            confirm(replayable)
+        outcomes = apply(conn, spec, rows, actor=actor, dry_run=dry_run, progress=progress)
+    finally:
+        if chain is not None:
+            chain.close()
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o["outcome"]] = counts.get(o["outcome"], 0) + 1
