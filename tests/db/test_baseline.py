@@ -1,6 +1,6 @@
 """One readable schema: sql/0001_baseline.sql plus sql/functions/*.sql produce what the migration
-chain it replaced produced (catalog compared object by object; every difference is listed here with
-its reason), and function files are a repeatable migration: applied when new or changed, never
+chain it replaced produced (catalog compared object by object; every difference is listed in EXPECTED
+with its reason), and function files are a repeatable migration: applied when new or changed, never
 otherwise."""
 
 from __future__ import annotations
@@ -126,6 +126,17 @@ EXPECTED: dict[tuple[str, str, Key], str] = {
     _archive_column("rejected_count"): "archive column order and NOT NULL",
     # The same six kinds, written as a list instead of the array 0022 computed from the catalog.
     ("constraints", "changed", ("paygate", "findings", "findings_kind_check")): "same kinds",
+    # Added with the baseline. The live lineage states in one function, which the one-live indexes
+    # name (inlined by the planner: the same predicate).
+    ("functions", "new only", ("paygate", "lineage_is_live", "state text")): "lineage_is_live",
+    **{("indexes", "changed", ("paygate", "lineages", name)): "lineage_is_live(state)"
+       for name in ("lineages_one_live_per_lane", "lineages_one_live_per_entitlement")},
+    # A terminal deposit, relay or bot job changes status only by replay (tests/db/test_status_guards.py).
+    ("functions", "new only", ("paygate", "queue_status_guard", "")): "status guard",
+    **{("triggers", "new only", ("paygate", table, f"{row}_status_guard")): "status guard"
+       for table, row in (("deposits", "deposit"), ("relays", "relay"), ("bot_jobs", "bot_job"))},
+    # Dead since 0011 replaced the trigger that used it by lineage_delete_guard.
+    ("functions", "old only", ("paygate", "refuse_delete", "")): "unused",
 }
 
 

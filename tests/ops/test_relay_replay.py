@@ -17,6 +17,7 @@ from stellar_sdk import Keypair, TransactionBuilder, scval, xdr
 from tests.support.chain_env import ChainEnv, chain_environ
 from tests.support.cli import run_cli
 from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.pg import hand_edit
 from tests.support.relay_support import (
     MAX_FEE,
     admit_relay,
@@ -194,7 +195,7 @@ def test_a_relay_with_an_applied_lineage_is_refused_as_on_chain(chain: ChainEnv,
     run_until_quiet(chain, rdb)
     lineage = relay_rows(rdb)[relay]["lineage_id"]
     # The row says dead (a hand edit, a bug); the journal says its lineage applied.
-    rdb.execute("UPDATE paygate.relays SET status = 'rejected', reason = 'by hand' WHERE id = %s", (relay,))
+    hand_edit(rdb, "UPDATE paygate.relays SET status = 'rejected', reason = 'by hand' WHERE id = %s", (relay,))
     code, rows = replay(chain, "relays", str(relay))
     assert code == 1 and rows[relay]["reason"] == f"effect already on chain: lineage {lineage} applied"
 
@@ -233,6 +234,6 @@ def test_a_dead_bot_job_replayed_applies_and_non_dead_ones_are_refused(chain: Ch
     code, rows = replay(chain, "bot_jobs", str(job))
     assert code == 1 and rows[job]["reason"] == "not dead (status applied)"
     # A row marked dead by hand whose lineage applied: the effect is on chain.
-    rdb.execute("UPDATE paygate.bot_jobs SET status = 'dead', reason = 'by hand' WHERE id = %s", (job,))
+    hand_edit(rdb, "UPDATE paygate.bot_jobs SET status = 'dead', reason = 'by hand' WHERE id = %s", (job,))
     code, rows = replay(chain, "bot_jobs", str(job))
     assert code == 1 and rows[job]["reason"].startswith("effect already on chain: lineage")

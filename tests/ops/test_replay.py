@@ -15,6 +15,7 @@ from psycopg.types.json import Jsonb
 from tests.support.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
 from tests.support.cli import base_environ, run_cli
 from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.pg import hand_edit
 from tests.support.webhook_receiver import Receiver
 from tests.workers.test_funding_bad_input import _submit_directly
 
@@ -122,7 +123,7 @@ def test_deposit_replay_refusals_and_a_replay_that_settles(chain: ChainEnv, db: 
     assert db.execute("SELECT count(*) FROM paygate.audit_log WHERE action = 'replay.deposits'").fetchone()[0] == 0
 
     # 4. Put the hand edit right; once its deposit applied it is on chain: a replay is refused for that.
-    db.execute("UPDATE paygate.deposits SET status = 'pending', reason = NULL WHERE id = %s", (in_flight,))
+    hand_edit(db, "UPDATE paygate.deposits SET status = 'pending', reason = NULL WHERE id = %s", (in_flight,))
     chain.devnet.close_ledger()
     assert chain.tick("funding").code == 0
     assert db.execute("SELECT deposit_tx IS NOT NULL FROM paygate.deposits WHERE id = %s",
@@ -131,7 +132,7 @@ def test_deposit_replay_refusals_and_a_replay_that_settles(chain: ChainEnv, db: 
         chain.devnet.close_ledger()
         chain.tick("funding")
     assert status_of(db, in_flight) == "settled"
-    db.execute("UPDATE paygate.deposits SET status = 'failed', reason = 'hand edit', settled_at = NULL "
+    hand_edit(db, "UPDATE paygate.deposits SET status = 'failed', reason = 'hand edit', settled_at = NULL "
                "WHERE id = %s", (in_flight,))
     result = run_cli("replay", "deposits", str(in_flight), "--yes", "--json", environ=chain.environ)
     assert result.code == 1

@@ -81,3 +81,12 @@ def private_cluster() -> Iterator[Cluster]:
     finally:
         cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def hand_edit(conn: psycopg.Connection, statement: str, params: tuple[object, ...] = ()) -> None:
+    """A superuser's hand edit past every trigger (session_replication_role = replica), e.g. a
+    terminal queue row's status that queue_status_guard refuses to a plain statement: how tests
+    make the corrupt rows the commands must still refuse to act on."""
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        conn.execute(statement, params)

@@ -230,10 +230,9 @@ CREATE TABLE paygate.lineages (
     CONSTRAINT lineages_parked_has_reason CHECK ((parked_at IS NULL) = (parked_reason IS NULL))
 );
 -- Stellar queues one transaction per source account: at most one live lineage per lane.
-CREATE UNIQUE INDEX lineages_one_live_per_lane ON paygate.lineages (lane)
-    WHERE state IN ('allocated', 'signed', 'sent');
+CREATE UNIQUE INDEX lineages_one_live_per_lane ON paygate.lineages (lane) WHERE paygate.lineage_is_live(state);
 CREATE UNIQUE INDEX lineages_one_live_per_entitlement ON paygate.lineages (entitlement)
-    WHERE state IN ('allocated', 'signed', 'sent');
+    WHERE paygate.lineage_is_live(state);
 CREATE UNIQUE INDEX lineages_one_applied_per_entitlement ON paygate.lineages (entitlement)
     WHERE state = 'applied';
 CREATE INDEX lineages_entitlement ON paygate.lineages (entitlement);
@@ -283,6 +282,11 @@ CREATE TABLE paygate.deposits (
     CHECK ((status = 'settled') = (settled_at IS NOT NULL)),
     CHECK (status IN ('pending', 'settled') OR reason IS NOT NULL)
 ) WITH (fillfactor = 50);  -- room for HOT claims: see "HOT claims" at the end of this file
+-- Status moves (docs/states.md): out of pending; failed, expired and needs_human back to pending
+-- by replay only; settled never (queue_status_guard).
+CREATE TRIGGER deposit_status_guard BEFORE UPDATE OF status ON paygate.deposits
+    FOR EACH ROW WHEN (NEW.status IS DISTINCT FROM OLD.status)
+    EXECUTE FUNCTION paygate.queue_status_guard('pending', 'settled');
 CREATE INDEX deposits_claimable ON paygate.deposits (id) WHERE status = 'pending';
 CREATE INDEX deposits_deposit_tx ON paygate.deposits (deposit_tx);
 -- The needs_human queue depth (ops/status.py: count and oldest updated_at), indexed on id (never
@@ -596,6 +600,11 @@ CREATE TABLE paygate.relays (
     CHECK (status NOT IN ('applied', 'failed') OR (fee_charged IS NOT NULL AND tx_hash IS NOT NULL)),
     CHECK (status IN ('queued', 'applied') OR reason IS NOT NULL)
 ) WITH (fillfactor = 50);  -- room for HOT claims: see "HOT claims" at the end of this file
+-- Status moves (docs/states.md): out of queued; expired, rejected and needs_human back to queued by
+-- replay only; applied and failed never (queue_status_guard).
+CREATE TRIGGER relay_status_guard BEFORE UPDATE OF status ON paygate.relays
+    FOR EACH ROW WHEN (NEW.status IS DISTINCT FROM OLD.status)
+    EXECUTE FUNCTION paygate.queue_status_guard('queued', 'applied', 'failed');
 CREATE INDEX relays_claimable ON paygate.relays (id) WHERE status = 'queued';
 CREATE INDEX relays_expiry ON paygate.relays (auth_expiration_ledger) WHERE status = 'queued';
 CREATE INDEX relays_lineage ON paygate.relays (lineage_id) WHERE lineage_id IS NOT NULL;
@@ -656,6 +665,11 @@ CREATE TABLE paygate.bot_jobs (
     CHECK ((status = 'queued') = (finished_at IS NULL)),
     CHECK (status IN ('queued', 'applied') OR reason IS NOT NULL)
 ) WITH (fillfactor = 50);  -- room for HOT claims: see "HOT claims" at the end of this file
+-- Status moves (docs/states.md): out of queued; dead and needs_human back to queued by replay
+-- only; applied and failed never (queue_status_guard).
+CREATE TRIGGER bot_job_status_guard BEFORE UPDATE OF status ON paygate.bot_jobs
+    FOR EACH ROW WHEN (NEW.status IS DISTINCT FROM OLD.status)
+    EXECUTE FUNCTION paygate.queue_status_guard('queued', 'applied', 'failed');
 CREATE INDEX bot_jobs_claimable ON paygate.bot_jobs (id) WHERE status = 'queued';
 CREATE INDEX bot_jobs_dead ON paygate.bot_jobs (finished_at) WHERE status = 'dead';
 CREATE INDEX bot_jobs_lineage ON paygate.bot_jobs (lineage_id) WHERE lineage_id IS NOT NULL;
