@@ -301,7 +301,7 @@ CREATE INDEX deposits_deposit_lineage ON paygate.deposits (deposit_lineage_id)
 CREATE INDEX deposits_credit_lineage ON paygate.deposits (credit_lineage_id)
     WHERE credit_lineage_id IS NOT NULL;
 
--- == Subscriptions and charges (docs/architecture.md §5 Settlement and Observer, §8) =============
+-- == Subscriptions and charges (docs/architecture.md §5 Settlement and Observer) =================
 
 -- One charge per period, through the same admission path as one-off charges. A period's start is
 -- derived, never chosen: anchor + k * period for k = 0, 1, 2, …; the unique index
