@@ -25,7 +25,7 @@ QUEUE_SQL: dict[str, str] = {
     **subscriptions.DEPTH_ROWS,
     "lineages.live": """
         SELECT count(*), extract(epoch FROM now() - min(created_at))::float8
-        FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')""",
+        FROM paygate.lineages WHERE paygate.lineage_is_live(state)""",
     **webhooks.DEPTH_ROWS,
     **relays.DEPTH_ROWS,
     **bot_jobs.DEPTH_ROWS,

@@ -90,7 +90,7 @@ def _instance_in_flight_sql(tables: list[str]) -> Any:
 # What a lane still has in flight: its live lineage (at most one, by the unique index).
 LANE_IN_FLIGHT_SQL = """
 SELECT 'lineages' AS queue, count(*) FROM paygate.lineages
-WHERE lane = %(lane)s AND state IN ('allocated', 'signed', 'sent')
+WHERE lane = %(lane)s AND paygate.lineage_is_live(state)
 """
 
 DRAINED_SQL = """

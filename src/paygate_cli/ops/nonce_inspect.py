@@ -29,7 +29,7 @@ ORDER BY l.address
 LANE_JOURNAL_SQL = """
 SELECT """ + lineages.last_consumed_seq_sql("%(lane)s") + """,
        count(*) FILTER (WHERE state IN ('applied', 'failed')),
-       (SELECT id FROM paygate.lineages l WHERE l.lane = %(lane)s AND l.state IN ('allocated', 'signed', 'sent'))
+       (SELECT id FROM paygate.lineages l WHERE l.lane = %(lane)s AND paygate.lineage_is_live(l.state))
 FROM paygate.lineages WHERE lane = %(lane)s
 """
 # The lane's open repeated_rejection finding (journal/rejections.py) and the in-flight lineage's

@@ -45,7 +45,7 @@ UNRESOLVED_SQL = """
 SELECT id, purpose, entitlement, lane, state, source_seq, send_count, created_at,
        extract(epoch FROM now() - created_at)::float8 AS age_s
 FROM paygate.lineages
-WHERE state IN ('allocated', 'signed', 'sent') AND created_at < now() - make_interval(secs => %(older)s)
+WHERE paygate.lineage_is_live(state) AND created_at < now() - make_interval(secs => %(older)s)
 ORDER BY created_at LIMIT %(limit)s
 """
 QUARANTINED_SQL = """
