@@ -266,3 +266,27 @@ def test_a_changed_baseline_is_refused(db: psycopg.Connection, tmp_path: Path) -
     baseline.write_text(baseline.read_text() + "\n-- an edit after it was applied\n")
     with pytest.raises(NeedsHuman, match="0001_baseline was changed after it was applied"):
         migrate(db, sql_dir=sql_dir)
+
+
+def test_status_says_the_functions_are_behind(dsn: str, db: psycopg.Connection) -> None:
+    db.execute("UPDATE paygate.schema_functions SET checksum = repeat('0', 64) WHERE name = 'emit_event'")
+    report = json.loads(run_cli("status", "--json", dsn=dsn).out)["status"]
+    assert report["schema"]["functions_pending"] == ["emit_event"]
+    assert any("SQL functions are not this build's" in p for p in report["problems"]), report["problems"]
+
+
+def test_a_database_a_newer_build_migrated_keeps_its_functions(dsn: str, db: psycopg.Connection) -> None:
+    db.execute("INSERT INTO paygate.schema_migrations (version, name, checksum) VALUES (2, 'newer', repeat('a', 64))")
+    db.execute("UPDATE paygate.schema_functions SET checksum = repeat('0', 64) WHERE name = 'emit_event'")
+    result = migrate(db)
+    assert result["newer_than_this_build"] == [2] and result["functions_applied"] == []
+    assert _recorded(db)["emit_event"] == "0" * 64
+    assert run_cli("run-tick", "idempotency_sweep", dsn=dsn).code == 0  # a newer schema is accepted, as before
+
+
+def test_the_record_of_a_function_file_no_longer_shipped_is_forgotten(db: psycopg.Connection) -> None:
+    db.execute("INSERT INTO paygate.schema_functions (name, checksum) VALUES ('gone', repeat('0', 64))")
+    assert migrate(db, dry_run=True)["functions_forgotten"] == ["gone"]
+    result = migrate(db)
+    assert result["functions_forgotten"] == ["gone"] and result["functions_applied"] == []
+    assert "gone" not in _recorded(db)
