@@ -30,7 +30,7 @@ def free_lane_ctes(*, lanes_param: str = "lanes", only_if: str = "true", limit: 
     SELECT l.address FROM paygate.lanes l
     WHERE """ + only_if + """ AND l.status = 'active' AND l.address = ANY(%(""" + lanes_param + """)s)
       AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
-                      WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent'))
+                      WHERE x.lane = l.address AND paygate.lineage_is_live(x.state))
     ORDER BY l.last_allocated_at NULLS FIRST, l.address
     LIMIT """ + limit + """
     FOR UPDATE OF l SKIP LOCKED
@@ -49,7 +49,7 @@ RETURNING id, lane
 FREE_LANES_EXPR = """(SELECT count(*) FROM paygate.lanes l
  WHERE l.status = 'active' AND l.address = ANY(%(lanes)s)
    AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
-                   WHERE x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent')))"""
+                   WHERE x.lane = l.address AND paygate.lineage_is_live(x.state)))"""
 FREE_LANES_SQL = "SELECT " + FREE_LANES_EXPR
 
 
