@@ -22,6 +22,8 @@ API (stable: every worker builds on it)
                                             Expired, LeaseLost)
 
     engine = Engine.for_tick(ctx)          # one per tick, once the tick has work (the heavy imports)
+    engine = Engine.for_takeover(ctx)      # recovery, the idle sweep: drives and sweeps, holds no key,
+                                           # refuses allocate_many / prepare / send_prepared
 
     # 1. Allocate, outside any transaction, ONE statement for the tick's rows (one path's Jobs):
     allocations = engine.allocate_many(jobs, entitlements)
@@ -60,6 +62,11 @@ API (stable: every worker builds on it)
     #    (of the path's purposes) that no row of the path holds any more; LIMIT %(limit)s.
 
     engine.needs_human   # lanes fenced for foreign sequence use / lane failures this tick (exit 3, once)
+
+Funding, the relay and settlement take a tick's units through each phase together; the bot-job
+drainer takes its jobs one at a time through the same phases (lists of one, its 'sent' mark flushed
+after each broadcast), so each job's lease is renewed before its phases and a crash point stops the
+tick with the jobs after it untouched.
 
 A `Job` (the one Protocol below) is what one path supplies for one unit: its crash-point prefix, its
 lineage purpose, its call built for a given lane, an optional ledger bound, the authority its
