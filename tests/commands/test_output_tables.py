@@ -68,9 +68,9 @@ def test_any_text_still_matches_rich(columns: list[str], cells: list[list[str]])
 
 def test_the_fast_path_really_draws_the_common_case_and_defers_the_rest() -> None:
     env, out = _env()
-    rows = [{"check": "queue:funding.pending", "value": 0, "detail": "last success 2026-11-30T22:00:01+00:00"}]
+    rows = [{"check": "queue:deposits.pending", "value": 0, "detail": "last success 2026-11-30T22:00:01+00:00"}]
     assert output._render_box_table(env, rows, ["check", "value", "detail"], None, ["READY"])
-    assert out.getvalue().startswith("READY\n┏") and "│ queue:funding.pending │" in out.getvalue()
+    assert out.getvalue().startswith("READY\n┏") and "│ queue:deposits.pending │" in out.getvalue()
     for awkward in ("[bold]x[/bold]", "a :smile: b", "wide 字", "tab\there", "back\\slash"):
         env, out = _env()
         assert not output._render_box_table(env, [{"c": awkward}], ["c"], None, [])

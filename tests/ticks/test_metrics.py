@@ -125,6 +125,6 @@ def test_a_tick_writes_the_state_file_with_dead_webhooks_queue_age_and_halts(dsn
     age = {s.labels["queue"]: s.value for s in families["paygate_queue_oldest_age_seconds"].samples}
     halts = {s.labels["kind"]: s.value for s in families["paygate_halt"].samples}
     assert depth["webhooks.dead"] == 1 and 590 < age["webhooks.dead"] < 900
-    assert depth["funding.pending"] == 0 and age["funding.pending"] == 0
+    assert depth["deposits.pending"] == 0 and age["deposits.pending"] == 0
     assert halts == {"gas": 1.0, "operator": 0.0}
     assert all(s.labels["paygate_instance"] == "host-a" for f in families.values() for s in f.samples)
