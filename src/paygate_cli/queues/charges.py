@@ -39,7 +39,7 @@ SELECT EXISTS (SELECT 1 FROM paygate.charges
                WHERE closed_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at < now())),
        -- ORPHANS_SQL's question, asked here to save a round trip per tick
        EXISTS (SELECT 1 FROM paygate.lineages x
-               WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose = 'charge_batch'
+               WHERE paygate.lineage_is_live(x.state) AND x.purpose = 'charge_batch'
                  AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b
                                  WHERE b.lineage_id = x.id AND b.closed_at IS NULL)
                  AND x.created_at < now() - interval '5 seconds')
@@ -288,7 +288,7 @@ SELECT (SELECT count(*) FROM closed), (SELECT count(*) FROM held), (SELECT count
 # Live charge_batch lineages no open batch holds any more: nothing else would resolve them.
 ORPHANS_SQL = """
 SELECT x.id FROM paygate.lineages x
-WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose = 'charge_batch'
+WHERE paygate.lineage_is_live(x.state) AND x.purpose = 'charge_batch'
   AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b WHERE b.lineage_id = x.id AND b.closed_at IS NULL)
   AND x.created_at < now() - interval '5 seconds'  -- not one being claimed right now
 ORDER BY x.parked_at IS NOT NULL, x.id  -- parked ones (migration 0020) never crowd out the rest

@@ -203,7 +203,7 @@ SETTLE_RELAXED_SQL = _settle_sql(", set_config('synchronous_commit', 'off', true
 # won the credit race), failed or was handed to a human. Nothing else would ever resolve them.
 ORPHANS_SQL = """
 SELECT x.id FROM paygate.lineages x
-WHERE x.state IN ('allocated', 'signed', 'sent') AND x.purpose IN ('deposit', 'credit')
+WHERE paygate.lineage_is_live(x.state) AND x.purpose IN ('deposit', 'credit')
   AND NOT EXISTS (SELECT 1 FROM paygate.deposits p
                   WHERE p.status = 'pending' AND (p.deposit_lineage_id = x.id OR p.credit_lineage_id = x.id))
 ORDER BY x.parked_at IS NOT NULL, x.id  -- parked ones (migration 0020) never crowd out the rest
@@ -219,7 +219,7 @@ SELECT p.id, p.status, p.account, p.amount, p.auth_entry, p.auth_nonce, p.auth_e
        p.attempts, p.deposit_tx, p.deposit_lineage_id, p.credit_lineage_id, p.idempotency_key, p.updated_at,
        (SELECT array_agg(l.id || ':' || l.state ORDER BY l.id) FROM paygate.lineages l
         WHERE l.entitlement IN ('deposit:' || p.id || ':deposit', 'deposit:' || p.id || ':credit')
-          AND l.state IN ('allocated', 'signed', 'sent')) AS live,
+          AND paygate.lineage_is_live(l.state)) AS live,
        (SELECT array_agg(l.id ORDER BY l.id) FROM paygate.lineages l
         WHERE l.entitlement = 'deposit:' || p.id || ':deposit' AND l.state = 'applied') AS applied
 FROM paygate.deposits p
