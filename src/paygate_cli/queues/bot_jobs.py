@@ -92,7 +92,7 @@ WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
 # lane stays pinned. Older than a minute: never a lineage whose allocation is being recorded.
 ORPHANS_SQL = """
 SELECT x.id FROM paygate.lineages x
-WHERE x.purpose = 'relay' AND x.entitlement LIKE 'bot_job:%%' AND x.state IN ('allocated', 'signed', 'sent')
+WHERE x.purpose = 'relay' AND x.entitlement LIKE 'bot_job:%%' AND paygate.lineage_is_live(x.state)
   AND x.created_at < now() - interval '1 minute'
   AND NOT EXISTS (SELECT 1 FROM paygate.bot_jobs j WHERE j.lineage_id = x.id AND j.status = 'queued')
 ORDER BY x.parked_at IS NOT NULL, x.id LIMIT %(limit)s  -- parked ones (migration 0020) never crowd out the rest
@@ -116,7 +116,7 @@ RETURNING id
 REPLAY_ROWS_SQL = """
 SELECT j.id, j.status, j.job_key, j.contract, j.function, j.reason, j.attempts, j.updated_at,
        (SELECT array_agg(l.id || ':' || l.state ORDER BY l.id) FROM paygate.lineages l
-        WHERE l.entitlement = 'bot_job:' || j.id AND l.state IN ('allocated', 'signed', 'sent')) AS live,
+        WHERE l.entitlement = 'bot_job:' || j.id AND paygate.lineage_is_live(l.state)) AS live,
        (SELECT array_agg(l.id ORDER BY l.id) FROM paygate.lineages l
         WHERE l.entitlement = 'bot_job:' || j.id AND l.state = 'applied') AS applied,
        EXISTS (SELECT 1 FROM paygate.bot_job_allowlist a

@@ -110,7 +110,7 @@ WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s
 # no lane stays pinned. Older than a minute: never a lineage whose allocation is being recorded.
 ORPHANS_SQL = """
 SELECT x.id FROM paygate.lineages x
-WHERE x.purpose = 'relay' AND x.entitlement LIKE 'relay:%%' AND x.state IN ('allocated', 'signed', 'sent')
+WHERE x.purpose = 'relay' AND x.entitlement LIKE 'relay:%%' AND paygate.lineage_is_live(x.state)
   AND x.created_at < now() - interval '1 minute'
   AND NOT EXISTS (SELECT 1 FROM paygate.relays r WHERE r.lineage_id = x.id AND r.status = 'queued')
 ORDER BY x.parked_at IS NOT NULL, x.id LIMIT %(limit)s  -- parked ones (migration 0020) never crowd out the rest
@@ -196,7 +196,7 @@ REPLAY_ROWS_SQL = """
 SELECT r.id, r.status, r.account, r.contract, r.function, r.auth_nonces, r.auth_expiration_ledger, r.max_fee,
        r.reason, r.attempts, r.idempotency_key, r.updated_at,
        (SELECT array_agg(l.id || ':' || l.state ORDER BY l.id) FROM paygate.lineages l
-        WHERE l.entitlement = 'relay:' || r.id AND l.state IN ('allocated', 'signed', 'sent')) AS live,
+        WHERE l.entitlement = 'relay:' || r.id AND paygate.lineage_is_live(l.state)) AS live,
        (SELECT array_agg(l.id ORDER BY l.id) FROM paygate.lineages l
         WHERE l.entitlement = 'relay:' || r.id AND l.state = 'applied') AS applied,
        EXISTS (SELECT 1 FROM paygate.relay_allowlist a

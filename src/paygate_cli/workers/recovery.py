@@ -38,7 +38,7 @@ UNION ALL
 UNION ALL
 (SELECT 'lineage:' || id, 'lineage ' || id || ' (' || purpose || ', ' || entitlement || ') ' || state
         || ' since ' || created_at
- FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')
+ FROM paygate.lineages WHERE paygate.lineage_is_live(state)
    AND created_at < now() - make_interval(secs => %(age)s)
  ORDER BY created_at LIMIT %(limit)s)
 UNION ALL
