@@ -214,7 +214,6 @@ class Expired:
     reason: str
 
 
-Outcome = Sent | LaneFailed | BuildFailed | Expired
 # What drive_all() left a lineage in: its state, or what stopped it alone (raise it for that row).
 Driven = str | LeaseLost | NeedsHuman
 
