@@ -4,6 +4,7 @@ directory, a lock skip, fatal lines in the log format, workers that cannot work.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -15,16 +16,26 @@ from paygate_cli.db.locks import LOCK_NAMESPACE
 from paygate_cli.db.migrate import available_migrations
 from paygate_cli.errors import ExitCode
 from paygate_cli.sandbox.pg_cluster import _as_postgres, find_bindir
-from tests.support.cli import run_cli, run_proc
+from tests.support.cli import base_environ, run_cli, run_proc
 from tests.support.pg import private_cluster
 
 SHIPPED = max(m.version for m in available_migrations())
-# Version numbers may have gaps (a number reserved and never used): "one behind" is the one before.
-PREVIOUS = max(m.version for m in available_migrations() if m.version < SHIPPED)
+SRC = Path(__file__).resolve().parents[2] / "src" / "paygate_cli"
 
 
 def _runs(conn: psycopg.Connection) -> int:
     return conn.execute("SELECT count(*) FROM paygate.worker_runs").fetchone()[0]
+
+
+@pytest.fixture
+def newer_build(tmp_path: Path, dsn: str) -> dict[str, str]:
+    """The environment of a build that ships one migration more than this database has: a copy of
+    the package with one more sql/NNNN file, run as its own process (the next release against a
+    database nobody migrated yet)."""
+    package = tmp_path / "build" / "paygate_cli"
+    shutil.copytree(SRC, package, ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "sql" / f"{SHIPPED + 1:04d}_next.sql").write_text("SELECT 1;\n")
+    return base_environ(dsn, PYTHONPATH=str(package.parent))
 
 
 # -- schema behind the code: 78 with both versions, never 70 on UndefinedTable -------------------
@@ -36,17 +47,11 @@ def test_tick_before_any_migrate_exits_78_naming_the_versions(empty_dsn: str) ->
            "one, run `paygate migrate`" in result.err
 
 
-def test_tick_on_a_schema_one_migration_behind_exits_78(empty_dsn: str) -> None:
-    with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        for migration in available_migrations()[:-1]:
-            with conn.transaction():
-                conn.execute(migration.path.read_text())
-                conn.execute("INSERT INTO paygate.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
-                             (migration.version, migration.name, migration.checksum))
-        result = run_cli("run-tick", "idempotency_sweep", dsn=empty_dsn)
-        assert result.code == ExitCode.CONFIG, result.err
-        assert f"schema is at version {PREVIOUS}, this paygate needs {SHIPPED}" in result.err
-        assert _runs(conn) == 0  # said before any tick
+def test_tick_on_a_schema_one_migration_behind_exits_78(newer_build: dict[str, str], db: psycopg.Connection) -> None:
+    result = run_proc("run-tick", "idempotency_sweep", environ=newer_build)
+    assert result.code == ExitCode.CONFIG, result.err
+    assert f"schema is at version {SHIPPED}, this paygate needs {SHIPPED + 1}" in result.err
+    assert _runs(db) == 0  # said before any tick
 
 
 def test_commands_before_migrate_exit_78_not_70(empty_dsn: str) -> None:
@@ -182,15 +187,15 @@ def test_funding_names_only_what_is_missing(dsn: str, tmp_path: Path) -> None:
     assert json.loads(line)["msg"] == "funding cannot work: missing the USDC contract id (PAYGATE_USDC_CONTRACT)"
 
 
-def test_status_on_a_schema_behind_still_prints_its_document(dsn: str, db: psycopg.Connection) -> None:
-    # As if the newest migration had created the outbox and not run yet here.
-    db.execute("DELETE FROM paygate.schema_migrations WHERE version = %s", (SHIPPED,))
-    db.execute("DROP TABLE paygate.webhook_outbox")
-    result = run_cli("status", "--json", dsn=dsn)
+def test_status_on_a_schema_behind_still_prints_its_document(newer_build: dict[str, str],
+                                                             db: psycopg.Connection) -> None:
+    # As if the newer build's migration had created the outbox and not run yet here.
+    db.execute("DROP TABLE paygate.webhook_outbox CASCADE")
+    result = run_proc("status", "--json", environ=newer_build)
     assert result.code == ExitCode.FAILED, result.err
     report = json.loads(result.out)["status"]
     assert report["ready"] is False
-    assert f"schema behind: schema is at version {PREVIOUS}, this paygate needs {SHIPPED}" in report["problems"][0]
+    assert f"schema behind: schema is at version {SHIPPED}, this paygate needs {SHIPPED + 1}" in report["problems"][0]
 
 
 def test_bad_flag_under_journald_is_one_prioritised_line() -> None:
