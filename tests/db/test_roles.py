@@ -95,7 +95,7 @@ def test_every_table_in_the_database_is_classified(dsn: str) -> None:
 
 def test_a_new_unclassified_table_gets_nothing_and_is_named(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as owner:
-        owner.execute("CREATE SCHEMA IF NOT EXISTS paygate_archive")  # 0011 creates it
+        owner.execute("CREATE SCHEMA IF NOT EXISTS paygate_archive")  # the baseline creates it
         owner.execute("CREATE TABLE paygate_archive.charges_old (id int)")
         owner.execute("CREATE TABLE paygate.newcomer (id int)")
     result = run_cli("migrate", "--roles", "--json", dsn=dsn)

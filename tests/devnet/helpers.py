@@ -1,5 +1,5 @@
 """Transaction builders for the devnet tests, the way paygate's chain layer will build them
-(stellar.md §3.2): simulate/prepare with SorobanServer, sign, fee-bump with the fee account."""
+(as stellar-sdk documents it): simulate/prepare with SorobanServer, sign, fee-bump with the fee account."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def creds_of(entry: xdr.SorobanAuthorizationEntry) -> xdr.SorobanAddressCredenti
 
 
 def nonce_ledger_key(entry: xdr.SorobanAuthorizationEntry) -> xdr.LedgerKey:
-    """Built exactly as reference/stellar.md §3.5 shows."""
+    """Built exactly as stellar-sdk builds an address credential."""
     creds = creds_of(entry)
     return xdr.LedgerKey(
         type=xdr.LedgerEntryType.CONTRACT_DATA,

@@ -1,5 +1,5 @@
 """Each method's wire shape (field names, string vs number int64s), parameter handling and bad
-input, through SorobanServer and raw HTTP (stellar.md §1)."""
+input, through SorobanServer and raw HTTP (docs/devnet.md, RPC methods)."""
 
 from __future__ import annotations
 

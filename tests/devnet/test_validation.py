@@ -1,4 +1,4 @@
-"""sendTransaction admission and apply-time checks (stellar.md §1.1, §2.2-2.5): every error code,
+"""sendTransaction admission and apply-time checks: every error code,
 queue statuses, replace-by-fee, bans, and resending an applied envelope."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ index predicates) and the page has room for the new version (the old one stays u
 commits). So each test inserts queued rows of real size (pages filled by inserts up to the table's
 fillfactor), then runs the worker's real statements (the SQL constants imported from the worker
 modules) on the oldest: a full batch of freshly admitted rows, and every row of a first page that
-later admissions filled. On the schema before migration 0016 every one of those updates was non-HOT.
+later admissions filled. Before the hot-update layout every one of those updates was non-HOT.
 
 How the HOT count is read (PostgreSQL 15): pg_stat_user_tables.n_tup_hot_upd only moves after the
 backend flushes its pending statistics, which happens when it is idle, at most once a second (or at

@@ -4,7 +4,7 @@ lane's sequence" (ChainClient.account_sequence runs it over its pooled sessions;
 
 What stellar-sdk did for this read is done here by hand, and no more loosely or strictly than it:
 - the G... address to its 32-byte key (StrKey: base32, version byte, CRC16-XModem checksum);
-- the ACCOUNT LedgerKey as base64 XDR for getLedgerEntries (reference/stellar.md §1.4);
+- the ACCOUNT LedgerKey as base64 XDR for getLedgerEntries, as docs/devnet.md (RPC methods) shows;
 - the returned LedgerEntryData read as an AccountEntry, byte for byte as the SDK's generated decoder
   reads it (stellar_sdk/xdr/account_entry.py and the types it nests): every field is walked, trailing
   bytes refuse, and only the owner and seqNum are kept. tests/chain/test_account_sequence.py compares the

@@ -18,7 +18,7 @@ from paygate_cli.chain.contracts import Invocation, SignedTransaction
 from paygate_cli.chain.rpc import MAX_LEDGER, ChainClient, MalformedAnswer
 from paygate_cli.errors import PaygateError, Unavailable
 
-# Soroban per-transaction limits (reference/stellar.md §2.5; the devnet enforces the same values).
+# Soroban per-transaction limits (the network's published values; the devnet enforces the same, docs/devnet.md).
 MAX_FOOTPRINT_KEYS = 100
 MAX_WRITE_ENTRIES = 50
 CONTRACT_MAX_BATCH = 100
@@ -429,7 +429,7 @@ def _session(chain: ChainClient) -> requests.Session:
 
 
 def cursor_ledger(cursor: str) -> int:
-    """The ledger a cursor points into: TOID(ledger, tx, op) >> 32 (reference/stellar.md §1.5)."""
+    """The ledger a cursor points into: TOID(ledger, tx, op) >> 32 (the TOID layout of stellar-rpc's event ids)."""
     return int(cursor.split("-")[0]) >> 32
 
 

@@ -240,7 +240,7 @@ def _anchor_verdict(prepared: Prepared, held: int, anchored: int) -> LeaseLost |
     return None
 
 # Answers that mean "these bytes will never be accepted". txBAD_SEQ, txTOO_LATE and friends are
-# not in here: they are not proof by themselves (reference/stellar.md §7); resolve decides.
+# not in here: they are not proof by themselves (docs/architecture.md §4); resolve decides.
 TERMINAL_SEND_CODES = {"txBAD_AUTH", "txBAD_AUTH_EXTRA", "txMALFORMED", "txSOROBAN_INVALID", "txNO_ACCOUNT",
                        "txNOT_SUPPORTED", "invalid_xdr"}
 

@@ -62,7 +62,7 @@ def last_consumed_seq_sql(lane: str) -> str:
     landed. A superseded one proves its number consumed, but never alone: by a lineage of ours at
     the same number (applied/failed, counted here) or by a transaction we never journaled, which
     fences the lane with a `lane_fence` finding; an operator who resolves that finding accepts the
-    chain's sequence (`lanes.accepted_seq`, migration 0019), and that counts here too.
+    chain's sequence (`lanes.accepted_seq`, sql/0001_baseline.sql), and that counts here too.
 
     Written as the top of lineages_lane_seq read backwards (ORDER BY … DESC LIMIT 1): a few index
     entries however long the lane's history. Postgres plans max() that way too once the table is
@@ -109,7 +109,7 @@ WHERE id = %(id)s AND state = 'allocated'
 # offers it (journal/engine.py's Job) supplies `{hold}` — its lease check, a SELECT … FOR UPDATE
 # that returns a row iff the lease is still its own — and its own row update (`{attach}` reading the
 # new `lineage`, `{install}` reading `anchored`). Every part is conditioned on the one before, and
-# paygate.require() (migration 0014) aborts the whole statement if the row's part did not follow the
+# paygate.require() (sql/functions/require.sql) aborts the whole statement if the row's part did not follow the
 # lineage's: all or nothing, as the BEGIN … COMMIT it replaces. set_config(…, true) is SET LOCAL for
 # the statement's own transaction (relaxed commit: see db.connect.relaxed_transaction).
 
@@ -240,7 +240,7 @@ WHERE x.id = r.id AND x.state IN ('signed', 'sent')
 RETURNING x.id, set_config('synchronous_commit', 'off', true)
 """
 
-# Exactly the SQLSTATE paygate.require() raises (migration 0014).
+# Exactly the SQLSTATE paygate.require() raises (sql/functions/require.sql).
 REQUIRE_FAILED = "PGR01"
 
 
@@ -260,7 +260,7 @@ WHERE address = %(lane)s AND status = 'active'
 """
 # The finding a sequence fence opens (one open per lane, findings_one_open): a repeat sighting
 # updates the evidence and never alerts again. Only an operator resolves it
-# (paygate.accept_lane_fence, migration 0019); undrain does not.
+# (sql/functions/accept_lane_fence.sql); undrain does not.
 FENCE_FINDING_SQL = """
 INSERT INTO paygate.findings AS f (kind, subject, summary, details, alerted_at)
 VALUES ('lane_fence', %(lane)s, %(summary)s, %(details)s, now())
@@ -298,7 +298,7 @@ class Lineage:
     resolution: str | None
     max_ledger: int | None = None  # last ledger it may apply in (user-authorised calls), else None
     # Why its envelope cannot be resent (it does not decrypt): parked, still live, never resent
-    # (journal/resolve.py park; migration 0020). None for every ordinary lineage.
+    # (journal/resolve.py park; parked_at in sql/0001_baseline.sql). None for every ordinary lineage.
     parked_reason: str | None = None
 
     @property
@@ -444,7 +444,7 @@ def abandon(conn: psycopg.Connection, lineage_id: int, why: str) -> bool:
 
 # A live lineage whose stored envelope does not decrypt (journal/resolve.py): parked and its lane
 # fenced, in one statement. Only the first parker gets a row back (it alone reports it: exit 3
-# once). It stays live: only the chain may end it (migration 0020 says why).
+# once). It stays live: only the chain may end it (sql/0001_baseline.sql says why, at parked_at).
 PARK_SQL = """
 WITH parked AS (
     UPDATE paygate.lineages SET parked_at = now(), parked_reason = %(why)s

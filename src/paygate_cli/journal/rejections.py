@@ -3,7 +3,7 @@
 `ERROR txBAD_SEQ` (and `txTOO_LATE`) proves nothing by itself (docs/architecture.md §4), so resolve
 keeps resending the same bytes until the chain proves the lineage applied or dead. On a chain behind
 the journal (a reset network, an RPC of another deployment) that is every tick until the maxTime,
-with every tick exiting 0. So each resend's answer is counted on the lineage (migration 0022):
+with every tick exiting 0. So each resend's answer is counted on the lineage (its rejected_* columns):
 consecutive rejections with the same code; the count reaching `repeated_rejection_threshold` opens
 one `repeated_rejection` finding on the lane, with the evidence, and the tick exits 3 once. An
 accepted resend (PENDING, DUPLICATE) clears the count and resolves the finding: the chain took it."""

@@ -164,7 +164,7 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
             # on a lane whose key someone else is using, until a human undrains it.
             if lineages.finish(conn, lineage.id, decision, resolution=why) and foreign:
                 # The lane says why; the finding keeps the evidence until an operator resolves it
-                # (accepting the chain's sequence: migration 0019), so the lane is not fenced again
+                # (accepting the chain's sequence: lanes.accepted_seq), so the lane is not fenced again
                 # for the same sequence once it is explained and undrained.
                 reason = (f"foreign sequence use: sequence {lineage.source_seq} of lineage {lineage.id} "
                           f"(inner hash {lineage.inner_hash.hex()}) consumed by a transaction this gateway "

@@ -95,7 +95,7 @@ SELECT x.id FROM paygate.lineages x
 WHERE x.purpose = 'relay' AND x.entitlement LIKE 'bot_job:%%' AND paygate.lineage_is_live(x.state)
   AND x.created_at < now() - interval '1 minute'
   AND NOT EXISTS (SELECT 1 FROM paygate.bot_jobs j WHERE j.lineage_id = x.id AND j.status = 'queued')
-ORDER BY x.parked_at IS NOT NULL, x.id LIMIT %(limit)s  -- parked ones (migration 0020) never crowd out the rest
+ORDER BY x.parked_at IS NOT NULL, x.id LIMIT %(limit)s  -- parked ones never crowd out the rest
 """
 
 # -- finish: applied / failed (with the fee its lineage burned), dead, needs_human -----------------

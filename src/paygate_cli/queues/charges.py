@@ -291,7 +291,7 @@ SELECT x.id FROM paygate.lineages x
 WHERE paygate.lineage_is_live(x.state) AND x.purpose = 'charge_batch'
   AND NOT EXISTS (SELECT 1 FROM paygate.charge_batches b WHERE b.lineage_id = x.id AND b.closed_at IS NULL)
   AND x.created_at < now() - interval '5 seconds'  -- not one being claimed right now
-ORDER BY x.parked_at IS NOT NULL, x.id  -- parked ones (migration 0020) never crowd out the rest
+ORDER BY x.parked_at IS NOT NULL, x.id  -- parked ones never crowd out the rest
 LIMIT %(limit)s
 """
 

@@ -206,7 +206,7 @@ SELECT x.id FROM paygate.lineages x
 WHERE paygate.lineage_is_live(x.state) AND x.purpose IN ('deposit', 'credit')
   AND NOT EXISTS (SELECT 1 FROM paygate.deposits p
                   WHERE p.status = 'pending' AND (p.deposit_lineage_id = x.id OR p.credit_lineage_id = x.id))
-ORDER BY x.parked_at IS NOT NULL, x.id  -- parked ones (migration 0020) never crowd out the rest
+ORDER BY x.parked_at IS NOT NULL, x.id  -- parked ones never crowd out the rest
 LIMIT %(limit)s
 """
 # A tick's first look once it has work: how many lanes are free, and whether orphans wait.

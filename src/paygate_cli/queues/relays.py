@@ -113,7 +113,7 @@ SELECT x.id FROM paygate.lineages x
 WHERE x.purpose = 'relay' AND x.entitlement LIKE 'relay:%%' AND paygate.lineage_is_live(x.state)
   AND x.created_at < now() - interval '1 minute'
   AND NOT EXISTS (SELECT 1 FROM paygate.relays r WHERE r.lineage_id = x.id AND r.status = 'queued')
-ORDER BY x.parked_at IS NOT NULL, x.id LIMIT %(limit)s  -- parked ones (migration 0020) never crowd out the rest
+ORDER BY x.parked_at IS NOT NULL, x.id LIMIT %(limit)s  -- parked ones never crowd out the rest
 """
 
 # -- settle (included on chain), fail / needs_human (terminal), expire -----------------------------
@@ -225,7 +225,7 @@ SET status = 'queued', reason = NULL, pending_failure = NULL, attempts = 0, {lea
 WHERE id = %(id)s AND status = %(status)s AND updated_at = %(updated_at)s
 RETURNING id
 """
-# The budget rule is admission's own (paygate.take_relay_fee_budget, migration 0010); the row is the
+# The budget rule is admission's own (sql/functions/take_relay_fee_budget.sql); the row is the
 # relay's next reservation round. A needs_human relay still holds its reservation: it keeps it.
 RESERVATION_OPEN_SQL = """
 SELECT 1 FROM paygate.fee_reservations WHERE relay_id = %(id)s AND status = 'reserved'

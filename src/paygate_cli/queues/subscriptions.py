@@ -1,7 +1,7 @@
 """Subscriptions (paygate.subscriptions): a recurring charge, one per period (docs/architecture.md §5).
 
 Rows are created, paused, resumed and cancelled by the product through the schema's functions
-(sql/0004_subscriptions.sql). The subscriptions worker (workers/subscriptions.py) takes each due
+(sql/0001_baseline.sql). The subscriptions worker (workers/subscriptions.py) takes each due
 one (no lease: one transaction per subscription, the row locked for its short, database-only
 duration), charges its started periods through `paygate.admit_charge` and moves it on: the next
 period (`active`), or `past_due` with a retry time when the balance does not cover it.

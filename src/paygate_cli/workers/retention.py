@@ -6,7 +6,7 @@ statement per bounded batch (`WITH picked AS (… ORDER BY … LIMIT n FOR UPDAT
 AS (DELETE … RETURNING *) INSERT INTO archive …`), committed on its own. A crash anywhere leaves every
 row in the hot table or in the archive, never both (archive primary keys) and never neither (one
 statement, one transaction). Each pick walks its own partial index in the order rows became
-terminal (sql/0011_retention.sql), so a batch costs the rows it moves, not a scan of the history.
+terminal (sql/0001_baseline.sql), so a batch costs the rows it moves, not a scan of the history.
 
 What each table may lose, and why that is safe (everything else stays, however old):
 
@@ -32,7 +32,8 @@ What each table may lose, and why that is safe (everything else stays, however o
   was resolved before the key's retention period and cannot change its "retention since last use"
   verdict; it was terminal (nothing left to resend under the key), and being older than any RPC
   node's retention it could only have passed the chain check as "past retention, terminal state
-  recorded". The journal's delete guard (0011) lets only this statement delete, only terminal rows.
+  recorded". The journal's delete guard (sql/functions/lineage_delete_guard.sql) lets only this
+  statement delete, only terminal rows.
 - chain_events: applied (not quarantined: quarantined events have no resolution and are what
   `reconcile-report` and `status` list), observed longer ago than the window, in a ledger the
   observer's cursor has passed (a re-read page could only be older than the RPC's retention, and a
@@ -182,7 +183,7 @@ archived AS (
 ){extra}
 SELECT count(*) FROM archived
 """
-# Only this transaction may delete journal rows, and only terminal ones (0011 lineage_delete_guard).
+# Only this transaction may delete journal rows, and only terminal ones (sql/functions/lineage_delete_guard.sql).
 ARCHIVING_SQL = "SET LOCAL paygate.archiving = 'on'"
 
 COLUMNS_SQL = """

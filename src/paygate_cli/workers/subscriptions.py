@@ -18,7 +18,7 @@ from paygate_cli.crashpoints import crashpoint
 from paygate_cli.queues import subscriptions
 
 MAX_PERIODS_PER_TICK = 12
-# admit_charge's refusals (sql/0003_charges.sql): admission halted, and not enough cached balance.
+# admit_charge's refusals (sql/functions/admit_charge.sql): admission halted, and not enough cached balance.
 HALTED = "55000"
 INSUFFICIENT_BALANCE = "PG402"
 

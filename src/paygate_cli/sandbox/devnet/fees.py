@@ -13,7 +13,7 @@ from dataclasses import dataclass
 BASE_FEE = 100  # stroops per operation (LedgerHeader.base_fee)
 BASE_RESERVE = 5_000_000  # stroops (LedgerHeader.base_reserve, 0.5 XLM)
 
-# Per-transaction network limits (stellar.md §2.5 reference values).
+# Per-transaction network limits (the network's published values, docs/devnet.md).
 MAX_INSTRUCTIONS = 100_000_000
 MAX_DISK_READ_BYTES = 200 * 1024
 MAX_WRITE_BYTES = 132 * 1024

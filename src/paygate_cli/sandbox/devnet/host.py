@@ -49,7 +49,7 @@ from .storage import (
 
 _MODELS: dict[str, Any] = {sac_model.KIND: sac_model, billing.KIND: billing, market.KIND: market}
 
-# Network reference limits (stellar.md §0.10): exceeding them is RESOURCE_LIMIT_EXCEEDED.
+# Network reference limits (the published Soroban limits): exceeding them is RESOURCE_LIMIT_EXCEEDED.
 MAX_INSTRUCTIONS = 100_000_000
 MAX_EVENTS_AND_RETURN_BYTES = 16_384
 _MAX_EVENT_SIZE_GUESS = 256  # upper bound of one modelled event's XDR size; gates the exact check

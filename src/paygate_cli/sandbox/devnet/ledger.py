@@ -1,7 +1,7 @@
 """Ledger state of the devnet: accounts, the ledger chain, the transaction queue, applied
 transactions and their events, hash bans. One `Devnet` object; callers hold `Devnet.lock`.
 
-Queue semantics follow stellar-core's TransactionQueue (stellar.md §1.1): one queued transaction
+Queue semantics follow stellar-core's TransactionQueue: one queued transaction
 per sequence source, DUPLICATE for a queued hash, TRY_AGAIN_LATER for a banned hash or a busy
 source, replace-by-fee at 10x the rate, drop after 4 ledgers without inclusion, bans of 10 ledgers.
 """

@@ -1,5 +1,6 @@
 """Stellar RPC methods over the devnet's ledger state, with stellar-rpc v28's wire field names and
-types (stellar.md §1): int64s as strings where Go tags them `,string`, numbers where it does not.
+types as its Go structs marshal them: int64s as strings where Go tags them `,string`, numbers
+where it does not.
 
 Each handler takes the params object (already `{}` for `null`) and returns the result object, or
 raises RpcError. Handlers run under `Devnet.lock`, taken by the server.

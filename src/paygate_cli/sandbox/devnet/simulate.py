@@ -1,5 +1,5 @@
 """simulateTransaction: run the invocation on the host without committing, and answer with the
-footprint, resources and resource fee a transaction needs (stellar.md §1.7). Failures go in
+footprint, resources and resource fee a transaction needs (as simulateTransaction reports them). Failures go in
 `error` with HTTP 200, as stellar-rpc does. The result is what `SorobanServer.prepare_transaction`
 assembles, so a prepared transaction always passes the devnet's own admission checks.
 """

@@ -17,7 +17,7 @@ from typing import Any
 
 from stellar_sdk import scval, xdr
 
-# --- constants (protocol reference values; stellar.md §2.5, §2.6) ---------------------------------
+# --- constants (protocol reference values) ---------------------------------
 
 MAX_ENTRY_TTL = 3_110_400  # ledgers; bounds signatureExpirationLedger (CAP-46-11)
 PERSISTENT_TTL = 2_073_600  # 120 days of 5 s ledgers: TTL given to a newly created persistent entry

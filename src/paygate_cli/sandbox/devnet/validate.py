@@ -1,7 +1,7 @@
 """Envelope decoding and validation, as stellar-core does it when a transaction enters its queue
 (and again when it is applied). The checks and their order follow `TransactionFrame::checkValid`
 and `FeeBumpTransactionFrame::checkValid` closely enough that every result code a client can see
-from real Stellar RPC for these failures is the one the devnet returns (stellar.md §2.2-2.5, §6).
+from real Stellar RPC for these failures is the one the devnet returns (docs/devnet.md lists what stays approximate).
 """
 
 from __future__ import annotations
