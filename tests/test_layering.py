@@ -6,6 +6,7 @@ every violating edge as file:line."""
 from __future__ import annotations
 
 import ast
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "paygate_cli"
 
 # Root modules every layer may import (and that import only each other).
-BASE = frozenset({"errors", "env", "settings", "secrets", "logs", "metrics", "crashpoints", "context"})
+BASE = frozenset({"errors", "env", "settings", "secrets", "logs", "metrics", "crashpoints", "context", "endpoints"})
 
 # Layer -> the layers it may import, besides itself. Imports within one layer are allowed, except
 # between workers (no worker imports another) and between commands' private names (see below).
@@ -36,8 +37,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ticks": frozenset({"state", "catalogue", "queues", "journal", "chain", "db", "base"}),
     # output renders for the commands (rich); nothing below the commands prints through it
     "output": frozenset({"base"}),
-    "commands": frozenset({"ops", "ticks", "output", "state", "catalogue", "workers", "queues", "journal",
-                           "chain", "db", "base", "sandbox"}),
+    # commands parse, call ops/ or ticks/, render: no worker, queue, journal or chain code of their own
+    "commands": frozenset({"ops", "ticks", "output", "state", "catalogue", "db", "base", "sandbox"}),
     # the sandbox (devnet, demo, dev cluster) drives the real code; only a few commands reach it
     "sandbox": frozenset({"ops", "ticks", "output", "state", "catalogue", "workers", "queues", "journal",
                           "chain", "db", "base"}),
@@ -62,19 +63,6 @@ CONFINED = {
 # The command modules that open connections (and so may name psycopg's types): only the shared one,
 # commands/_common.py (open_db); every other command gets its connection there and runs no SQL.
 CONNECTING_COMMANDS = frozenset({"commands._common"})
-
-# Allowed for now, ONLY until the move that removes each lands (the lead deletes entries as they do;
-# test_pending_edges_still_exist fails on an entry whose edge is gone). Each entry: (importing
-# module, imported module), both relative to paygate_cli.
-PENDING: frozenset[tuple[str, str]] = frozenset({
-    # the worker preflight validates the journal keys by loading them: catalogue sits below journal/
-    ("catalogue", "journal.keyring"),
-    # `config show` hides a URL's API key with chain/'s redaction: settings is a base module
-    ("settings", "chain.endpoints"),
-    # migrate opens its own connection (commands/migrate.py is being edited; then _common.open_db)
-    ("commands.migrate", "db.connect"),
-})
-
 
 def layer_of(module: str) -> str:
     """`module` relative to the package (`ops.status`, `state`, `__main__`)."""
@@ -157,12 +145,10 @@ def _within(module: str, prefixes: tuple[str, ...] | frozenset[str]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def violations(root: Path, pending: frozenset[tuple[str, str]] = frozenset()) -> list[str]:
+def violations(root: Path) -> list[str]:
     """Every edge of the package under `root` that breaks a rule, with its file:line and the rule."""
     found = []
     for edge in edges(root):
-        if (edge.importer, edge.imported) in pending:
-            continue
         importer, imported = edge.importer, edge.imported
         if imported.startswith("external:"):
             package = imported.removeprefix("external:")
@@ -230,7 +216,7 @@ def _is_journal(node: ast.ImportFrom) -> bool:
 
 
 def test_the_package_imports_point_one_way() -> None:
-    found = violations(SRC, PENDING)
+    found = violations(SRC)
     assert not found, "import edges against docs/architecture.md §2:\n" + "\n".join(found)
 
 
@@ -244,12 +230,6 @@ def test_the_allowed_edges_point_down_the_ranks() -> None:
     upward = sorted((layer, other) for layer, others in ALLOWED.items() for other in others
                     if RANK[other] >= RANK[layer])
     assert not upward, f"ALLOWED edges that do not point to a lower rank: {upward}"
-
-
-def test_pending_edges_still_exist() -> None:
-    """A PENDING entry whose edge is gone is stale: remove it, so the rule holds again."""
-    present = {(e.importer, e.imported) for e in edges(SRC)}
-    assert not (PENDING - present), f"stale PENDING entries: {sorted(PENDING - present)}"
 
 
 # --- the checker itself fails on planted violations ----------------------------------------------
@@ -306,8 +286,11 @@ def test_the_checker_passes_allowed_edges(tmp_path: Path) -> None:
     assert violations(root) == []
 
 
-def test_pending_lets_a_named_edge_through_only(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {"workers/x.py": "from paygate_cli.workers import funding\n"
-                                            "from paygate_cli.commands import status\n"})
-    found = violations(root, frozenset({("workers.x", "workers.funding")}))
-    assert len(found) == 1 and found[0].split(": ", 1)[0].endswith("paygate_cli/workers/x.py:2"), found
+def test_the_real_tree_with_one_upward_import_planted_fails(tmp_path: Path) -> None:
+    shutil.copytree(SRC / PACKAGE, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    funding = tmp_path / PACKAGE / "workers" / "funding.py"
+    funding.write_text(funding.read_text() + "\n\ndef _planted() -> None:\n"
+                       "    from paygate_cli.ops.status import status  # upward: a worker reaching ops/\n")
+    found = violations(tmp_path)
+    [violation] = found
+    assert "workers/funding.py:" in violation and "workers.funding imports ops.status" in violation

@@ -555,7 +555,7 @@ def describe(settings: Settings) -> list[dict[str, str]]:
         if field.name == "database_url" and value:
             value = redact_dsn(str(value))
         if field.name in ("rpc_url", "rpc_read_urls") and value:
-            from paygate_cli.chain.endpoints import shown_url  # a provider's API key rides in the URL
+            from paygate_cli.endpoints import shown_url  # a provider's API key rides in the URL
 
             value = [shown_url(u) for u in value] if isinstance(value, list) else shown_url(str(value))
         if field.name == "instance_id" and not value:

@@ -100,7 +100,7 @@ def request_body(method: str, params: dict[str, Any]) -> dict[str, Any]:
 def urllib_endpoint(url: str, timeout: float) -> Endpoint:
     """An endpoint over urllib (no requests, no stellar-sdk): proxies from the environment ignored,
     credentials in the URL sent as basic auth, as ChainClient's sessions do."""
-    from paygate_cli.chain.endpoints import split_credentials
+    from paygate_cli.endpoints import split_credentials
 
     target, headers = split_credentials(url)
 
@@ -119,7 +119,7 @@ def urllib_endpoint(url: str, timeout: float) -> Endpoint:
             except urllib.error.HTTPError as exc:  # a JSON body is still the answer (as the SDK reads it)
                 status, body = exc.code, exc.read()
         except (OSError, http.client.HTTPException, ValueError) as exc:
-            from paygate_cli.chain.endpoints import redact_urls
+            from paygate_cli.endpoints import redact_urls
 
             raise NoAnswer(f"{type(exc).__name__}: {redact_urls(str(exc))}"[:300]) from None
         return result_of(status, body)
@@ -361,7 +361,7 @@ def _retrying(what: str, call: Callable[[], Any], attempts: int) -> Any:
 
 
 def _host(url: str) -> str:
-    from paygate_cli.chain.endpoints import endpoint_name
+    from paygate_cli.endpoints import endpoint_name
 
     return endpoint_name(url)
 

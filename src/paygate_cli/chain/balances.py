@@ -44,7 +44,7 @@ def nonce_consumed_by_quorum(chain: ChainClient, account: str, nonce: int) -> tu
     -> (True/False when a majority agrees, else None; the highest latest ledger seen; per endpoint).
     Used where a decision re-verifies an effect (replay): one endpoint's word is not enough."""
     from paygate_cli.chain.contracts import nonce_key
-    from paygate_cli.chain.endpoints import endpoint_name
+    from paygate_cli.endpoints import endpoint_name
     from paygate_cli.errors import Unavailable
 
     chain._guard("nonce quorum read")

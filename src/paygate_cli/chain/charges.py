@@ -415,7 +415,7 @@ def _opt_text(value: Any) -> str | None:
 
 def _host(url: str) -> str:
     """Only the host of an endpoint in messages: its path or query may carry a provider's API key."""
-    from paygate_cli.chain.endpoints import endpoint_name
+    from paygate_cli.endpoints import endpoint_name
 
     return endpoint_name(url)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from paygate_cli.chain.endpoints import split_credentials
+from paygate_cli.endpoints import split_credentials
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def xlm_balances(chain: ChainClient, addresses: list[str]) -> dict[str, XlmBalan
 def xlm_balances_by_host(chain: ChainClient, addresses: list[str]) -> list[dict[str, XlmBalance] | str]:
     """xlm_balances as each distinct read host sees it (for a decision a majority must agree on):
     per host its balances, or why it gave none (no answer, or one that does not decode)."""
-    from paygate_cli.chain.endpoints import endpoint_name
+    from paygate_cli.endpoints import endpoint_name
     from paygate_cli.errors import Unavailable
 
     chain._guard("getLedgerEntries")

@@ -27,8 +27,8 @@ from paygate_cli.chain.accounts import (
 )
 from paygate_cli.chain.accounts import LaneMissing as LaneMissing  # re-exported: callers catch it from here
 from paygate_cli.chain.accounts import LaneNotVisible as LaneNotVisible
-from paygate_cli.chain.endpoints import endpoint_name, redact_urls
 from paygate_cli.db.connect import assert_not_in_transaction
+from paygate_cli.endpoints import endpoint_name, redact_urls
 from paygate_cli.errors import ConfigError, Unavailable
 
 if TYPE_CHECKING:

@@ -14,11 +14,12 @@ from paygate_cli.commands._common import (
     YesFlag,
     confirm,
     get_env,
+    open_db,
     output_mode,
+    target_detail,
     target_line,
     target_of,
 )
-from paygate_cli.db.connect import connect, describe_target
 from paygate_cli.db.migrate import create_roles, migrate
 from paygate_cli.db.privileges import READONLY_ROLE, RUNTIME_ROLE
 from paygate_cli.logs import get_logger
@@ -46,7 +47,7 @@ def migrate_command(
 
     Example: `paygate migrate --dry-run`, then `paygate migrate --roles`"""
     env = get_env(ctx)
-    with connect(env.settings, "migrate") as conn:
+    with open_db(env, "migrate") as conn:
         target = target_of(env, conn)  # what libpq reached, before anything is written there
         confirm(env, "migrate", yes=yes, context=context, dry_run=dry_run, outside_production=False, target=target)
         result = migrate(conn, dry_run=dry_run)
@@ -55,7 +56,7 @@ def migrate_command(
     lines = [target_line(target)]
     if not result["already_applied"] and (dry_run or result["applied"]):
         # An empty database: the right one on a first deploy, or a DSN pointing somewhere else.
-        lines.append(f"wrong database? {describe_target(target)} had no paygate schema: migrate "
+        lines.append(f"wrong database? {target_detail(target)} had no paygate schema: migrate "
                      + ("would create it there" if dry_run else "created it there"))
     if dry_run:
         line = _plan_line(result["pending"], result["functions_pending"], result["functions_forgotten"],

@@ -69,7 +69,7 @@ def redact(text: str | None) -> str | None:
     like a Stellar seed, and every URL beyond its host removed (an RPC URL can carry an API key)."""
     if text is None:
         return None
-    from paygate_cli.chain.endpoints import redact_urls
+    from paygate_cli.endpoints import redact_urls
     from paygate_cli.secrets import scrub
 
     return _SEED.sub("S***", redact_urls(scrub(text)))[:500]
@@ -215,8 +215,8 @@ def _url_key(url: str) -> str:
 
 
 def _probe_failure(exc: Exception) -> str:
-    from paygate_cli.chain.endpoints import redact_urls
     from paygate_cli.chain.health import RpcTimeout
+    from paygate_cli.endpoints import redact_urls
 
     if isinstance(exc, RpcTimeout):
         return str(exc)  # "getHealth timed out after 10s": the endpoint is named beside it, by host
@@ -232,8 +232,8 @@ def rpc_health(settings: Any) -> dict[str, Any]:
         return {"configured": False, "endpoints": [], "problems": []}
     from concurrent.futures import ThreadPoolExecutor
 
-    from paygate_cli.chain.endpoints import endpoint_name
     from paygate_cli.chain.health import get_health, get_network_passphrase
+    from paygate_cli.endpoints import endpoint_name
 
     urls = {_url_key(url): url for _, url in reversed(endpoints_of)}  # each key -> its first spelling
     calls = {"health": get_health, "network": get_network_passphrase}

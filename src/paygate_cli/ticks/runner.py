@@ -19,6 +19,7 @@ from paygate_cli.errors import CannotWork, ConfigError, ExitCode, NeedsHuman, Pa
 from paygate_cli.logs import get_logger
 from paygate_cli.secrets import scrub
 from paygate_cli.settings import check_read_quorum
+from paygate_cli.ticks.preflight import check_secrets
 
 if TYPE_CHECKING:
     import psycopg
@@ -180,7 +181,7 @@ def preflight(settings: Settings, spec: WorkerSpec) -> None:
     network each RPC endpoint serves."""
     spec.check_requirements(settings)
     check_read_quorum(settings, spec.name)  # a money mover with a one-node "quorum" never starts (78)
-    spec.check_secrets(settings)
+    check_secrets(spec, settings)
     if "rpc" in spec.requires:
         check_network(settings)
 
@@ -195,8 +196,8 @@ def check_network(settings: Settings) -> None:
     endpoints asked at once): a node of another network would take every read and every send. An
     endpoint that does not answer is left to the chain client's own retries and quorum (69 there),
     not called a configuration error."""
-    from paygate_cli.chain.endpoints import endpoint_name, redact_urls
     from paygate_cli.chain.health import get_network_passphrase
+    from paygate_cli.endpoints import endpoint_name, redact_urls
     from paygate_cli.settings import distinct_read_urls
 
     urls = [settings.rpc_url, *distinct_read_urls(list(settings.rpc_read_urls), settings.rpc_url)]
