@@ -129,16 +129,16 @@ def ago(seconds: float | None) -> Shown:
     return Shown(seconds, ago_text(seconds))
 
 
-def _human(value: Any) -> str:
+def human_text(value: Any) -> str:
     """A cell as a person reads it: a `Shown`'s text; no Python `None`."""
     if isinstance(value, Shown):
         return value.text
     if isinstance(value, list | tuple):
-        return ",".join(_human(v) for v in value)
-    return _cell(value)
+        return ",".join(human_text(v) for v in value)
+    return cell_text(value)
 
 
-def _cell(value: Any) -> str:
+def cell_text(value: Any) -> str:
     if isinstance(value, Shown):
         value = value.raw
     if value is None:
@@ -148,13 +148,13 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     if isinstance(value, list | tuple):
-        return ",".join(_cell(v) for v in value)
+        return ",".join(cell_text(v) for v in value)
     if isinstance(value, dict):
         return json.dumps(value, default=_default)
     return str(value)
 
 
-def _tsv(text: str) -> str:
+def tsv_field(text: str) -> str:
     return text.replace("\t", " ").replace("\n", " ")
 
 
@@ -223,10 +223,10 @@ def emit(
         if rows is not None:
             env.stdout.write("\t".join(columns or []) + "\n")
             for row in rows:
-                env.stdout.write("\t".join(_tsv(_cell(row.get(c))) for c in columns or []) + "\n")
+                env.stdout.write("\t".join(tsv_field(cell_text(row.get(c))) for c in columns or []) + "\n")
         else:
             for key, value in document.items():
-                env.stdout.write(f"{key}\t{_tsv(_cell(value))}\n")
+                env.stdout.write(f"{key}\t{tsv_field(cell_text(value))}\n")
         env.stdout.flush()
         return
 
@@ -259,7 +259,7 @@ def emit(
         for column in columns or []:
             # Never an ellipsis: `-630000…` is another amount. A cell too long for its column folds.
             table.add_column(column, overflow="fold")
-        cells = [[_human(row.get(c)) for c in columns or []] for row in rows]
+        cells = [[human_text(row.get(c)) for c in columns or []] for row in rows]
         for row_cells in cells:
             table.add_row(*row_cells)
         if env.stdout_isatty and not wide and _narrowest_width(console, table) > console.width:
@@ -268,7 +268,7 @@ def emit(
             console.print(table)
     elif not lines:
         for key, value in document.items():
-            console.print(f"{key}: {_human(value)}", markup=False)
+            console.print(f"{key}: {human_text(value)}", markup=False)
 
 
 def _narrowest_width(console: Any, table: Any) -> int:
@@ -337,7 +337,7 @@ def _render_box_table(env: Env, rows: Sequence[dict[str, Any]] | None, columns: 
             or _forced_terminal(os.environ):
         return False
     header = [str(c) for c in columns]
-    body = [[_human(row.get(c)) for c in columns] for row in rows]
+    body = [[human_text(row.get(c)) for c in columns] for row in rows]
     if not all(_rich_would_render_as_is(text) for text in (*lines, *header, *(t for r in body for t in r))):
         return False
     widths = [max([len(header[i]), *(len(r[i]) for r in body)]) + 2 for i in range(len(header))]

@@ -36,7 +36,7 @@ def _rich(rows: list[dict[str, Any]], columns: list[str], lines: list[str], titl
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*[output._cell(row.get(c)) for c in columns])
+        table.add_row(*[output.cell_text(row.get(c)) for c in columns])
     console.print(table)
     return out.getvalue()
 

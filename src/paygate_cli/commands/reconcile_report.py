@@ -14,7 +14,7 @@ import typer
 from paygate_cli.commands._common import DATABASE_SECRETS, get_env, open_db, parse_since
 from paygate_cli.commands.completion import complete_report_formats
 from paygate_cli.errors import ConfigError, ExitCode, UsageError
-from paygate_cli.output import Mode, _cell, _human, _tsv, amount, duration, emit, to_json
+from paygate_cli.output import Mode, amount, cell_text, duration, emit, human_text, to_json, tsv_field
 from paygate_cli.settings import parse_duration
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -53,7 +53,7 @@ def _csv(document: dict[str, Any]) -> str:
     writer.writerow(columns)
     for section in SECTIONS:
         for row in document[section]:
-            writer.writerow([section] + [_cell(row.get(c)) for c in columns[1:]])
+            writer.writerow([section] + [cell_text(row.get(c)) for c in columns[1:]])
     return buffer.getvalue()
 
 
@@ -63,7 +63,7 @@ def _plain(document: dict[str, Any]) -> str:
     lines = ["\t".join(columns)]
     for section in SECTIONS:
         for row in document[section]:
-            lines.append("\t".join([section] + [_tsv(_cell(row.get(c))) for c in columns[1:]]))
+            lines.append("\t".join([section] + [tsv_field(cell_text(row.get(c))) for c in columns[1:]]))
     return "\n".join(lines) + "\n"
 
 
@@ -72,7 +72,7 @@ def _markdown(document: dict[str, Any], headline: str) -> str:
 
     parts = [f"## Reconcile report\n\n{headline}\n"]
     for section, columns in SECTIONS.items():
-        rows = [[_human(row.get(c)) for c in columns] for row in _shown(section, document[section])]
+        rows = [[human_text(row.get(c)) for c in columns] for row in _shown(section, document[section])]
         parts.append(f"### {section.replace('_', ' ')}\n")
         parts.append(tabulate(rows, headers=columns, tablefmt="github") + "\n" if rows else "_none_\n")
     return "\n".join(parts)
@@ -83,7 +83,7 @@ def _text_tables(document: dict[str, Any], headline: str) -> str:
 
     parts = [headline]
     for section, columns in SECTIONS.items():
-        rows = [[_human(row.get(c)) for c in columns] for row in _shown(section, document[section])]
+        rows = [[human_text(row.get(c)) for c in columns] for row in _shown(section, document[section])]
         parts.append(f"\n{section.replace('_', ' ')}:")
         parts.append(tabulate(rows, headers=columns, tablefmt="simple") if rows else "  none")
     return "\n".join(parts) + "\n"

@@ -214,7 +214,6 @@ ORDER BY req.n
 NO_INSTALL = "SELECT 1 FROM anchored"
 
 # What the broadcast answered: re-derivable (a 'signed' lineage is resolved the same way), so relaxed.
-MARK_SENT_RELAXED_SQL = MARK_SENT_SQL.rstrip() + "\nRETURNING set_config('synchronous_commit', 'off', true)\n"
 
 # The tick's broadcasts recorded together (journal/engine.py flush_sent): one statement a tick, or
 # a CTE in front of the path's own end-of-tick statement (MARK_SENT_BEFORE).
@@ -385,11 +384,6 @@ def one_statement(conn: psycopg.Connection, sql: str, params: dict[str, Any]) ->
         return conn.execute(sql, params)
     with conn.transaction():
         return conn.execute(sql, params)
-
-
-def mark_sent_relaxed(conn: psycopg.Connection, lineage_id: int, status: str) -> bool:
-    """mark_sent in one relaxed statement (what relaxed_transaction + mark_sent did in four round trips)."""
-    return one_statement(conn, MARK_SENT_RELAXED_SQL, {"id": lineage_id, "status": status}).rowcount == 1
 
 
 def mark_sent_many(conn: psycopg.Connection, sent: list[tuple[int, str]],
