@@ -51,9 +51,7 @@ WHERE j.id = mine.id AND j.status = 'queued' AND j.lease_token = mine.token
 
 # -- the lease check and the lineage pointer -------------------------------------------------------
 
-HOLD_SQL = """
-SELECT 1 FROM paygate.bot_jobs WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s FOR UPDATE
-"""
+HOLD_SQL = leases.hold("bot_jobs", "j", "j.status = 'queued'", key_param="id", token_param="token")
 # The engine's one-statement allocation (journal/engine.py Job): the job takes its new lineage
 # (`lineage`) under its lease, one job's form and a tick's over the request `req`.
 ATTACH_SQL = """
@@ -61,10 +59,7 @@ UPDATE paygate.bot_jobs j SET lineage_id = lineage.id, updated_at = now()
 FROM lineage WHERE j.id = %(id)s AND j.status = 'queued' AND j.lease_token = %(token)s
 RETURNING 1
 """
-HOLD_MANY_SQL = """
-SELECT j.id AS row_id FROM paygate.bot_jobs j JOIN req ON j.id = req.row_id
-WHERE j.status = 'queued' AND j.lease_token = req.row_token FOR UPDATE OF j
-"""
+HOLD_MANY_SQL = leases.hold_many("bot_jobs", "j", "j.status = 'queued'")
 ATTACH_MANY_SQL = """
 UPDATE paygate.bot_jobs j SET lineage_id = lineage.id, updated_at = now()
 FROM lineage JOIN req USING (entitlement)

@@ -154,10 +154,8 @@ RETURNING 1
 # The same guard as parts of the engine's one-statement phases, where the engine offers them
 # (journal/engine.py Job: the anchor is then ONE statement, lease check and all): `hold` locks
 # the batch row iff the lease is still ours, `install` (committed with the envelope) renews it.
-HOLD_BATCH_ROW_SQL = """
-SELECT 1 FROM paygate.charge_batches
-WHERE lineage_id = %(batch_lineage)s AND lease_token = %(batch_token)s AND closed_at IS NULL FOR UPDATE
-"""
+HOLD_BATCH_ROW_SQL = leases.hold("charge_batches", "b", "b.closed_at IS NULL", key="lineage_id",
+                                 key_param="batch_lineage", token_param="batch_token")
 RENEW_BATCH_AT_ANCHOR_SQL = f"""
 UPDATE paygate.charge_batches b
 SET {leases.renew("b", "batch_lease")}
@@ -167,10 +165,7 @@ RETURNING 1
 """
 # The same for a tick's batches, anchored in one statement (journal/lineage.py ANCHOR_HELD_MANY_SQL;
 # the request `req` names each batch by its lineage and lease token).
-HOLD_BATCHES_SQL = """
-SELECT b.lineage_id AS row_id FROM paygate.charge_batches b JOIN req ON b.lineage_id = req.row_id
-WHERE b.lease_token = req.row_token AND b.closed_at IS NULL FOR UPDATE OF b
-"""
+HOLD_BATCHES_SQL = leases.hold_many("charge_batches", "b", "b.closed_at IS NULL", key="lineage_id")
 RENEW_BATCHES_AT_ANCHOR_SQL = f"""
 UPDATE paygate.charge_batches b
 SET {leases.renew("b", "batch_lease")}

@@ -67,10 +67,7 @@ RETURNING 1
 # credit's allocation also records the deposit's inner hash (until then an applied deposit lineage
 # says it: the row points at it, so a crash before this write re-derives it). The anchor renews the
 # lease.
-HOLD_ROW_SQL = """
-SELECT 1 FROM paygate.deposits
-WHERE id = %(row_id)s AND status = 'pending' AND lease_token = %(row_token)s FOR UPDATE
-"""
+HOLD_ROW_SQL = leases.hold("deposits", "p", "p.status = 'pending'")
 ATTACH_DEPOSIT_SQL = f"""
 UPDATE paygate.deposits p
 SET deposit_lineage_id = lineage.id, updated_at = now(),
@@ -89,10 +86,7 @@ RETURNING 1
 # one statement: each row takes the lineage of its own phase. A credit's deposit hash is its applied
 # deposit lineage's (what the single-row form is given); a row where that is not so takes nothing,
 # the statement's require() fails, and each row is allocated for alone.
-HOLD_MANY_SQL = """
-SELECT p.id AS row_id FROM paygate.deposits p JOIN req ON p.id = req.row_id
-WHERE p.status = 'pending' AND p.lease_token = req.row_token FOR UPDATE OF p
-"""
+HOLD_MANY_SQL = leases.hold_many("deposits", "p", "p.status = 'pending'")
 ATTACH_MANY_SQL = f"""
 UPDATE paygate.deposits p
 SET deposit_lineage_id = CASE lineage.purpose WHEN 'deposit' THEN lineage.id ELSE p.deposit_lineage_id END,

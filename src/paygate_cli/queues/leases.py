@@ -21,3 +21,19 @@ def renew(alias: str, seconds: str = "lease") -> str:
 
 # SET items of a release (the row goes back to claimable, or to a terminal state).
 RELEASE = "lease_token = NULL, lease_expires_at = NULL"
+
+
+def hold(table: str, alias: str, held: str, *, key: str = "id", key_param: str = "row_id",
+         token_param: str = "row_token") -> str:
+    """The lease check of one row: lock it iff our lease still holds and the row is still in flight
+    (`held`, e.g. "r.status = 'queued'"). Zero rows means the lease was lost: write nothing."""
+    return (f"SELECT 1 FROM paygate.{table} {alias}\n"
+            f"WHERE {alias}.{key} = %({key_param})s AND {held} AND {alias}.lease_token = %({token_param})s\n"
+            f"FOR UPDATE OF {alias}\n")
+
+
+def hold_many(table: str, alias: str, held: str, *, key: str = "id") -> str:
+    """The same check for a tick's rows at once, named by the request `req` (row_id, row_token):
+    the rows whose lease still holds, locked (journal/engine.py's one-statement phases)."""
+    return (f"SELECT {alias}.{key} AS row_id FROM paygate.{table} {alias} JOIN req ON {alias}.{key} = req.row_id\n"
+            f"WHERE {held} AND {alias}.lease_token = req.row_token FOR UPDATE OF {alias}\n")

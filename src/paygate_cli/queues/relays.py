@@ -59,25 +59,18 @@ RELEASE_RELAXED = "RETURNING set_config('synchronous_commit', 'off', true)"
 # -- the lease checks and the lineage pointer (the journal engine's Job hooks) ---------------------
 
 # Every write below is guarded by the lease token the claim took.
-HOLD_SQL = """
-SELECT 1 FROM paygate.relays WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s FOR UPDATE
-"""
+HOLD_SQL = leases.hold("relays", "r", "r.status = 'queued'", key_param="id", token_param="token")
 # The engine's one-statement phases (RelayJob, journal/engine.py Job): the lease check as SQL, the
 # row's pointer recorded with the allocation, and phase 2b's install committed with the anchor (the
 # relay points at the hash of the envelope just journaled, guarded on the live lease and the
 # allocated lineage; zero rows rolls the anchor back with it: nothing installed, nothing sent).
-HOLD_ROW_SQL = """
-SELECT 1 FROM paygate.relays WHERE id = %(row_id)s AND status = 'queued' AND lease_token = %(row_token)s FOR UPDATE
-"""
+HOLD_ROW_SQL = leases.hold("relays", "r", "r.status = 'queued'")
 ATTACH_SQL = """
 UPDATE paygate.relays r SET lineage_id = lineage.id, updated_at = now()
 FROM lineage WHERE r.id = %(row_id)s AND r.status = 'queued' AND r.lease_token = %(row_token)s
 RETURNING 1
 """
-HOLD_MANY_SQL = """
-SELECT r.id AS row_id FROM paygate.relays r JOIN req ON r.id = req.row_id
-WHERE r.status = 'queued' AND r.lease_token = req.row_token FOR UPDATE OF r
-"""
+HOLD_MANY_SQL = leases.hold_many("relays", "r", "r.status = 'queued'")
 ATTACH_MANY_SQL = """
 UPDATE paygate.relays r SET lineage_id = lineage.id, updated_at = now()
 FROM lineage JOIN req USING (entitlement)
