@@ -16,7 +16,7 @@ from stellar_sdk.soroban_rpc import GetTransactionStatus
 
 from tests.support.chain_env import ChainEnv, chain_environ
 from tests.support.devnet_support import DevnetError, DevnetHandle, start_devnet
-from tests.workers.test_funding_drills import admit, crash_tick, lineages_of, row_of, run_until_quiet, wait_for_leases
+from tests.support.funding import admit, crash_tick, lineages_of, row_of, run_until_quiet, wait_for_leases
 
 VALIDITY = 60
 

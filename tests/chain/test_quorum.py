@@ -16,7 +16,7 @@ from paygate_cli.settings import MONEY_MOVERS, check_read_quorum, distinct_read_
 from tests.support.chain_env import ChainEnv, chain_environ
 from tests.support.cli import base_environ, run_cli
 from tests.support.devnet_support import DevnetHandle, start_devnet
-from tests.workers.test_funding_drills import admit, lineages_of, row_of
+from tests.support.funding import admit, lineages_of, row_of
 
 SECRET_IN_URL = "k3y-in-the-query"
 

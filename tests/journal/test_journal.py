@@ -26,7 +26,7 @@ from paygate_cli.settings import load_settings
 from tests.support.chain_env import JOURNAL_KEY_ID, ChainEnv, admit_deposit, chain_environ
 from tests.support.cli import base_environ, run_cli
 from tests.support.devnet_support import DevnetHandle, start_devnet
-from tests.workers.test_funding_drills import (
+from tests.support.funding import (
     admit,
     assert_invariants,
     crash_tick,

@@ -172,7 +172,7 @@ def test_a_lagging_sequence_read_passes_the_lane_over_and_never_fences(chain: Ch
 
 def test_a_foreign_sequence_use_fence_says_why_on_the_lane_and_opens_the_finding(
         chain: ChainEnv, db: psycopg.Connection) -> None:
-    from tests.workers.test_funding_drills import crash_tick, wait_for_leases
+    from tests.support.funding import crash_tick, wait_for_leases
 
     admit(chain, db, 0, "foreign-1")
     crash_tick(chain, "funding.after_anchor")  # anchored, never broadcast

@@ -22,7 +22,7 @@ from tests.support.chain_env import (
     sign_deposit,
 )
 from tests.support.devnet_support import DevnetHandle, start_devnet
-from tests.workers.test_funding_drills import (
+from tests.support.funding import (
     AMOUNT,
     addr,
     admit,

@@ -14,7 +14,6 @@ the deposit that landed carries the version the wallet signed (paygate never re-
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,22 +23,21 @@ import pytest
 from stellar_sdk import FeeBumpTransactionEnvelope, xdr
 
 from paygate_cli.journal.keyring import Keyring
-from tests.support.chain_env import (
-    ChainEnv,
-    admit_deposit,
-    billing_balance,
-    chain_environ,
-    contract_events,
-    credentials_type,
-    landed_auth_types,
-    sign_deposit,
-)
-from tests.support.cli import Result, run_proc
+from tests.support.chain_env import ChainEnv, chain_environ, credentials_type
+from tests.support.cli import run_proc
 from tests.support.devnet_support import DevnetHandle, start_devnet
 from tests.support.drill_support import assert_crashed_at
-from tests.support.drill_support import crash_tick as drill_crash_tick
+from tests.support.funding import (
+    admit,
+    assert_invariants,
+    crash_tick,
+    is_quiet,
+    lineages_of,
+    row_of,
+    run_until_quiet,
+    wait_for_leases,
+)
 
-AMOUNT = 25_000_000
 LEASE_S = 1.0  # PAYGATE_FUNDING_LEASE in chain_environ
 
 CRASH_POINTS = [
@@ -62,7 +60,7 @@ TICKS_BEFORE = {"funding.after_deposit_applied": 1, "funding.credit.after_alloca
                 "funding.before_settle": 2}
 
 
-# -- fixtures and helpers (shared with the other tests/test_funding_*.py) ---------------------------
+# -- fixtures and helpers (the shared ones are tests/support/funding.py) ----------------------------
 
 @pytest.fixture
 def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
@@ -76,110 +74,8 @@ def chain(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> ChainEnv:
     return ChainEnv(devnet, dsn, chain_environ(devnet, dsn, tmp_path / "keys"))
 
 
-def admit(chain: ChainEnv, db: psycopg.Connection, user: int = 0, amount: int = AMOUNT, key: str | None = None,
-          **sign: Any) -> int:
-    u = chain.genesis["users"][user]
-    entry, nonce, expiration = sign_deposit(chain.devnet, u["secret"], amount, **sign)
-    return admit_deposit(db, u["public"], amount, entry, nonce, expiration, key or f"dep-{user}-{nonce}")
-
-
-def row_of(db: psycopg.Connection, pending_id: int) -> dict[str, Any]:
-    cursor = db.execute("SELECT * FROM paygate.deposits WHERE id = %s", (pending_id,))
-    return dict(zip([c.name for c in cursor.description], cursor.fetchone(), strict=True))
-
-
-def lineages_of(db: psycopg.Connection) -> list[dict[str, Any]]:
-    cursor = db.execute("SELECT * FROM paygate.lineages ORDER BY id")
-    names = [c.name for c in cursor.description]
-    return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
-
-
 def crash_environ(chain: ChainEnv, point: str) -> dict[str, str]:
     return {**chain.environ, "PAYGATE_ENABLE_CRASHPOINTS": "1", "PAYGATE_CRASH_AT": point}
-
-
-def crash_tick(chain: ChainEnv, point: str) -> Result:
-    """One real tick process with the crash point armed; it must die by SIGKILL there (marker checked)."""
-    return drill_crash_tick(chain.environ, "funding", point)
-
-
-def is_quiet(db: psycopg.Connection) -> bool:
-    open_rows = db.execute("SELECT count(*) FROM paygate.deposits WHERE status = 'pending'").fetchone()[0]
-    live = db.execute("SELECT count(*) FROM paygate.lineages WHERE state IN ('allocated','signed','sent')"
-                      ).fetchone()[0]
-    return not open_rows and not live
-
-
-def wait_for_leases(db: psycopg.Connection) -> None:
-    """Sleep until no pending row holds a lease (DB time): a dead process's claim has lapsed."""
-    left = db.execute("SELECT coalesce(extract(epoch FROM max(lease_expires_at) - now()), 0)::float8 "
-                      "FROM paygate.deposits WHERE status = 'pending' AND lease_expires_at > now()"
-                      ).fetchone()[0]
-    if left > 0:
-        time.sleep(left + 0.05)
-
-
-def run_until_quiet(chain: ChainEnv, db: psycopg.Connection, rounds: int = 30,
-                    allowed: tuple[int, ...] = (0, 1)) -> list[Result]:
-    """Tick (in-process), close a ledger, repeat until no row is pending and no lineage is live."""
-    results = []
-    for _ in range(rounds):
-        wait_for_leases(db)
-        result = chain.tick("funding", "--once")
-        results.append(result)
-        assert result.code in allowed, (result.code, result.err)
-        if is_quiet(db):
-            return results
-        chain.devnet.close_ledger()
-    rows = db.execute("SELECT id, status FROM paygate.deposits").fetchall()
-    raise AssertionError(f"funding did not go quiet; rows: {rows} "
-                         f"lineages: {[(x['id'], x['purpose'], x['state']) for x in lineages_of(db)]}")
-
-
-def addr(topic: Any) -> str:
-    """An event topic that is an address, as its strkey."""
-    return str(getattr(topic, "address", topic))
-
-
-def assert_invariants(chain: ChainEnv, db: psycopg.Connection, settled: list[int],
-                      credentials: xdr.SorobanCredentialsType | None = None) -> None:
-    """The drill invariants (docs/architecture.md §1) for the given deposits, which must all have
-    settled; with `credentials`, each deposit that landed carries exactly one auth entry of that version."""
-    g = chain.genesis
-    billing = g["contracts"]["billing"]
-    credits = contract_events(chain, "credit")
-    transfers = [t for t in contract_events(chain, "transfer") if addr(t["topics"][2]) == billing]
-    for pending_id in settled:
-        row = row_of(db, pending_id)
-        assert row["status"] == "settled", row
-        deposit_tx = bytes(row["deposit_tx"])
-        mine = [c for c in credits if c["value"][1] == deposit_tx]
-        assert len(mine) == 1, f"deposit {pending_id}: {len(mine)} credit events"
-        assert addr(mine[0]["topics"][1]) == row["account"] and mine[0]["value"][0] == int(row["amount"])
-        applied = db.execute("SELECT inner_hash FROM paygate.lineages WHERE entitlement = %s AND state = 'applied'",
-                             (f"deposit:{pending_id}:deposit",)).fetchall()
-        assert [bytes(a[0]) for a in applied] == [deposit_tx]
-        if credentials is not None:
-            assert landed_auth_types(chain, deposit_tx) == [credentials], pending_id
-    # exactly one SAC transfer into the billing contract per authorisation we settled
-    by_account: dict[str, int] = {}
-    for pending_id in settled:
-        by_account[row_of(db, pending_id)["account"]] = by_account.get(row_of(db, pending_id)["account"], 0) + 1
-    for account, count in by_account.items():
-        assert len([t for t in transfers if addr(t["topics"][1]) == account]) == count, account
-    assert len(credits) == len(settled) and len(transfers) == len(settled)
-    # cached balance = on-chain billing balance, for every account we know
-    for address, cached in db.execute("SELECT address, cached_balance FROM paygate.accounts").fetchall():
-        assert int(cached) == billing_balance(chain, address), address
-    # the journal is quiet: nothing live, no lane busy, at most one applied lineage per entitlement
-    assert db.execute("SELECT count(*) FROM paygate.lineages WHERE state IN ('allocated','signed','sent')"
-                      ).fetchone()[0] == 0
-    assert db.execute("SELECT count(*) FROM paygate.lanes l WHERE EXISTS (SELECT 1 FROM paygate.lineages x "
-                      "WHERE x.lane = l.address AND x.state IN ('allocated','signed','sent'))").fetchone()[0] == 0
-    assert db.execute("SELECT count(*) FROM (SELECT entitlement FROM paygate.lineages WHERE state = 'applied' "
-                      "GROUP BY entitlement HAVING count(*) > 1) t").fetchone()[0] == 0
-    # nothing left pending with a lease
-    assert db.execute("SELECT count(*) FROM paygate.deposits WHERE lease_token IS NOT NULL").fetchone()[0] == 0
 
 
 def prepare_to(chain: ChainEnv, db: psycopg.Connection, point: str) -> None:

@@ -15,7 +15,7 @@ from paygate_cli.errors import ExitCode
 from tests.support.chain_env import ChainEnv, chain_environ
 from tests.support.cli import spawn
 from tests.support.devnet_support import DevnetHandle, start_devnet
-from tests.workers.test_funding_drills import (
+from tests.support.funding import (
     admit,
     assert_invariants,
     crash_tick,

@@ -21,7 +21,7 @@ from tests.support.chain_env import ChainEnv, admit_deposit, billing_balance, si
 from tests.support.charges_support import admit_charge, charge_chain, fund
 from tests.support.cli import spawn
 from tests.support.devnet_support import DevnetHandle, start_devnet
-from tests.workers.test_funding_drills import assert_invariants, lineages_of, row_of, wait_for_leases
+from tests.support.funding import assert_invariants, lineages_of, row_of, wait_for_leases
 
 AMOUNT = 25_000_000
 LIVE = "SELECT count(*) FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')"
