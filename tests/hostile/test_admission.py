@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from stellar_sdk import Keypair, StrKey, xdr
 
-from tests.db.test_relay_admission import MARKET, USER, args_xdr, auth_entry, source_account_entry
+from tests.support.relay_admission import MARKET, USER, args_xdr, auth_entry, source_account_entry
 
 HOSTILE = settings(max_examples=50, deadline=None, derandomize=True,
                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -21,7 +21,7 @@ from stellar_sdk.auth import authorize_invocation
 from paygate_cli.chain.contracts import BadAuthorization, check_deposit_auth
 from paygate_cli.chain.relay import BadRelay, relay_invocation
 from paygate_cli.errors import ConfigError
-from tests.db.test_relay_admission import MARKET, PASSPHRASE, USER, args_xdr, auth_entry
+from tests.support.relay_admission import MARKET, PASSPHRASE, USER, args_xdr, auth_entry
 
 ENTRIES = settings(max_examples=150, deadline=None, derandomize=True)
 USDC = StrKey.encode_contract(bytes([21]) * 32)

@@ -7,9 +7,9 @@ import json
 import psycopg
 
 from paygate_cli.errors import ExitCode
-from tests.db.test_relay_admission import MARKET, admit, args_xdr
-from tests.db.test_relay_admission import allowed as allowed
 from tests.support.cli import run_cli
+from tests.support.relay_admission import MARKET, admit, args_xdr
+from tests.support.relay_admission import allowed as allowed
 
 
 def test_status_shows_relay_queues_gas_headroom_and_the_gas_halt(dsn: str, allowed: psycopg.Connection) -> None:

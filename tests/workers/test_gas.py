@@ -13,11 +13,11 @@ import pytest
 from stellar_sdk import Asset, Keypair, TransactionBuilder
 
 from paygate_cli.journal import lineage as lineages
-from tests.db.test_relay_admission import admit as admit_relay
-from tests.db.test_relay_admission import allowed as allowed
 from tests.support.chain_env import ChainEnv, chain_environ
 from tests.support.cli import run_cli
 from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.relay_admission import admit as admit_relay
+from tests.support.relay_admission import allowed as allowed
 
 XLM = 10_000_000
 
