@@ -118,11 +118,11 @@ def _observer_behind_retention(world: World) -> None:
 
 
 def _deposit_needs_human(world: World) -> None:
-    from tests.workers.test_funding_bad_input import _submit_directly
+    from tests.support.funding import submit_directly
 
     user = world.devnet.genesis["users"][0]
     entry, nonce, expiration = sign_deposit(world.devnet, user["secret"], 7_000_000)
-    _submit_directly(world.chain(), entry, user["public"], 7_000_000)  # someone else spends the nonce
+    submit_directly(world.chain(), entry, user["public"], 7_000_000)  # someone else spends the nonce
     with world.db() as db:
         admit_deposit(db, user["public"], 7_000_000, entry, nonce, expiration, "runbook-spent")
     result = world.chain().tick("funding", "--once")

@@ -15,9 +15,9 @@ from psycopg.types.json import Jsonb
 from tests.support.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
 from tests.support.cli import base_environ, run_cli
 from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.funding import submit_directly
 from tests.support.pg import hand_edit
 from tests.support.webhook_receiver import Receiver
-from tests.workers.test_funding_bad_input import _submit_directly
 
 SECRET = "whsec_test_0123456789abcdef"
 AMOUNT = 3_000_000
@@ -97,7 +97,7 @@ def test_deposit_replay_refusals_and_a_replay_that_settles(chain: ChainEnv, db: 
     users = chain.genesis["users"]
     # 1. Already on chain: the user's authorisation was spent outside paygate (needs_human).
     entry, nonce, expiration = sign_deposit(chain.devnet, users[0]["secret"], AMOUNT)
-    _submit_directly(chain, entry, users[0]["public"], AMOUNT)
+    submit_directly(chain, entry, users[0]["public"], AMOUNT)
     spent = admit_deposit(db, users[0]["public"], AMOUNT, entry, nonce, expiration, "spent")
     # 2. Authorisation expired.
     entry, nonce, expiration = sign_deposit(chain.devnet, users[1]["secret"], AMOUNT, valid_ledgers=2)

@@ -15,7 +15,7 @@ import pytest
 from tests.support.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
 from tests.support.cli import run_cli, run_proc
 from tests.support.devnet_support import DevnetHandle, start_devnet
-from tests.workers.test_funding_bad_input import _flip_signature_byte
+from tests.support.funding import flip_signature_byte
 
 AMOUNT = 2_000_000
 
@@ -43,7 +43,7 @@ def test_replay_refuses_deposits_that_failed_validation_and_would_fail_again(cha
     entry, nonce, exp = sign_deposit(chain.devnet, u0["secret"], AMOUNT)
     wrong_amount = admit_deposit(db, u0["public"], AMOUNT * 2, entry, nonce, exp, "wrong-amount")
     entry, nonce, exp = sign_deposit(chain.devnet, u0["secret"], AMOUNT)
-    tampered = admit_deposit(db, u0["public"], AMOUNT, _flip_signature_byte(entry), nonce, exp, "tampered")
+    tampered = admit_deposit(db, u0["public"], AMOUNT, flip_signature_byte(entry), nonce, exp, "tampered")
     entry, nonce, exp = sign_deposit(chain.devnet, u0["secret"], AMOUNT, contract=g["contracts"]["market"])
     wrong_contract = admit_deposit(db, u0["public"], AMOUNT, entry, nonce, exp, "wrong-contract")
     entry, nonce, exp = sign_deposit(chain.devnet, u0["secret"], AMOUNT, to=u1["public"])

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 import psycopg
-from stellar_sdk import xdr
+from stellar_sdk import Keypair, TransactionBuilder, scval, xdr
 
 from tests.support.chain_env import (
     ChainEnv,
@@ -126,3 +126,33 @@ def assert_invariants(chain: ChainEnv, db: psycopg.Connection, settled: list[int
     # nothing left pending with a lease
     assert db.execute("SELECT count(*) FROM paygate.deposits WHERE lease_token IS NOT NULL").fetchone()[0] == 0
 
+
+def flip_signature_byte(entry_b64: str) -> str:
+    entry = xdr.SorobanAuthorizationEntry.from_xdr(entry_b64)
+    creds = entry.credentials.address_v2 or entry.credentials.address
+    sig_map = creds.signature.vec.sc_vec[0].map.sc_map
+    for item in sig_map:
+        if scval.to_native(item.key) == "signature":
+            raw = bytearray(item.val.bytes.sc_bytes)
+            raw[0] ^= 0x01
+            item.val.bytes.sc_bytes = bytes(raw)
+    return entry.to_xdr()
+
+
+def submit_directly(chain: ChainEnv, entry: str, account: str, amount: int) -> None:
+    """Someone else (the billing admin's key) relays the user's own authorisation."""
+    g = chain.genesis
+    relayer = Keypair.from_secret(g["admin"]["secret"])
+    with chain.server() as server:
+        source = server.load_account(relayer.public_key)
+        tx = (TransactionBuilder(source, g["passphrase"], base_fee=100)
+              .append_invoke_contract_function_op(
+                  g["contracts"]["usdc"], "transfer",
+                  [scval.to_address(account), scval.to_address(g["contracts"]["billing"]), scval.to_int128(amount)],
+                  auth=[xdr.SorobanAuthorizationEntry.from_xdr(entry)])
+              .set_timeout(300).build())
+        tx = server.prepare_transaction(tx)
+        tx.sign(relayer)
+        assert server.send_transaction(tx).status.value == "PENDING"
+        chain.devnet.close_ledger()
+        assert server.get_transaction(tx.hash_hex()).status.value == "SUCCESS"

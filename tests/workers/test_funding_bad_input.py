@@ -11,7 +11,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from stellar_sdk import Keypair, TransactionBuilder, scval, xdr
 
 from tests.support.chain_env import (
     ChainEnv,
@@ -27,9 +26,11 @@ from tests.support.funding import (
     addr,
     admit,
     assert_invariants,
+    flip_signature_byte,
     lineages_of,
     row_of,
     run_until_quiet,
+    submit_directly,
 )
 
 
@@ -122,7 +123,7 @@ def test_bad_authorisations_are_quarantined_without_blocking_the_batch(chain: Ch
     entry, nonce, exp = sign_deposit(chain.devnet, u2["secret"], AMOUNT)
     admit_bad("signed-by-another", u1["public"], AMOUNT, entry, nonce, exp, "not the depositing account")
     entry, nonce, exp = sign_deposit(chain.devnet, u1["secret"], AMOUNT)
-    admit_bad("tampered-signature", u1["public"], AMOUNT, _flip_signature_byte(entry), nonce, exp,
+    admit_bad("tampered-signature", u1["public"], AMOUNT, flip_signature_byte(entry), nonce, exp,
               "signature does not verify")
     admit_bad("undecodable", u1["public"], AMOUNT, base64.b64encode(b"\x00\x01garbage!").decode(), 5, 10_000,
               "not a SorobanAuthorizationEntry")
@@ -154,16 +155,6 @@ def test_bad_authorisations_are_quarantined_without_blocking_the_batch(chain: Ch
     assert all(addr(t["topics"][1]) != u1["public"] for t in contract_events(chain, "transfer"))
 
 
-def _flip_signature_byte(entry_b64: str) -> str:
-    entry = xdr.SorobanAuthorizationEntry.from_xdr(entry_b64)
-    creds = entry.credentials.address_v2 or entry.credentials.address
-    sig_map = creds.signature.vec.sc_vec[0].map.sc_map
-    for item in sig_map:
-        if scval.to_native(item.key) == "signature":
-            raw = bytearray(item.val.bytes.sc_bytes)
-            raw[0] ^= 0x01
-            item.val.bytes.sc_bytes = bytes(raw)
-    return entry.to_xdr()
 
 
 def test_expired_authorisation_ends_expired(chain: ChainEnv, db: psycopg.Connection) -> None:
@@ -190,7 +181,7 @@ def test_nonce_spent_by_someone_else_needs_a_human(chain: ChainEnv, db: psycopg.
     g = chain.genesis
     user = g["users"][0]
     entry, nonce, expiration = sign_deposit(chain.devnet, user["secret"], AMOUNT)
-    _submit_directly(chain, entry, user["public"], AMOUNT)
+    submit_directly(chain, entry, user["public"], AMOUNT)
     spent = admit_deposit(db, user["public"], AMOUNT, entry, nonce, expiration, "spent-elsewhere")
     other = admit(chain, db, user=1)
     result = chain.tick("funding", "--once")
@@ -211,23 +202,6 @@ def test_nonce_spent_by_someone_else_needs_a_human(chain: ChainEnv, db: psycopg.
     assert row_of(db, other)["status"] == "settled"
 
 
-def _submit_directly(chain: ChainEnv, entry: str, account: str, amount: int) -> None:
-    """Someone else (the billing admin's key) relays the user's own authorisation."""
-    g = chain.genesis
-    relayer = Keypair.from_secret(g["admin"]["secret"])
-    with chain.server() as server:
-        source = server.load_account(relayer.public_key)
-        tx = (TransactionBuilder(source, g["passphrase"], base_fee=100)
-              .append_invoke_contract_function_op(
-                  g["contracts"]["usdc"], "transfer",
-                  [scval.to_address(account), scval.to_address(g["contracts"]["billing"]), scval.to_int128(amount)],
-                  auth=[xdr.SorobanAuthorizationEntry.from_xdr(entry)])
-              .set_timeout(300).build())
-        tx = server.prepare_transaction(tx)
-        tx.sign(relayer)
-        assert server.send_transaction(tx).status.value == "PENDING"
-        chain.devnet.close_ledger()
-        assert server.get_transaction(tx.hash_hex()).status.value == "SUCCESS"
 
 
 def test_a_deposit_the_chain_refuses_in_simulation_fails_once_and_frees_its_lane(chain: ChainEnv,
