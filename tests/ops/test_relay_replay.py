@@ -24,9 +24,9 @@ from tests.support.relay_support import (
     allow_market,
     assert_relay_invariants,
     relay_rows,
+    run_until_quiet,
     sign_buy,
 )
-from tests.workers.test_relay import run_until_quiet
 
 
 @pytest.fixture

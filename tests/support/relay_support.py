@@ -118,3 +118,18 @@ def assert_relay_invariants(chain: ChainEnv, db: psycopg.Connection) -> None:
     assert mismatched == []
     assert db.execute("SELECT relay_id FROM paygate.fee_reservations WHERE status = 'settled' "
                       "GROUP BY relay_id HAVING count(*) > 1").fetchall() == []
+
+
+def run_until_quiet(chain: ChainEnv, db: psycopg.Connection, worker: str = "relay", rounds: int = 15,
+                    codes: tuple[int, ...] = (0, 1)) -> None:
+    table = "relays" if worker == "relay" else "bot_jobs"
+    for _ in range(rounds):
+        result = chain.tick(worker)
+        assert result.code in codes, result.err
+        open_rows = db.execute(f"SELECT count(*) FROM paygate.{table} WHERE status = 'queued'").fetchone()[0]
+        live = db.execute("SELECT count(*) FROM paygate.lineages WHERE state IN ('allocated','signed','sent')"
+                          ).fetchone()[0]
+        if not open_rows and not live:
+            return
+        chain.devnet.close_ledger()
+    raise AssertionError(f"{worker} did not go quiet")

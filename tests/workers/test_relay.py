@@ -20,6 +20,7 @@ from tests.support.relay_support import (
     assert_relay_invariants,
     chain_fee,
     relay_rows,
+    run_until_quiet,
     sign_buy,
 )
 
@@ -48,19 +49,6 @@ def details(result: object) -> dict:
     return json.loads(result.out)["run_tick"]["last_details"]  # type: ignore[attr-defined]
 
 
-def run_until_quiet(chain: ChainEnv, db: psycopg.Connection, worker: str = "relay", rounds: int = 15,
-                    codes: tuple[int, ...] = (0, 1)) -> None:
-    table = "relays" if worker == "relay" else "bot_jobs"
-    for _ in range(rounds):
-        result = chain.tick(worker)
-        assert result.code in codes, result.err
-        open_rows = db.execute(f"SELECT count(*) FROM paygate.{table} WHERE status = 'queued'").fetchone()[0]
-        live = db.execute("SELECT count(*) FROM paygate.lineages WHERE state IN ('allocated','signed','sent')"
-                          ).fetchone()[0]
-        if not open_rows and not live:
-            return
-        chain.devnet.close_ledger()
-    raise AssertionError(f"{worker} did not go quiet")
 
 
 def test_relays_apply_or_fail_on_chain_and_settle_the_exact_fee(chain: ChainEnv, rdb: psycopg.Connection) -> None:

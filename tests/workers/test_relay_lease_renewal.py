@@ -16,8 +16,7 @@ import pytest
 from tests.support.chain_env import ChainEnv, chain_environ, recovery_environ
 from tests.support.cli import spawn
 from tests.support.devnet_support import DevnetHandle, start_devnet
-from tests.support.relay_support import admit_relay, allow_market, relay_rows
-from tests.workers.test_relay import run_until_quiet
+from tests.support.relay_support import admit_relay, allow_market, relay_rows, run_until_quiet
 
 # Lease 1 s (chain_environ); grace 13.5 s > rpc timeout 3 s + a relay_drainer tick (10 s), the longest
 # of the recovered queues. Each relay's build waits ~3 s on slow reads and its simulation, five of them

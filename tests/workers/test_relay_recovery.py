@@ -20,8 +20,7 @@ from tests.support.chain_env import ChainEnv, chain_environ, recovery_environ
 from tests.support.cli import run_proc, spawn
 from tests.support.devnet_support import DevnetHandle, start_devnet
 from tests.support.drill_support import crash_tick
-from tests.support.relay_support import admit_relay, allow_market, assert_relay_invariants, relay_rows
-from tests.workers.test_relay import run_until_quiet
+from tests.support.relay_support import admit_relay, allow_market, assert_relay_invariants, relay_rows, run_until_quiet
 
 # Grace 11 s > rpc timeout 0.5 s + a relay_drainer tick (10 s), the longest of the recovered queues.
 RECOVERY = {"PAYGATE_RPC_TIMEOUT": "0.5s", "PAYGATE_WEBHOOK_TIMEOUT": "1s", "PAYGATE_RECOVERY_GRACE": "11s"}
