@@ -15,10 +15,10 @@ import pytest
 
 from paygate_cli.db.privileges import READONLY_ROLE
 from paygate_cli.errors import ExitCode
-from tests.db.test_roles import as_role
 from tests.support.chain_env import admit_deposit, chain_environ, sign_deposit
 from tests.support.cli import Result, run_cli, run_proc
 from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.roles import as_role
 
 SECRET_FILES = ("PAYGATE_LANE_SECRETS_FILE", "PAYGATE_FEE_SECRET_FILE", "PAYGATE_JOURNAL_KEYS_FILE")
 

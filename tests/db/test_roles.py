@@ -10,20 +10,16 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 from paygate_cli.db.privileges import BY_TABLE, GRANTS, READONLY_ROLE, RUNTIME_ROLE, USER_TABLES_SQL, TableGrant
 from paygate_cli.errors import ExitCode
 from tests.support.cli import run_cli
 from tests.support.pg import PgServer
+from tests.support.roles import as_role
 
 INSUFFICIENT_PRIVILEGE = "42501"
 
 
-def as_role(dsn: str, role: str) -> str:
-    """The DSN connecting as `role` (SET ROLE through the startup options: privileges are checked
-    against it exactly as for a login as that role)."""
-    return make_conninfo(dsn, options=f"-c role={role}")
 
 
 @pytest.fixture(scope="module")

@@ -19,13 +19,13 @@ import pytest
 
 from paygate_cli.db.privileges import READONLY_ROLE, RUNTIME_ROLE
 from paygate_cli.errors import ExitCode
-from tests.db.test_roles import as_role
 from tests.support.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
 from tests.support.charges_support import admit_charge, fund, run_until_quiet
 from tests.support.cli import Result, run_cli, spawn
 from tests.support.devnet_support import DevnetHandle, start_devnet
 from tests.support.drill_support import crash_tick
 from tests.support.relay_support import admit_close, admit_relay, allow_market
+from tests.support.roles import as_role
 from tests.support.webhook_receiver import Receiver
 
 pytestmark = pytest.mark.slow

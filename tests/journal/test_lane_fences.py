@@ -196,7 +196,7 @@ def test_a_foreign_sequence_use_fence_says_why_on_the_lane_and_opens_the_finding
 
 def test_a_lane_failure_fence_says_why_on_the_lane(chain: ChainEnv, db: psycopg.Connection) -> None:
     from tests.support.charges_support import admit_charge, fund
-    from tests.workers.test_liveness import remove_operator
+    from tests.support.lanes import remove_operator
 
     users = chain.genesis["users"]
     fund(chain, db, [(users[0], AMOUNT)])

@@ -1,4 +1,5 @@
-"""Helpers shared by several test modules (moved from tests/db/test_relay_admission.py)."""
+"""Relay admission in the tests: a user, a market contract, signed auth entries, `admit` (the API
+service's call of paygate.admit_relay) and the `allowed` fixture (the market on the allow-list)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from stellar_sdk import FeeBumpTransactionEnvelope, Keypair, TransactionBuilder, scval
+from stellar_sdk import FeeBumpTransactionEnvelope, Keypair
 
 from paygate_cli.journal.keyring import Keyring
 from tests.support.chain_env import ChainEnv, admit_deposit, billing_balance, sign_deposit
@@ -22,6 +22,7 @@ from tests.support.charges_support import admit_charge, charge_chain, fund
 from tests.support.cli import spawn
 from tests.support.devnet_support import DevnetHandle, start_devnet
 from tests.support.funding import assert_invariants, lineages_of, row_of, wait_for_leases
+from tests.support.lanes import remove_operator
 
 AMOUNT = 25_000_000
 LIVE = "SELECT count(*) FROM paygate.lineages WHERE state IN ('allocated', 'signed', 'sent')"
@@ -51,19 +52,6 @@ def tick_json(chain: ChainEnv, worker: str) -> tuple[int, dict[str, Any], str]:
     return result.code, doc, result.err
 
 
-def remove_operator(chain: ChainEnv, lane: str) -> None:
-    """The billing admin takes a lane's operator right away (its key stays in our secrets file)."""
-    g = chain.genesis
-    admin = Keypair.from_secret(g["admin"]["secret"])
-    with chain.server() as server:
-        tx = (TransactionBuilder(server.load_account(admin.public_key), g["passphrase"], base_fee=100)
-              .append_invoke_contract_function_op(g["contracts"]["billing"], "remove_operator",
-                                                  [scval.to_address(admin.public_key), scval.to_address(lane)])
-              .set_timeout(300).build())
-        tx = server.prepare_transaction(tx)
-        tx.sign(admin)
-        assert server.send_transaction(tx).status.value == "PENDING"
-    chain.devnet.close_ledger()
 
 
 def lanes_by_address(chain: ChainEnv) -> list[str]:
