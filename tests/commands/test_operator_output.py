@@ -22,8 +22,8 @@ import pytest
 from paygate_cli.__main__ import main
 from paygate_cli.env import Env
 from paygate_cli.errors import ExitCode, UsageError
-from tests.ops.test_drain import held_webhook, seen
 from tests.support.cli import Result, base_environ, run_cli
+from tests.support.webhooks import held_webhook, seen
 
 ACCOUNT = "G" + "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567" + "A" * 23  # 56 characters, as every Stellar address
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -173,7 +173,7 @@ def test_role_names_are_flags_and_must_differ(dsn: str) -> None:
 def test_operator_write_commands_work_as_the_runtime_role(dsn: str, db: psycopg.Connection) -> None:
     """drain/undrain, halt/resume and replay are the operator's writes: the runtime role covers them
     (each audited), while the read-only role is refused (tests/db/test_roles_workers.py)."""
-    from tests.ops.test_replay import dead_webhook
+    from tests.support.webhooks import dead_webhook
 
     assert run_cli("migrate", "--roles", dsn=dsn).code == 0
     outbox_id = dead_webhook(db, "http://127.0.0.1:9/h")

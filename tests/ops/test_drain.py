@@ -8,10 +8,10 @@ import threading
 import time
 
 import psycopg
-from psycopg.types.json import Jsonb
 
 from paygate_cli.journal import lineage as lineages
 from tests.support.cli import run_cli, run_proc, spawn
+from tests.support.webhooks import held_webhook, seen
 
 LANE_A = "G" + "A" * 55
 LANE_B = "G" + "B" * 55
@@ -21,19 +21,8 @@ def lanes(db: psycopg.Connection) -> None:
     db.execute("INSERT INTO paygate.lanes (address) VALUES (%s), (%s)", (LANE_A, LANE_B))
 
 
-def held_webhook(db: psycopg.Connection, owner: str, lease: str = "30 seconds") -> int:
-    endpoint = db.execute("INSERT INTO paygate.webhook_endpoints (url, secret) VALUES ('http://127.0.0.1:9/h', "
-                          "'0123456789abcdef0123') RETURNING id").fetchone()[0]
-    return db.execute(
-        "INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload, status, lease_token, "
-        "lease_expires_at, claimed_by, attempts) VALUES (%s, 't', %s, 'delivering', gen_random_uuid(), "
-        "now() + %s::interval, %s, 1) RETURNING id", (endpoint, Jsonb({}), lease, owner)).fetchone()[0]
 
 
-def seen(db: psycopg.Connection, *instances: str) -> None:
-    """The heartbeat every tick writes (ticks/runner.py): these instances have run ticks here."""
-    for instance in instances:
-        db.execute("INSERT INTO paygate.instances (instance_id) VALUES (%s)", (instance,))
 
 
 def held_relay(db: psycopg.Connection, owner: str) -> int:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
 from tests.support.chain_env import ChainEnv, admit_deposit, chain_environ, sign_deposit
 from tests.support.cli import base_environ, run_cli
@@ -18,8 +17,8 @@ from tests.support.devnet_support import DevnetHandle, start_devnet
 from tests.support.funding import submit_directly
 from tests.support.pg import hand_edit
 from tests.support.webhook_receiver import Receiver
+from tests.support.webhooks import SECRET, dead_webhook
 
-SECRET = "whsec_test_0123456789abcdef"
 AMOUNT = 3_000_000
 
 
@@ -30,13 +29,6 @@ def receiver() -> Iterator[Receiver]:
     server.stop()
 
 
-def dead_webhook(db: psycopg.Connection, url: str) -> int:
-    endpoint = db.execute("INSERT INTO paygate.webhook_endpoints (url, secret) VALUES (%s, %s) RETURNING id",
-                          (url, SECRET)).fetchone()[0]
-    return db.execute(
-        "INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload, status, attempts, dead_at, dead_reason,"
-        " last_error) VALUES (%s, 'charge.settled', %s, 'dead', 8, now(), 'no success in 8 attempts', 'HTTP 500')"
-        " RETURNING id", (endpoint, Jsonb({"charge": 7}))).fetchone()[0]
 
 
 def test_replaying_a_dead_webhook_delivers_it(dsn: str, db: psycopg.Connection, receiver: Receiver) -> None:

@@ -11,13 +11,12 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from psycopg.types.json import Jsonb
 
 from paygate_cli.workers.webhooks import TargetRefused, backoff_seconds, resolve_target
 from tests.support.cli import base_environ, run_cli, spawn
 from tests.support.webhook_receiver import Receiver
+from tests.support.webhooks import SECRET, endpoint, event, row
 
-SECRET = "whsec_test_0123456789abcdef"
 LOOPBACK = {"PAYGATE_WEBHOOK_ALLOW_HOSTS": "127.0.0.1/32"}
 
 
@@ -28,22 +27,10 @@ def receiver() -> Iterator[Receiver]:
     server.stop()
 
 
-def endpoint(db: psycopg.Connection, url: str, *, enabled: bool = True) -> int:
-    return db.execute("INSERT INTO paygate.webhook_endpoints (url, secret, enabled) VALUES (%s, %s, %s) RETURNING id",
-                      (url, SECRET, enabled)).fetchone()[0]
 
 
-def event(db: psycopg.Connection, endpoint_id: int | None, event_type: str = "charge.settled", *,
-          max_attempts: int | None = None, data: dict | None = None) -> int:
-    return db.execute("INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload, max_attempts)"
-                      " VALUES (%s, %s, %s, %s) RETURNING id",
-                      (endpoint_id, event_type, Jsonb(data or {"charge": 1}), max_attempts)).fetchone()[0]
 
 
-def row(db: psycopg.Connection, outbox_id: int) -> dict:
-    cursor = db.execute("SELECT * FROM paygate.webhook_outbox WHERE id = %s", (outbox_id,))
-    names = [c.name for c in cursor.description]
-    return dict(zip(names, cursor.fetchone(), strict=True))
 
 
 def tick(dsn: str, *args: str, **extra: str) -> dict:

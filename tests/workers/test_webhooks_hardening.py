@@ -18,7 +18,7 @@ import pytest
 from paygate_cli.workers import webhooks
 from paygate_cli.workers.webhooks import MAX_RESPONSE_BYTES, TargetRefused, post, resolve_target
 from tests.support.cli import run_cli
-from tests.workers.test_webhooks import endpoint, event, row
+from tests.support.webhooks import endpoint, event, row
 
 PUBLIC_STAND_IN = "127.0.0.2"  # allow-listed: plays the public address DNS answers at check time
 PRIVATE = "127.0.0.1"  # not allow-listed: the internal service a rebinding attack aims at
