@@ -16,14 +16,7 @@ import pytest
 
 from paygate_cli.errors import ExitCode
 from tests.support.cli import base_environ, run_proc
-
-
-@pytest.fixture
-def public_tmp() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="pgd-", dir="/tmp"))
-    path.chmod(0o755)  # the postgres OS user must traverse it when we run as root
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+from tests.support.dirs import public_tmp as public_tmp
 
 
 def test_dev_db_up_url_down(public_tmp: Path) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.commands.test_dev_and_demo import public_tmp as public_tmp
 from tests.support.cli import run_proc
+from tests.support.dirs import public_tmp as public_tmp
 
 
 def test_demo_relays_show_fees_reserved_vs_settled(public_tmp: Path) -> None:

@@ -4,97 +4,32 @@ from __future__ import annotations
 
 import hashlib
 
-import pytest
 from stellar_sdk import Address, Asset, Keypair, StrKey, scval, xdr
 from stellar_sdk.base_soroban_server import _build_sac_balance_ledger_key
 from stellar_sdk.soroban_rpc import GetSACBalanceResponse, LedgerEntryResult
 
 from paygate_cli.sandbox.devnet.host import InvokeOutcome
-from tests.devnet.host_support import PASS, Env, deploy, kp
-
-LEDGER = 500
-SRC_CREDS = xdr.SorobanCredentialsType.SOROBAN_CREDENTIALS_SOURCE_ACCOUNT
-
-
-ISSUER, ALICE, BOB, LANE, ADMIN, STRANGER = kp(11), kp(12), kp(13), kp(14), kp(15), kp(16)
-
-
-@pytest.fixture
-def env() -> Env:
-    e = deploy(ISSUER, ADMIN, LANE)
-    e.host.mint(e.usdc, ALICE.public_key, 1_000)
-    e.host.mint(e.usdc, BOB.public_key, 0)  # opens BOB's trustline
-    return e
-
-
-def host_fn(contract: str, fn: str, args: list[xdr.SCVal]) -> xdr.HostFunction:
-    return xdr.HostFunction(
-        xdr.HostFunctionType.HOST_FUNCTION_TYPE_INVOKE_CONTRACT,
-        invoke_contract=xdr.InvokeContractArgs(Address(contract).to_xdr_sc_address(), xdr.SCSymbol(fn.encode()), args),
-    )
-
-
-def source_auth(contract: str, fn: str, args: list[xdr.SCVal]) -> xdr.SorobanAuthorizationEntry:
-    return xdr.SorobanAuthorizationEntry(
-        credentials=xdr.SorobanCredentials(SRC_CREDS),
-        root_invocation=xdr.SorobanAuthorizedInvocation(
-            function=xdr.SorobanAuthorizedFunction(
-                xdr.SorobanAuthorizedFunctionType.SOROBAN_AUTHORIZED_FUNCTION_TYPE_CONTRACT_FN,
-                contract_fn=xdr.InvokeContractArgs(
-                    Address(contract).to_xdr_sc_address(), xdr.SCSymbol(fn.encode()), args
-                ),
-            ),
-            sub_invocations=[],
-        ),
-    )
-
-
-def call(
-    env: Env,
-    contract: str,
-    fn: str,
-    args: list[xdr.SCVal],
-    *,
-    source: Keypair = LANE,
-    mode: str = "apply",
-    signed_by_source: bool = True,
-) -> InvokeOutcome:
-    auth = [source_auth(contract, fn, args)] if signed_by_source else []
-    return env.host.invoke(
-        host_function=host_fn(contract, fn, args),
-        auth=auth,
-        source_account=source.public_key,
-        ledger_seq=LEDGER,
-        ledger_close_time=LEDGER * 5,
-        mode=mode,
-    )  # type: ignore[arg-type]
-
-
-def view(env: Env, contract: str, fn: str, args: list[xdr.SCVal]) -> object:
-    out = call(env, contract, fn, args, mode="enforce", signed_by_source=False)
-    assert out.ok, out.error
-    return scval.to_native(out.return_value)
-
-
-def a(k: Keypair | str) -> xdr.SCVal:
-    return scval.to_address(k if isinstance(k, str) else k.public_key)
+from tests.devnet.host_support import (
+    ADMIN,
+    ALICE,
+    BOB,
+    ISSUER,
+    LANE,
+    LEDGER,
+    PASS,
+    STRANGER,
+    Env,
+    a,
+    call,
+    contract_error,
+    event,
+    view,
+)
+from tests.devnet.host_support import env as env
 
 
 def h32(s: str) -> bytes:
     return hashlib.sha256(s.encode()).digest()
-
-
-def event(e: xdr.ContractEvent) -> tuple[str, list[object], object]:
-    assert e.type == xdr.ContractEventType.CONTRACT and e.contract_id is not None
-    body = e.body.v0
-    assert body is not None
-    topics = [scval.to_native(t) for t in body.topics]
-    topics = [t.address if isinstance(t, Address) else t for t in topics]
-    return StrKey.encode_contract(e.contract_id.contract_id.hash), topics, scval.to_native(body.data)
-
-
-def contract_error(out: InvokeOutcome, n: int) -> bool:
-    return not out.ok and out.error_kind == "trapped" and f"HostError: Error(Contract, #{n})" in (out.error or "")
 
 
 # --- SAC ---------------------------------------------------------------------------------------------------

@@ -7,8 +7,7 @@ import pytest
 from stellar_sdk import scval
 
 from paygate_cli.sandbox.devnet.contracts.market import ORDER_TTL_LEDGERS
-from tests.devnet.host_support import Env, deploy, kp
-from tests.devnet.test_host_contracts import a, contract_error, event, host_fn
+from tests.devnet.host_support import Env, a, contract_error, deploy, event, host_fn, kp
 
 ISSUER, ALICE, BOB, LANE, ADMIN = kp(21), kp(22), kp(23), kp(24), kp(25)
 BOUGHT_AT = 500
@@ -20,7 +19,7 @@ def env() -> Env:
 
 
 def invoke(env: Env, fn: str, args: list, *, ledger: int, source=ALICE, auth=True, mode: str = "apply"):
-    from tests.devnet.test_host_contracts import source_auth
+    from tests.devnet.host_support import source_auth
 
     return env.host.invoke(host_function=host_fn(env.market, fn, args),
                            auth=[source_auth(env.market, fn, args)] if auth else [],

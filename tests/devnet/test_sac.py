@@ -12,8 +12,7 @@ from paygate_cli.sandbox.devnet.contracts import sac as sac_model
 from paygate_cli.sandbox.devnet.host import InvokeOutcome
 from tests.devnet.helpers import fee_bump, invoke_tx
 from tests.devnet.helpers import kp as genesis_kp
-from tests.devnet.host_support import Env
-from tests.devnet.test_host_contracts import (
+from tests.devnet.host_support import (
     ADMIN,
     ALICE,
     BOB,
@@ -21,6 +20,7 @@ from tests.devnet.test_host_contracts import (
     LANE,
     LEDGER,
     STRANGER,
+    Env,
     a,
     call,
     contract_error,
