@@ -764,7 +764,7 @@ INSERT INTO paygate.retention_totals DEFAULT VALUES;
 -- grows. The queue tables whose rows are claimed, renewed and released in place (deposits, relays,
 -- bot_jobs) are therefore indexed on columns a claim never writes, and filled to 50%: a claim takes
 -- every claimable row of a page at once and the old versions stay until it commits, so a page
--- needs room for a second copy of its rows (measured, tests/test_hot_claims.py: at 80% a claim of
+-- needs room for a second copy of its rows (measured, tests/workers/test_hot_claims.py: at 80% a claim of
 -- 16 fresh rows was HOT for 4, at 70% for 8, at 60% for 12, at 50% for all). The price: these
 -- tables keep their history, so their heap takes about twice the space. Not set on tables whose
 -- every update changes an indexed column anyway (webhook_outbox's claim, take-over and settle each
