@@ -25,8 +25,6 @@ def totals(db: psycopg.Connection) -> tuple[int, int, int]:
     return db.execute("SELECT reserved, settled, released FROM paygate.relay_fee_totals").fetchone()
 
 
-
-
 def test_admission_records_relay_reservation_totals_and_event(allowed: psycopg.Connection) -> None:
     entry = auth_entry(expiration=777, nonce=42)
     relay_id, reserved, replayed = admit(allowed, "r1", entries=[entry], max_fee=2_000_000)

@@ -20,8 +20,6 @@ from tests.support.roles import as_role
 INSUFFICIENT_PRIVILEGE = "42501"
 
 
-
-
 @pytest.fixture(scope="module")
 def roles_dsn(pg_server: PgServer) -> Iterator[str]:
     """One migrated database with both roles granted, shared by the per-table checks (read-only use:

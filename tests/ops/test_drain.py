@@ -21,10 +21,6 @@ def lanes(db: psycopg.Connection) -> None:
     db.execute("INSERT INTO paygate.lanes (address) VALUES (%s), (%s)", (LANE_A, LANE_B))
 
 
-
-
-
-
 def held_relay(db: psycopg.Connection, owner: str) -> int:
     return db.execute(
         "INSERT INTO paygate.relays (account, contract, function, args_xdr, auth_entries, auth_nonces, "

@@ -29,8 +29,6 @@ def receiver() -> Iterator[Receiver]:
     server.stop()
 
 
-
-
 def test_replaying_a_dead_webhook_delivers_it(dsn: str, db: psycopg.Connection, receiver: Receiver) -> None:
     outbox_id = dead_webhook(db, receiver.base + "/ok")
     pending = db.execute("INSERT INTO paygate.webhook_outbox (endpoint_id, event_type, payload) SELECT endpoint_id, "

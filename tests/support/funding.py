@@ -42,7 +42,6 @@ def lineages_of(db: psycopg.Connection) -> list[dict[str, Any]]:
     return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
 
 
-
 def crash_tick(chain: ChainEnv, point: str) -> Result:
     """One real tick process with the crash point armed; it must die by SIGKILL there (marker checked)."""
     return drill_crash_tick(chain.environ, "funding", point)

@@ -155,8 +155,6 @@ def test_bad_authorisations_are_quarantined_without_blocking_the_batch(chain: Ch
     assert all(addr(t["topics"][1]) != u1["public"] for t in contract_events(chain, "transfer"))
 
 
-
-
 def test_expired_authorisation_ends_expired(chain: ChainEnv, db: psycopg.Connection) -> None:
     add_webhook(db)
     expired = admit(chain, db, user=0, valid_ledgers=2)
@@ -200,8 +198,6 @@ def test_nonce_spent_by_someone_else_needs_a_human(chain: ChainEnv, db: psycopg.
     assert contract_events(chain, "credit") and all(addr(c["topics"][1]) != user["public"]
                                                    for c in contract_events(chain, "credit"))
     assert row_of(db, other)["status"] == "settled"
-
-
 
 
 def test_a_deposit_the_chain_refuses_in_simulation_fails_once_and_frees_its_lane(chain: ChainEnv,

@@ -52,8 +52,6 @@ def tick_json(chain: ChainEnv, worker: str) -> tuple[int, dict[str, Any], str]:
     return result.code, doc, result.err
 
 
-
-
 def lanes_by_address(chain: ChainEnv) -> list[str]:
     return sorted(p["public"] for p in chain.genesis["lanes"])
 

@@ -49,8 +49,6 @@ def details(result: object) -> dict:
     return json.loads(result.out)["run_tick"]["last_details"]  # type: ignore[attr-defined]
 
 
-
-
 def test_relays_apply_or_fail_on_chain_and_settle_the_exact_fee(chain: ChainEnv, rdb: psycopg.Connection) -> None:
     users = chain.genesis["users"]
     ok = admit_relay(rdb, chain.devnet, users[0], "r-ok", "book", 7)

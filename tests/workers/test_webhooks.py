@@ -27,12 +27,6 @@ def receiver() -> Iterator[Receiver]:
     server.stop()
 
 
-
-
-
-
-
-
 def tick(dsn: str, *args: str, **extra: str) -> dict:
     result = run_cli("run-tick", "webhooks", "--json", *args, dsn=dsn, **{**LOOPBACK, **extra})
     assert result.code == 0, result.err
