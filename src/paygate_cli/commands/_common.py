@@ -15,7 +15,7 @@ from paygate_cli.errors import ExitCode, UsageError
 from paygate_cli.output import Mode, mode_from_flags
 
 if TYPE_CHECKING:
-    import psycopg
+    from paygate_cli.db.connect import Connection
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON document on stdout (with schema_version).")]
 PlainFlag = Annotated[bool, typer.Option("--plain", help="Tab-separated lines for grep/awk, no decoration.")]
@@ -53,7 +53,7 @@ def target_of(env: Env, conn: Any = None) -> dict[str, Any]:
     return database_target(env.settings, conn)
 
 
-def open_db(env: Env, purpose: str, *, attempts: int = 3) -> psycopg.Connection:
+def open_db(env: Env, purpose: str, *, attempts: int = 3) -> Connection:
     """The one way a command reaches the database: a connection for `purpose` (pg_stat_activity shows
     paygate:<purpose>), handed to the ops/ functions it calls. Connection failures are retried
     `attempts` times, then raise Unavailable (69)."""

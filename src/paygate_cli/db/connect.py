@@ -19,6 +19,9 @@ from paygate_cli.errors import (
 if TYPE_CHECKING:
     import psycopg
 
+    # What a caller above db/ holds: a connection it hands on, never runs SQL on (docs/architecture.md §2).
+    Connection = psycopg.Connection
+
     from paygate_cli.settings import Settings
 
 
