@@ -88,6 +88,10 @@ def _parse_urls(text: str | list[str], name: str) -> list[str]:
     return out
 
 
+# getFeeStats' FeeDistribution fields a bid may follow.
+FEE_PERCENTILES = ("p10", "p20", "p30", "p40", "p50", "p60", "p70", "p80", "p90", "p95", "p99", "max", "mode")
+
+
 def _parse_choice(choices: tuple[str, ...]) -> Callable[[Any, str], str]:
     def parse(text: Any, name: str) -> str:
         value = str(text).strip().lower()
@@ -257,7 +261,18 @@ FIELDS: tuple[Field, ...] = (
     Field("journal_active_key_id", None, _opt_str, "key id new envelopes are encrypted with"),
     Field("tx_validity", 60.0, _dur, "maxTime = latest ledger close time + this"),
     Field("base_fee", 100, _parse_int, "inclusion fee per operation of inner transactions (stroops)"),
-    Field("fee_bump_base_fee", 200, _parse_int, "inclusion fee rate of the fee bump (stroops)"),
+    Field("fee_bump_base_fee", 200, _parse_int,
+          "the lowest inclusion bid per operation of a fee bump (stroops): the market bid is never below it"),
+    Field("fee_percentile", "p90", _parse_choice(FEE_PERCENTILES),
+          "which percentile of getFeeStats' sorobanInclusionFee a new envelope bids"),
+    Field("max_inclusion_fee", 100_000, _parse_int,
+          "the highest inclusion bid per operation any envelope may make (stroops; funding, settlement, bot "
+          "jobs, the TTL keeper; a relay is also bounded by its fee reservation): above it, work is fee-capped"),
+    Field("rebump_after_ledgers", 2, _parse_int,
+          "a sent lineage not included after this many ledgers while the market is at or above its bid gets a "
+          "replacement fee bump (less than the network's 4-ledger drop)"),
+    Field("max_replacements", 3, _parse_int, "replacement fee-bump envelopes one lineage may have"),
+    Field("fee_stats_cache", 5.0, _dur, "how long one getFeeStats answer is reused (within and across ticks)"),
     Field("rpc_timeout", 10.0, _dur, "per-request RPC timeout"),
     Field("repeated_rejection_threshold", 5, _parse_int,
           "consecutive resends of one lineage rejected with the same ERROR code (txBAD_SEQ on a chain behind "

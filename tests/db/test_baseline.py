@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from paygate_cli.db.migrate import SQL_DIR, available_functions, migrate
+from paygate_cli.db.migrate import SQL_DIR, available_functions, available_migrations, migrate, shipped_version
 from paygate_cli.errors import ExitCode, NeedsHuman
 from tests.support.cli import run_cli
 
@@ -24,10 +24,11 @@ WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnu
 
 def test_the_archived_journal_has_every_column_of_the_hot_one_and_when_it_moved(db: psycopg.Connection) -> None:
     # Retention copies lineages row by row into the archive: a column added to one table and not the
-    # other would fail the copy (or lose evidence), so the baseline makes the archive LIKE the hot table.
+    # other would fail the copy (or lose evidence), so the baseline makes the archive LIKE the hot table
+    # and every later migration that adds a column adds it to both (retention copies by name: order is free).
     hot = db.execute(HOT_COLUMNS_SQL, ("paygate.lineages",)).fetchall()
     archive = db.execute(HOT_COLUMNS_SQL, ("paygate_archive.lineages",)).fetchall()
-    assert archive == [*hot, ("archived_at", "timestamp with time zone")]
+    assert sorted(archive) == sorted([*hot, ("archived_at", "timestamp with time zone")])
 
 
 # -- the repeatable migration of sql/functions --------------------------------------------------
@@ -41,7 +42,8 @@ def test_a_fresh_migrate_applies_the_baseline_and_every_function(empty_dsn: str)
     assert first.code == 0, first.err
     result = json.loads(first.out)["migrate"]
     shipped = {f.name: f.checksum for f in available_functions()}
-    assert result["applied"] == ["0001_baseline"]
+    assert result["applied"] == [f"{m.version:04d}_{m.name}" for m in available_migrations()]
+    assert result["applied"][0] == "0001_baseline"
     assert sorted(result["functions_applied"]) == sorted(shipped)
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
         assert _recorded(conn) == shipped
@@ -120,10 +122,12 @@ def test_status_says_the_functions_are_behind(dsn: str, db: psycopg.Connection) 
 
 
 def test_a_database_a_newer_build_migrated_keeps_its_functions(dsn: str, db: psycopg.Connection) -> None:
-    db.execute("INSERT INTO paygate.schema_migrations (version, name, checksum) VALUES (2, 'newer', repeat('a', 64))")
+    newer = shipped_version() + 1
+    db.execute("INSERT INTO paygate.schema_migrations (version, name, checksum) VALUES (%s, 'newer', repeat('a', 64))",
+               (newer,))
     db.execute("UPDATE paygate.schema_functions SET checksum = repeat('0', 64) WHERE name = 'emit_event'")
     result = migrate(db)
-    assert result["newer_than_this_build"] == [2] and result["functions_applied"] == []
+    assert result["newer_than_this_build"] == [newer] and result["functions_applied"] == []
     assert _recorded(db)["emit_event"] == "0" * 64
     assert run_cli("run-tick", "idempotency_sweep", dsn=dsn).code == 0  # a newer schema is accepted, as before
 

@@ -85,6 +85,11 @@ GRANTS: tuple[TableGrant, ...] = (
     _grant("paygate.lineages", "SELECT INSERT UPDATE DELETE", True,
            "the journal: allocate (insert), anchor/send/resolve (CAS update); retention moves terminal "
            "charge_batch lineages to paygate_archive (the delete guard trigger refuses any other delete)"),
+    _grant("paygate.lineage_envelopes", "SELECT INSERT", True,
+           "a replacement fee bump records the outer envelope it replaced (its rows go with the lineage "
+           "when retention archives it: ON DELETE CASCADE, run with the owner's rights)"),
+    _grant("paygate.fee_market", "SELECT INSERT UPDATE", True,
+           "the last getFeeStats price a tick read (upsert), the fallback when a read fails; status shows it"),
     _grant("paygate.deposits", "SELECT UPDATE", True,
            "funding claims and settles deposits, replay resets dead ones; deposits are inserted by "
            "admit_deposit (API role)"),
