@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from stellar_sdk import Address, scval
+from stellar_sdk import Address, FeeBumpTransactionEnvelope, scval, xdr
+from stellar_sdk.helpers import parse_transaction_envelope_from_xdr
 from stellar_sdk.soroban_rpc import EventFilter, EventFilterType
 
 from tests.support.chain_env import ChainEnv, billing_balance
@@ -63,6 +64,29 @@ def chain_events(chain: ChainEnv, contract: str) -> list[dict[str, Any]]:
                               "value": _native(scval.to_native(event.value)), "tx": event.transaction_hash.lower(),
                               "ledger": event.ledger})
             if not page.events:
+                break
+            cursor = page.cursor
+    return found
+
+
+def chain_transactions(chain: ChainEnv) -> list[dict[str, Any]]:
+    """Every transaction the chain included, from ledger 1 on: its inner hash (the transaction itself
+    for a plain one), the outer hash that carried it, ledger, status and feeCharged."""
+    passphrase = chain.genesis["passphrase"]
+    found = []
+    with chain.server() as server:
+        cursor = None
+        while True:
+            kwargs: dict[str, Any] = {"cursor": cursor} if cursor else {"start_ledger": 1}
+            page = server.get_transactions(limit=200, **kwargs)
+            for tx in page.transactions:
+                envelope = parse_transaction_envelope_from_xdr(tx.envelope_xdr, passphrase)
+                outer = envelope.hash_hex()
+                inner = (envelope.transaction.inner_transaction_envelope.hash_hex()
+                         if isinstance(envelope, FeeBumpTransactionEnvelope) else outer)
+                found.append({"inner": inner, "outer": outer, "ledger": tx.ledger, "status": tx.status.value,
+                              "fee_charged": int(xdr.TransactionResult.from_xdr(tx.result_xdr).fee_charged.int64)})
+            if not page.transactions:
                 break
             cursor = page.cursor
     return found
@@ -231,6 +255,104 @@ def check_relays(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> No
         "SELECT status, count(*) FROM paygate.fee_reservations GROUP BY status").fetchall())
 
 
+# A starved lineage (docs/architecture.md §4 "Fees and the fee market") died waiting for the fee
+# market, not for anything its unit did: it expired after a replacement, or while fee-capped.
+STARVED = "(l.state = 'expired' AND (l.replacements > 0 OR l.fee_capped_at IS NOT NULL))"
+INCLUDED_LINEAGES_SQL = """
+SELECT l.id, l.entitlement, l.state, l.ledger, l.fee_charged, l.bid_rate, l.cap_rate, l.fee_ops, l.resource_fee,
+       l.replacements, encode(l.inner_hash, 'hex') AS inner, encode(l.outer_hash, 'hex') AS outer,
+       coalesce((SELECT array_agg(encode(e.outer_hash, 'hex') ORDER BY e.replaced_by)
+                 FROM paygate.lineage_envelopes e WHERE e.lineage_id = l.id), '{}') AS replaced
+FROM paygate.lineages l WHERE l.inner_hash IS NOT NULL ORDER BY l.id
+"""
+
+
+def check_landings_and_fees(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> None:
+    """One landing per inner transaction, whichever of its outer envelopes carried it, and agreeing
+    with the journal; every fee the chain charged within the lineage's cap and its bid; no envelope
+    ever bid above its cap."""
+    landed: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for tx in chain_transactions(chain):
+        landed[tx["inner"]].append(tx)
+    out.counts["transactions on chain"] = sum(len(v) for v in landed.values())
+    for inner, txs in landed.items():
+        if len(txs) > 1:
+            out.fail("one landing per inner transaction", f"inner {inner} landed {len(txs)} times: {txs}")
+    lineages = _rows(conn, INCLUDED_LINEAGES_SQL)
+    ours = {r["inner"] for r in lineages}
+    out.counts["transactions on chain that are not ours"] = sum(1 for inner in landed if inner not in ours)
+    for row in lineages:
+        txs = landed.get(row["inner"], [])
+        evidence = f"lineage {row}\n  on chain {txs}"
+        if row["state"] in ("applied", "failed"):
+            if len(txs) != 1:
+                out.fail("an applied or failed lineage landed exactly once", evidence)
+                continue
+            tx = txs[0]
+            if (tx["status"], tx["ledger"]) != ("SUCCESS" if row["state"] == "applied" else "FAILED", row["ledger"]):
+                out.fail("a lineage's state and ledger are the chain's", evidence)
+            if tx["outer"] not in {row["outer"], *row["replaced"]}:
+                out.fail("what landed is one of the lineage's own outer envelopes", evidence)
+            if row["fee_charged"] != tx["fee_charged"]:
+                out.fail("the journal's fee_charged is the chain's feeCharged", evidence)
+            if None in (row["bid_rate"], row["cap_rate"], row["fee_ops"], row["resource_fee"]):
+                out.fail("every included lineage records its bid and cap", evidence)
+                continue
+            cap = row["cap_rate"] * row["fee_ops"] + row["resource_fee"]
+            bid = row["bid_rate"] * row["fee_ops"] + row["resource_fee"]
+            if tx["fee_charged"] > cap or tx["fee_charged"] > bid:
+                out.fail("fees charged <= cap", f"feeCharged {tx['fee_charged']} > cap {cap} or bid {bid}\n{evidence}")
+        elif txs:  # expired, superseded, abandoned: proven dead, so never on chain
+            out.fail("a dead lineage never landed", evidence)
+    over = _rows(conn, """
+        SELECT l.id, l.entitlement, l.bid_rate, l.cap_rate, e.replaced_by, e.bid_rate AS replaced_bid
+        FROM paygate.lineages l LEFT JOIN paygate.lineage_envelopes e ON e.lineage_id = l.id
+        WHERE l.bid_rate > l.cap_rate OR e.bid_rate > l.cap_rate ORDER BY l.id""")
+    if over:
+        out.fail("fees charged <= cap (no envelope bids above its cap)", "\n".join(f"    {r}" for r in over))
+    out.counts["fee market"] = conn.execute(f"""
+        SELECT json_build_object(
+            'replacement envelopes', (SELECT count(*) FROM paygate.lineage_envelopes),
+            'lineages re-bumped', count(*) FILTER (WHERE l.replacements > 0),
+            'fee-capped at the end', count(*) FILTER (WHERE l.fee_capped_at IS NOT NULL),
+            'starved', count(*) FILTER (WHERE {STARVED}),
+            'highest bid', max(l.bid_rate), 'caps', array_agg(DISTINCT l.cap_rate))
+        FROM paygate.lineages l""").fetchone()[0]
+
+
+# Each unit's lineages, with its failure: (table, the failed statuses, how a lineage belongs to a row).
+UNIT_LINEAGES = {
+    "deposits": ("'failed'", "l.entitlement IN ('deposit:' || u.id || ':deposit', 'deposit:' || u.id || ':credit')"),
+    "charges": ("'failed'", "l.id = ANY(u.dead_lineages || u.lineage_id)"),
+    "relays": ("'failed'", "l.entitlement = 'relay:' || u.id"),
+    "bot_jobs": ("'failed', 'dead'", "l.entitlement = 'bot_job:' || u.id"),
+}
+
+
+def check_fee_failures(conn: psycopg.Connection, out: Findings) -> None:
+    """No unit failed for its fee: none failed (or dead) whose lineages all starved, and no starved
+    lineage counted as an attempt by an attempt limit (charges, bot jobs)."""
+    for table, (failed, joins) in UNIT_LINEAGES.items():
+        rows = _rows(conn, f"""
+            SELECT u.id, u.status, u.reason, array_agg(l.id ORDER BY l.id) AS lineages
+            FROM paygate.{table} u JOIN paygate.lineages l ON {joins}
+            WHERE u.status IN ({failed}) GROUP BY u.id, u.status, u.reason HAVING bool_and({STARVED})
+            ORDER BY u.id""")
+        for row in rows:
+            out.fail("no unit failed for its fee", f"{table} {row}\n" + _lineages_of(
+                conn, [e for (e,) in conn.execute("SELECT entitlement FROM paygate.lineages WHERE id = ANY(%s)",
+                                                  (row["lineages"],))]))
+    for table in ("charges", "bot_jobs"):
+        counted = _rows(conn, f"""
+            SELECT u.id, u.status, u.attempts, u.dead_lineages,
+                   (SELECT count(*) FROM paygate.lineages l WHERE l.id = ANY(u.dead_lineages) AND NOT {STARVED})
+                   AS real_attempts
+            FROM paygate.{table} u WHERE u.attempts > 0 ORDER BY u.id""")
+        for row in counted:
+            if row["attempts"] > row["real_attempts"]:
+                out.fail("no unit failed for its fee (a starved lineage is no attempt)", f"{table} {row}")
+
+
 def check_balances(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> None:
     mismatched = []
     for user in chain.genesis["users"]:
@@ -300,6 +422,9 @@ def count_tick_outcomes(conn: psycopg.Connection, out: Findings) -> None:
     out.counts["tick outcomes"] = dict(conn.execute(
         "SELECT coalesce(outcome, 'unfinished (killed)'), count(*) FROM paygate.worker_runs GROUP BY 1 ORDER BY 1"
     ).fetchall())
+    out.counts["ticks stalled on fee-capped units"] = dict(conn.execute(
+        "SELECT worker, count(*) FROM paygate.worker_runs WHERE outcome = 'stalled' AND error LIKE '%fee-capped%' "
+        "GROUP BY 1 ORDER BY 1").fetchall())
 
 
 def check_all(chain: ChainEnv, dsn: str, receiver: Receiver) -> Findings:
@@ -310,6 +435,8 @@ def check_all(chain: ChainEnv, dsn: str, receiver: Receiver) -> Findings:
         check_charges(chain, conn, out)
         check_subscriptions(conn, out)
         check_relays(chain, conn, out)
+        check_landings_and_fees(chain, conn, out)
+        check_fee_failures(conn, out)
         check_balances(chain, conn, out)
         check_events(chain, conn, out)
         check_webhooks(conn, receiver, out)

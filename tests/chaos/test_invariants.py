@@ -49,3 +49,36 @@ def test_planted_violations_are_each_reported(chain: ChainEnv, db: psycopg.Conne
     assert user in found["cached balances equal chain balances"]
     assert "every webhook_outbox row terminal" in found
     assert "every webhook event delivered" in found
+
+
+def test_planted_fee_market_violations_are_each_reported(chain: ChainEnv, db: psycopg.Connection,
+                                                         receiver: Receiver) -> None:
+    lane = chain.genesis["lanes"][0]["public"]
+    db.execute("INSERT INTO paygate.lanes (address) VALUES (%s) ON CONFLICT DO NOTHING", (lane,))
+    job = db.execute("INSERT INTO paygate.bot_jobs (job_key, request_hash, contract, function, args_xdr, status, "
+                     "attempts, reason, finished_at) VALUES ('close:x', '\\x00', %s, 'close_expired', 'AAAA', 'dead', "
+                     "1, '1 lineages proven dead (max 1)', now()) RETURNING id",
+                     (chain.genesis["contracts"]["market"],)).fetchone()[0]
+
+    def lineage(entitlement: str, state: str, seq: int, **columns: object) -> int:
+        names = ["purpose", "entitlement", "lane", "state", "source_seq", "key_id", "envelope", "inner_hash",
+                 "outer_hash", "max_time", "signed_at_ledger", "fee_ops", "resource_fee", *columns]
+        values = ["relay", entitlement, lane, state, seq, "k", b"\x00", bytes([seq]) * 32, bytes([seq + 100]) * 32,
+                  1, 1, 2, 1000, *columns.values()]
+        return db.execute(f"INSERT INTO paygate.lineages ({', '.join(names)}) VALUES "
+                          f"({', '.join(['%s'] * len(names))}) RETURNING id", values).fetchone()[0]
+
+    # A bot job that died of a lineage that starved (expired after a replacement), counted as its
+    # attempt; the replacement bid above the lineage's cap.
+    starved = lineage(f"bot_job:{job}", "expired", 1, replacements=1, bid_rate=3000, cap_rate=2500)
+    db.execute("UPDATE paygate.bot_jobs SET dead_lineages = ARRAY[%s]::bigint[] WHERE id = %s", (starved, job))
+    db.execute("INSERT INTO paygate.lineage_envelopes (lineage_id, replaced_by, outer_hash, bid_rate) "
+               "VALUES (%s, 1, %s, 300)", (starved, b"\x07" * 32))
+    # An applied lineage the chain never included.
+    lineage("relay:999", "applied", 2, ledger=1, fee_charged=4400, bid_rate=200, cap_rate=2500)
+
+    found = {v.invariant: v.detail for v in check_all(chain, chain.dsn, receiver).violations}
+    assert f"bot_jobs {{'id': {job}" in found["no unit failed for its fee"]
+    assert f"'dead_lineages': [{starved}]" in found["no unit failed for its fee (a starved lineage is no attempt)"]
+    assert f"'id': {starved}" in found["fees charged <= cap (no envelope bids above its cap)"]
+    assert "'entitlement': 'relay:999'" in found["an applied or failed lineage landed exactly once"]
