@@ -256,7 +256,8 @@ class SettleRounds:
             "x_envelopes": [os.urandom(600) for _ in range(n)],
             "x_inner_hashes": [os.urandom(32) for _ in range(n)],
             "x_outer_hashes": [os.urandom(32) for _ in range(n)], "x_max_times": [2**40] * n,
-            "x_signed_at_ledgers": [self.ledger] * n, "x_max_ledgers": [None] * n})
+            "x_signed_at_ledgers": [self.ledger] * n, "x_max_ledgers": [None] * n, "x_bid_rates": [200] * n,
+            "x_fee_opss": [2] * n, "x_resource_fees": [0] * n, "x_cap_rates": [100_000] * n})
         self.seq += n
         lineages.mark_sent_many(self.db, [(lineage_id, "PENDING") for lineage_id in ids])
         self.db.execute(charges.RELEASE_SENT_LEASES_SQL, {"lineages": ids, "tokens": tokens})

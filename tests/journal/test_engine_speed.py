@@ -72,7 +72,7 @@ def test_build_signed_is_byte_identical_to_the_sdk(seq: int, resource_fee: int, 
     chain = CannedChain(PASSPHRASE, answer, [])
 
     ours = build_signed(chain, lane=lane, fee_account=fee, seq=seq, call=call, max_time=max_time,  # type: ignore[arg-type]
-                        base_fee=base_fee, fee_bump_base_fee=bump_fee, max_ledger=max_ledger)
+                        base_fee=base_fee, bid_rate=bump_fee, max_ledger=max_ledger)
 
     builder = TransactionBuilder(Account(lane.public_key, seq - 1), PASSPHRASE, base_fee=base_fee)
     builder.append_invoke_contract_function_op(CONTRACT, "credit", call.args, auth=list(own))
@@ -102,7 +102,8 @@ def _anchor(db: psycopg.Connection, lineage_id: int, *, hold: str, install: str)
     sql = lineages.ANCHOR_HELD_SQL.format(hold=hold, install=install)
     return lineages.one_statement(db, sql, {
         "x_id": lineage_id, "x_seq": 5, "x_key_id": "k1", "x_envelope": b"sealed", "x_inner_hash": b"\1" * 32,
-        "x_outer_hash": b"\2" * 32, "x_max_time": 100, "x_signed_at_ledger": 3, "x_max_ledger": None}).fetchone()
+        "x_outer_hash": b"\2" * 32, "x_max_time": 100, "x_signed_at_ledger": 3, "x_max_ledger": None,
+        "x_bid_rate": 200, "x_fee_ops": 2, "x_resource_fee": 0, "x_cap_rate": 100_000}).fetchone()
 
 
 def test_a_row_part_that_does_not_follow_rolls_the_whole_anchor_back(db: psycopg.Connection) -> None:

@@ -65,6 +65,9 @@ class Signed:
     outer_hash: bytes
     max_time: int = 100
     max_ledger: int | None = None
+    bid_rate: int = 200
+    fee_ops: int = 2
+    resource_fee: int = 0
 
 
 def _units(db: psycopg.Connection, n: int) -> list[Prepared]:
@@ -77,7 +80,7 @@ def _units(db: psycopg.Connection, n: int) -> list[Prepared]:
                                     "VALUES ('deposit', %s, %s) RETURNING id", (f"e:{i}", lane)).fetchone()[0])
         db.execute("INSERT INTO public.rows (id, token, lineage_id) VALUES (%s, %s, %s)", (i, MINE, lineage_id))
         units.append(Prepared(RowJob(i, MINE), lineage_id, lane, Signed(bytes([i]) * 32, bytes([i + 100]) * 32),  # type: ignore[arg-type]
-                              seq=10 + i, key_id="k1", ciphertext=b"sealed", signed_at_ledger=3))
+                              seq=10 + i, key_id="k1", ciphertext=b"sealed", signed_at_ledger=3, cap_rate=100_000))
     return units
 
 

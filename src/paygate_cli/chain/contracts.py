@@ -183,13 +183,32 @@ class SignedTransaction:
     max_time: int
     max_ledger: int | None = None  # the last ledger it may apply in, when bounded
     fee: int | None = None  # the fee bump's fee: the most the fee account can be charged (known when built)
+    # What the fee is made of (docs/architecture.md §4 "Fees and the fee market"):
+    # fee = bid_rate * fee_ops + resource_fee.
+    bid_rate: int | None = None  # the outer inclusion bid per operation (stroops)
+    fee_ops: int | None = None  # the operations the bid pays for: the inner's plus one for the fee bump
+    resource_fee: int | None = None  # the Soroban resource fee the inner transaction declares
+
+
+def bid_bound(max_total_fee: int | None, resource_fee: int, fee_ops: int) -> int | None:
+    """The highest bid rate whose fee stays within `max_total_fee` (None: unbounded). Negative when
+    the resource fee alone is above it."""
+    if max_total_fee is None:
+        return None
+    return (max_total_fee - resource_fee) // fee_ops
 
 
 def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq: int, call: Invocation,
-                 max_time: int, base_fee: int, fee_bump_base_fee: int,
+                 max_time: int, base_fee: int, bid_rate: int, max_total_fee: int | None = None,
                  max_ledger: int | None = None) -> SignedTransaction:
     """Build the invocation from `lane` at `seq`, simulate (enforce mode when the call carries auth),
     assemble, sign, fee-bump. No database transaction may be open: the guard in ChainClient checks.
+
+    `base_fee` is the inner transaction's rate, `bid_rate` the fee bump's (the market's bid,
+    journal/fee_market.py). `max_total_fee`: the most the whole fee may be (a relay's reservation):
+    the bid is lowered to fit it once the resource fee is known. The network's floor wins over both
+    (the outer rate is never below the inner one), so a fee above `max_total_fee` can still come
+    out: the caller's check refuses it.
 
     `max_ledger`: the last ledger the transaction may apply in (a user authorisation's expiration
     ledger). The network's bound is exclusive, so the envelope carries max_ledger + 1: a transaction
@@ -217,14 +236,54 @@ def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq
     # Never packed again: the hash, the signature and the fee bump reuse these bytes.
     inner_hash = hashlib.sha256(network_id + _TX_TYPE + tx_bytes).digest()
     signature = lane.sign_decorated(inner_hash).to_xdr_object().to_xdr_bytes()
+    fee_ops = 2  # one operation, plus one for the fee bump
+    bound = bid_bound(max_total_fee, resource_fee, fee_ops)
+    rate = bid_rate if bound is None else min(bid_rate, bound)
     # The network refuses a fee bump whose rate is below the inner transaction's inclusion rate
     # ((inner fee - resource fee) / operations); a minimum resource fee above the resource fee the
     # transaction data declares raises that rate, so the bump's rate rises to cover it.
-    bump_rate = max(fee_bump_base_fee, inner_fee - resource_fee)  # one operation
+    bump_rate = max(rate, inner_fee - resource_fee, 100)  # one operation; never below the network's minimum
     envelope_xdr, outer_hash, fee = _fee_bump_bytes(
         tx_bytes, [signature], inner_fee=inner_fee, resource_fee=resource_fee, operations=1,
         fee_account=fee_account, base_fee=bump_rate, network_id=network_id)
-    return SignedTransaction(envelope_xdr, inner_hash, outer_hash, max_time, max_ledger, fee)
+    return SignedTransaction(envelope_xdr, inner_hash, outer_hash, max_time, max_ledger, fee, bump_rate, fee_ops,
+                             resource_fee)
+
+
+@dataclass(frozen=True)
+class Rebumped:
+    """A replacement fee bump (rebump): the same inner transaction, a new outer envelope and bid."""
+
+    envelope_xdr: str
+    inner_hash: bytes
+    outer_hash: bytes
+    fee: int
+    bid_rate: int
+
+
+def rebump(envelope_xdr: str, fee_account: Keypair, bid_rate: int, passphrase: str) -> Rebumped:
+    """A new fee bump at `bid_rate` per operation around exactly the inner transaction (bytes and
+    signatures) of the fee-bump envelope `envelope_xdr`: the inner hash, the sequence and the time
+    bounds are the journaled ones (docs/architecture.md §4 "Fees and the fee market"). A rate below
+    the inner transaction's is refused (ValueError), as the network would."""
+    raw = base64.b64decode(envelope_xdr, validate=True)
+    if raw[:4] != _FEE_BUMP_TYPE:
+        raise ValueError("not a fee-bump envelope")
+    envelope = xdr.TransactionEnvelope.from_xdr_bytes(raw)
+    inner = envelope.fee_bump.tx.inner_tx.v1
+    tx_bytes = inner.tx.to_xdr_bytes()
+    resource_fee = int(inner.tx.ext.soroban_data.resource_fee.int64) if inner.tx.ext.v == 1 else 0
+    network_id = _network_id(passphrase)
+    inner_hash = hashlib.sha256(network_id + _TX_TYPE + tx_bytes).digest()
+    new_xdr, outer_hash, fee = _fee_bump_bytes(
+        tx_bytes, [s.to_xdr_bytes() for s in inner.signatures], inner_fee=int(inner.tx.fee.uint32),
+        resource_fee=resource_fee, operations=len(inner.tx.operations), fee_account=fee_account,
+        base_fee=bid_rate, network_id=network_id)
+    # The inner bytes travel untouched: the replacement is the same transaction (same hash).
+    replaced = xdr.TransactionEnvelope.from_xdr(new_xdr).fee_bump.tx.inner_tx.v1
+    if hashlib.sha256(network_id + _TX_TYPE + replaced.tx.to_xdr_bytes()).digest() != inner_hash:
+        raise AssertionError("a replacement fee bump changed its inner transaction")
+    return Rebumped(new_xdr, inner_hash, outer_hash, fee, bid_rate)
 
 
 def invoke_transaction(source: str, seq: int, call: Invocation, *, max_time: int, base_fee: int,

@@ -19,6 +19,7 @@ from paygate_cli.chain.accounts import (
     Endpoint,
     MalformedAnswer,
     NoAnswer,
+    RpcErrorAnswer,
     decode_account_seq,
     read_account_sequence,
     read_account_views,
@@ -98,6 +99,34 @@ class SendOutcome:
     @property
     def label(self) -> str:
         return f"ERROR {self.code}" if self.status == "ERROR" else self.status
+
+
+# The fields of stellar-rpc's FeeDistribution that are string-encoded uint64s (ledgerCount is a number).
+FEE_DISTRIBUTION_FIELDS = ("max", "min", "mode", "p10", "p20", "p30", "p40", "p50", "p60", "p70", "p80", "p90",
+                           "p95", "p99", "transactionCount")
+
+
+@dataclass(frozen=True)
+class FeeDistribution:
+    """One of getFeeStats' distributions: inclusion fees charged per operation (stroops) over the
+    node's recent ledgers, by percentile (`p10`..`p99`, `max`, `min`, `mode`)."""
+
+    values: dict[str, int]  # every FEE_DISTRIBUTION_FIELDS name but transactionCount
+    transaction_count: int
+    ledger_count: int
+
+    def percentile(self, name: str) -> int:
+        return self.values[name]
+
+
+@dataclass(frozen=True)
+class FeeStats:
+    """getFeeStats as one read endpoint answered it (`endpoint`: host only, a URL may carry a key)."""
+
+    soroban_inclusion_fee: FeeDistribution
+    inclusion_fee: FeeDistribution
+    latest_ledger: int
+    endpoint: str
 
 
 @dataclass(frozen=True)
@@ -211,6 +240,30 @@ class ChainClient:
         proven = heads[need - 1]
         return QuorumLedger(proven.sequence, proven.close_time, highest=heads[0].sequence,
                             answered=len(heads), hosts=len(self.readers))
+
+    def fee_stats(self) -> FeeStats:
+        """Ordinary read (the fee market's price: journal/fee_market.py), first healthy read
+        endpoint. An answer that does not parse is no answer (Unavailable after the retries), never
+        a price of zero."""
+        self._guard("getFeeStats")
+
+        def read(url: str, srv: SorobanServer) -> FeeStats:
+            answer = srv._client.post(srv.server_url, json_data=request_body("getFeeStats", {}))
+            try:
+                result = result_of(answer.status_code, answer.text)
+            except (NoAnswer, RpcErrorAnswer) as exc:
+                # ValueError (MalformedAnswer): retried, then Unavailable, like a lost answer.
+                raise MalformedAnswer(f"getFeeStats: {exc}") from None
+            return fee_stats_of(result, endpoint_name(url))
+
+        last: Exception | None = None
+        for url, srv in zip(self.read_urls, self.readers, strict=True):
+            try:
+                return self._retrying("getFeeStats", lambda url=url, srv=srv: read(url, srv), attempts=2)
+            except Unavailable as exc:
+                last = exc
+        assert last is not None
+        raise last
 
     def ledger_entries(self, keys: list[xdr.LedgerKey]) -> Any:
         self._guard("getLedgerEntries")
@@ -401,6 +454,38 @@ def probe_from_answers(url: str, lane: str, inner_hash_hex: str, entries: Any, t
     return Probe(url, account_seq=seq, seq_ledger=seq_ledger, tx_status=status, tx_ledger=ledger,
                  fee_charged=fee, result_code=code, latest_ledger=latest, latest_close_time=close_time,
                  oldest_ledger=oldest)
+
+
+def _fee_number(value: Any, what: str) -> int:
+    """A uint64 as stellar-rpc sends it (a decimal string; a plain number accepted too)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
+        number = int(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        raise MalformedAnswer(f"getFeeStats {what} {str(value)[:40]!r} is not a fee")
+    if not 0 <= number < 2**63:
+        raise MalformedAnswer(f"getFeeStats {what} {number} is out of range")
+    return number
+
+
+def fee_distribution_of(raw: Any, what: str) -> FeeDistribution:
+    if not isinstance(raw, dict):
+        raise MalformedAnswer(f"getFeeStats {what} is not a FeeDistribution")
+    values = {name: _fee_number(raw.get(name), f"{what}.{name}") for name in FEE_DISTRIBUTION_FIELDS}
+    ledgers = _ledger_number(raw.get("ledgerCount"), f"getFeeStats {what}.ledgerCount")
+    count = values.pop("transactionCount")
+    return FeeDistribution(values, count, ledgers)
+
+
+def fee_stats_of(result: Any, endpoint: str) -> FeeStats:
+    """A getFeeStats result, checked (MalformedAnswer when it does not hold together)."""
+    if not isinstance(result, dict):
+        raise MalformedAnswer("getFeeStats answered no object")
+    soroban = fee_distribution_of(result.get("sorobanInclusionFee"), "sorobanInclusionFee")
+    classic = fee_distribution_of(result.get("inclusionFee"), "inclusionFee")
+    latest = _ledger_number(result.get("latestLedger"), "getFeeStats latestLedger")
+    return FeeStats(soroban, classic, latest, endpoint)
 
 
 def _session_endpoint(url: str, srv: SorobanServer) -> Endpoint:

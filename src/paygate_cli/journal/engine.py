@@ -104,6 +104,7 @@ if TYPE_CHECKING:
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient, LatestLedger, SendOutcome
     from paygate_cli.context import TickContext
+    from paygate_cli.journal.fee_market import FeeMarket
     from paygate_cli.journal.keyring import Keyring
     from paygate_cli.journal.resolve import Resolution
 
@@ -125,6 +126,10 @@ class Job(Protocol):
     crash: str  # crash point prefix, e.g. "funding", "funding.credit", "settlement"
     purpose: str  # lineages.purpose
     max_ledger: int | None  # last ledger the transaction may apply in (user authorisation), or None
+    # The most the whole fee may be (a relay's reserved max_fee), or None: bounds the unit's bid
+    # (docs/architecture.md §4 "Fees and the fee market": cap_rate = min(max_inclusion_fee,
+    # (max_fee - resource fee) // fee_ops)).
+    max_fee: int | None
     # What authorisation its envelope may carry (chain/authority.py's policy for the path): checked
     # by prepare() on the signed bytes, before anything is anchored.
     authority: Policy
@@ -229,7 +234,23 @@ class Prepared:
     seq: int
     key_id: str
     ciphertext: bytes
-    signed_at_ledger: int
+    signed_at_ledger: int  # also the bid's ledger (bid_ledger): rebumps count from it
+    cap_rate: int  # the highest rate this lineage may ever bid (journal/fee_market.py cap_for)
+
+    @property
+    def bid_rate(self) -> int:
+        assert self.signed.bid_rate is not None
+        return self.signed.bid_rate
+
+    @property
+    def fee_ops(self) -> int:
+        assert self.signed.fee_ops is not None
+        return self.signed.fee_ops
+
+    @property
+    def resource_fee(self) -> int:
+        assert self.signed.resource_fee is not None
+        return self.signed.resource_fee
 
 
 def _anchor_verdict(prepared: Prepared, held: int, anchored: int) -> LeaseLost | None:
@@ -302,6 +323,12 @@ class Engine:
         self._sent: list[tuple[int, str]] = []  # broadcasts whose 'sent' mark flush_sent() writes
         self.broadcasts = 0  # transactions this engine broadcast (first sends; resends are resolve's)
         self._ours: Ours | None = None
+        self._market: FeeMarket | None = None
+        # Fee-capped lineages this tick drove (id -> the rate each needs), and the paths (purpose,
+        # entitlement kind) of every lineage it drove: stall_reason reports the paths' fee-capped units.
+        self.fee_capped: dict[int, int] = {}
+        self._paths: set[tuple[str, str]] = set()
+        self.replaced = 0  # replacement envelopes this engine journaled and broadcast this tick
 
     @classmethod
     def for_tick(cls, ctx: TickContext) -> Engine:
@@ -349,6 +376,15 @@ class Engine:
 
             self._ours = ours_of(self.signer, self.ctx.settings)
         return self._ours
+
+    @property
+    def market(self) -> FeeMarket:
+        """This tick's view of the fee market (read at most once a tick: journal/fee_market.py)."""
+        if self._market is None:
+            from paygate_cli.journal.fee_market import FeeMarket
+
+            self._market = FeeMarket(self.conn, self.chain, self.ctx.settings, self.ctx.log)
+        return self._market
 
     # -- allocation ------------------------------------------------------------------------------
 
@@ -504,12 +540,15 @@ class Engine:
             why = f"authorisation expired at ledger {job.max_ledger} (latest {latest.sequence})"
             self._abandon(job, lineage_id, why)
             return Expired(why)
+        # The market's bid under the global cap (one price a tick, no RPC per unit); a job's own fee
+        # bound lowers it once the simulation tells the resource fee (build_signed).
+        bid = self.market.bid(int(settings.max_inclusion_fee))
         while True:
             try:
                 signed = build_signed(self.chain, lane=self.signer.lanes[lane], fee_account=self.signer.fee,
                                       seq=seq, call=job.call(lane),
                                       max_time=latest.close_time + int(settings.tx_validity),
-                                      base_fee=settings.base_fee, fee_bump_base_fee=settings.fee_bump_base_fee,
+                                      base_fee=settings.base_fee, bid_rate=bid, max_total_fee=job.max_fee,
                                       max_ledger=job.max_ledger)
                 job.check(signed)
                 # The one check of what authority the bytes carry, for every path (chain/authority.py).
@@ -533,7 +572,13 @@ class Engine:
         crashpoint(f"{job.crash}.after_sign")
         key_id, ciphertext = self.keyring.encrypt(signed.envelope_xdr.encode(), lineage_id=lineage_id, source=lane,
                                                   seq=seq)
-        return Prepared(job, lineage_id, lane, signed, seq, key_id, ciphertext, latest.sequence)
+        from paygate_cli.journal.fee_market import cap_for
+
+        assert signed.bid_rate is not None and signed.fee_ops is not None and signed.resource_fee is not None
+        cap = cap_for(settings, max_fee=job.max_fee, resource_fee=signed.resource_fee, fee_ops=signed.fee_ops)
+        # Never below what it bids now (the network's floor may have raised the bid over a tight cap).
+        return Prepared(job, lineage_id, lane, signed, seq, key_id, ciphertext, latest.sequence,
+                        max(cap, signed.bid_rate))
 
     def send_prepared(self, batch: list[Prepared]) -> list[Sent | LeaseLost]:
         """Anchor every prepared envelope under its row's lease, all with ONE synchronous commit (a
@@ -621,7 +666,9 @@ class Engine:
                      "x_key_id": prepared.key_id, "x_envelope": prepared.ciphertext,
                      "x_inner_hash": signed.inner_hash, "x_outer_hash": signed.outer_hash,
                      "x_max_time": signed.max_time, "x_signed_at_ledger": prepared.signed_at_ledger,
-                     "x_max_ledger": signed.max_ledger}
+                     "x_max_ledger": signed.max_ledger, "x_bid_rate": prepared.bid_rate,
+                     "x_fee_ops": prepared.fee_ops, "x_resource_fee": prepared.resource_fee,
+                     "x_cap_rate": prepared.cap_rate}
 
     @staticmethod
     def _anchor_many_statement(batch: list[Prepared]) -> tuple[str, dict[str, Any]]:
@@ -636,7 +683,9 @@ class Engine:
                      "x_outer_hashes": [p.signed.outer_hash for p in batch],
                      "x_max_times": [p.signed.max_time for p in batch],
                      "x_signed_at_ledgers": [p.signed_at_ledger for p in batch],
-                     "x_max_ledgers": [p.signed.max_ledger for p in batch]}
+                     "x_max_ledgers": [p.signed.max_ledger for p in batch],
+                     "x_bid_rates": [p.bid_rate for p in batch], "x_fee_opss": [p.fee_ops for p in batch],
+                     "x_resource_fees": [p.resource_fee for p in batch], "x_cap_rates": [p.cap_rate for p in batch]}
 
     def _abandon(self, job: Job, lineage_id: int, why: str) -> None:
         with self.conn.transaction():
@@ -782,7 +831,85 @@ class Engine:
             self._seen_seq[lineage.lane] = max(self._seen_seq.get(lineage.lane, 0), lineage.source_seq)
         resolved.append(prefix)
         self._report(lineage, resolution)
+        self._paths.add((lineage.purpose, lineage.entitlement.split(":", 1)[0]))
+        if resolution.state == "sent" and self.replaces_envelopes and lineage.parked_reason is None \
+                and "parked" not in resolution.evidence:
+            self._bid_again(prefix, lineage, resolution)
         return resolution.state
+
+    # -- the fee market: re-bump, fee-capped ----------------------------------------------------
+
+    # Whether this engine may journal a replacement envelope (it holds the fee key); the take-over
+    # engine never does.
+    replaces_envelopes = True
+
+    def _bid_again(self, prefix: str, lineage: lineages.Lineage, resolution: Resolution) -> None:
+        """A sent lineage the chain has not included (resolve just resent its bytes): per the
+        market, a replacement fee bump (journaled, then broadcast), fee-capped (it waits), or
+        nothing; a lineage that no longer needs a replacement is no longer fee-capped."""
+        from paygate_cli.journal.fee_market import INSUFFICIENT_FEE, Capped
+
+        latest = self._seen_latest[0] if self._seen_latest is not None else None
+        if latest is None:
+            return
+        decision = self.market.replacement(lineage, latest_ledger=latest,
+                                           insufficient_fee=resolution.resent_code == INSUFFICIENT_FEE)
+        if decision is None:
+            if lineage.fee_capped_at is not None:
+                lineages.clear_fee_capped(self.conn, lineage.id)
+            return
+        if isinstance(decision, Capped):
+            self.fee_capped[lineage.id] = decision.required
+            if lineages.set_fee_capped(self.conn, lineage.id, decision.required) and lineage.fee_capped_at is None:
+                price = self.market.price()
+                self.ctx.log.warning(
+                    "lineage %s is fee-capped: it needs %s stroops per operation, its cap is %s (market %s %s, "
+                    "%s replacements of %s); it waits, resending the same bytes", lineage.id, decision.required,
+                    decision.cap, self.market.percentile, price.rate if price else "unknown", lineage.replacements,
+                    self.ctx.settings.max_replacements,
+                    extra={"msgid": "fees.capped", "lineage_id": lineage.id, "fee_required": decision.required,
+                           "cap_rate": decision.cap})
+            return
+        self._replace(prefix, lineage, decision, latest)
+
+    def _replace(self, prefix: str, lineage: lineages.Lineage, rate: int, latest: int) -> None:
+        """A replacement fee bump at `rate` around the lineage's same inner transaction: encrypted and
+        committed (the CAS on the outer hash it replaces) before it is broadcast; resends send it
+        from then on (lineage.envelope is always the newest committed)."""
+        from paygate_cli.chain.contracts import rebump
+        from paygate_cli.journal.keyring import EnvelopeTampered
+
+        assert lineage.inner_hash is not None and lineage.source_seq is not None
+        try:
+            envelope = self.keyring.decrypt(lineage.envelope or b"", key_id=lineage.key_id or "",
+                                            lineage_id=lineage.id, source=lineage.lane, seq=lineage.source_seq)
+        except EnvelopeTampered:
+            return  # resolve decrypted these very bytes a moment ago; whoever changed them, resolve parks it
+        bumped = rebump(envelope.decode(), self.signer.fee, rate, self.chain.passphrase)
+        if bumped.inner_hash != lineage.inner_hash:
+            raise AssertionError(f"lineage {lineage.id}: a replacement changed the inner transaction")
+        key_id, ciphertext = self.keyring.encrypt(bumped.envelope_xdr.encode(), lineage_id=lineage.id,
+                                                  source=lineage.lane, seq=lineage.source_seq)
+        if not lineages.replace_envelope(self.conn, lineage, envelope=ciphertext, key_id=key_id,
+                                         outer_hash=bumped.outer_hash, bid_rate=rate, bid_ledger=latest):
+            return  # replaced or finished by someone else meanwhile: theirs stands, nothing is sent
+        crashpoint(f"{prefix}.after_rebump_journal")
+        send = self.chain.send(bumped.envelope_xdr)
+        crashpoint(f"{prefix}.after_rebump_broadcast")
+        self.replaced += 1
+        self.fee_capped.pop(lineage.id, None)
+        with relaxed_transaction(self.conn):  # re-derivable, like every 'sent' mark
+            lineages.mark_sent(self.conn, lineage.id, send.label)
+        self.ctx.log.info("lineage %s: replacement %s at %s stroops per operation (was %s): %s", lineage.id,
+                          lineage.replacements + 1, rate, lineage.bid_rate, send.label,
+                          extra={"msgid": "fees.rebumped", "lineage_id": lineage.id, "bid_rate": rate,
+                                 "replaced_outer_hash": (lineage.outer_hash or b"").hex(),
+                                 "outer_hash": bumped.outer_hash.hex()})
+        if send.status == "ERROR" and send.code in TERMINAL_SEND_CODES:
+            # These bytes are refused for good (a bug of ours: the same inner transaction was
+            # accepted before). Not proof the lineage is dead: the replaced bytes may still land.
+            self.ctx.log.error("lineage %s: its replacement was refused with ERROR %s", lineage.id, send.code,
+                               extra={"msgid": "fees.replacement_refused", "lineage_id": lineage.id})
 
     def _report(self, lineage: lineages.Lineage, resolution: Resolution) -> None:
         if resolution.foreign_sequence_use:
@@ -829,9 +956,29 @@ class Engine:
     # -- liveness --------------------------------------------------------------------------------
 
     def stall_reason(self) -> str | None:
-        if self.broadcasts:
-            return None  # this tick broadcast work: it moves, whatever still waits for a lane
-        return stall_reason(self.conn, self.ctx.settings, self.lanes)
+        """Why this tick's work cannot move: no lane (stall_reason below), or units fee-capped
+        (the market asks more than their cap: docs/architecture.md §4 "Fees and the fee market").
+        A worker asks when it found no free lane, or when `fee_capped` says this tick saw one."""
+        reasons = [self.fee_capped_reason()]
+        if not self.broadcasts:  # a tick that broadcast work moves, whatever still waits for a lane
+            reasons.append(stall_reason(self.conn, self.ctx.settings, self.lanes))
+        found = [r for r in reasons if r]
+        return "; ".join(found) if found else None
+
+    def fee_capped_reason(self) -> str | None:
+        """The fee-capped live units of the paths this tick drove (counted in the database: every
+        such unit, not only the ones this tick looked at), or None."""
+        if not self.fee_capped:
+            return None
+        count, required, cap = lineages.fee_capped_of(self.conn, self._paths)
+        if not count:
+            return None
+        price = self.market.price()
+        units = f"{count} unit{'s' if count != 1 else ''} fee-capped: market {self.market.percentile}"
+        if price is not None and cap is not None and price.rate <= cap:
+            # The market is under the cap, but a replacement must bid 10x: that is over it.
+            return f"{units} {price.rate}, a replacement needs {required} > cap {cap}"
+        return f"{units} {price.rate if price else 'unknown'} > cap {cap}"
 
 
 class SigningRefused(RuntimeError):
@@ -847,6 +994,8 @@ class TakeoverEngine(Engine):
     """Engine.for_takeover(): drives, sweeps and reports like any engine, and holds no signing key.
     Allocating or signing refuses before anything is read or written, and so does any other reach
     for the signer."""
+
+    replaces_envelopes = False  # no fee key: a starving lineage waits for an engine that has one
 
     def __init__(self, ctx: TickContext, chain: ChainClient, keyring: Keyring) -> None:
         super().__init__(ctx, chain, None, keyring)  # type: ignore[arg-type]  # the signer property takes None

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     import psycopg
 
 # A lineage in flight, holding its lane (at most one per lane); every other state is terminal.
@@ -165,15 +167,18 @@ FROM req LEFT JOIN held USING (row_id) LEFT JOIN lineage n USING (entitlement)
 ORDER BY req.n
 """
 
-# Anchor: hold, allocated -> signed with the encrypted envelope, the row's own part. Synchronous
-# commit (the default): durable before anything is broadcast (docs/architecture.md §1 rule 3).
+# Anchor: hold, allocated -> signed with the encrypted envelope and its bid (bid_ledger: the ledger
+# it was signed at), the row's own part. Synchronous commit (the default): durable before anything
+# is broadcast (docs/architecture.md §1 rule 3).
 ANCHOR_HELD_SQL = """
 WITH held AS ({hold}),
 anchored AS (
     UPDATE paygate.lineages
     SET state = 'signed', source_seq = %(x_seq)s, key_id = %(x_key_id)s, envelope = %(x_envelope)s,
         inner_hash = %(x_inner_hash)s, outer_hash = %(x_outer_hash)s, max_time = %(x_max_time)s,
-        signed_at_ledger = %(x_signed_at_ledger)s, max_ledger = %(x_max_ledger)s, signed_at = now()
+        signed_at_ledger = %(x_signed_at_ledger)s, max_ledger = %(x_max_ledger)s, signed_at = now(),
+        bid_rate = %(x_bid_rate)s, bid_ledger = %(x_signed_at_ledger)s, fee_ops = %(x_fee_ops)s,
+        resource_fee = %(x_resource_fee)s, cap_rate = %(x_cap_rate)s
     WHERE id = %(x_id)s AND state = 'allocated' AND EXISTS (SELECT 1 FROM held)
     RETURNING id
 ), installed AS ({install})
@@ -190,15 +195,18 @@ WITH req AS (
     SELECT * FROM unnest(%(x_row_ids)s::bigint[], %(x_row_tokens)s::uuid[], %(x_ids)s::bigint[], %(x_seqs)s::bigint[],
                          %(x_key_ids)s::text[], %(x_envelopes)s::bytea[], %(x_inner_hashes)s::bytea[],
                          %(x_outer_hashes)s::bytea[], %(x_max_times)s::bigint[], %(x_signed_at_ledgers)s::bigint[],
-                         %(x_max_ledgers)s::bigint[])
+                         %(x_max_ledgers)s::bigint[], %(x_bid_rates)s::bigint[], %(x_fee_opss)s::smallint[],
+                         %(x_resource_fees)s::bigint[], %(x_cap_rates)s::bigint[])
                   WITH ORDINALITY AS q(row_id, row_token, lineage_id, seq, key_id, envelope, inner_hash, outer_hash,
-                                       max_time, signed_at_ledger, max_ledger, n)
+                                       max_time, signed_at_ledger, max_ledger, bid_rate, fee_ops, resource_fee,
+                                       cap_rate, n)
 ), held AS ({hold}),
 anchored AS (
     UPDATE paygate.lineages x
     SET state = 'signed', source_seq = q.seq, key_id = q.key_id, envelope = q.envelope, inner_hash = q.inner_hash,
         outer_hash = q.outer_hash, max_time = q.max_time, signed_at_ledger = q.signed_at_ledger,
-        max_ledger = q.max_ledger, signed_at = now()
+        max_ledger = q.max_ledger, signed_at = now(), bid_rate = q.bid_rate, bid_ledger = q.signed_at_ledger,
+        fee_ops = q.fee_ops, resource_fee = q.resource_fee, cap_rate = q.cap_rate
     FROM req q
     WHERE x.id = q.lineage_id AND x.state = 'allocated' AND q.row_id IN (SELECT row_id FROM held)
     RETURNING x.id, x.inner_hash
@@ -239,6 +247,83 @@ WHERE x.id = r.id AND x.state IN ('signed', 'sent')
 RETURNING x.id, set_config('synchronous_commit', 'off', true)
 """
 
+# -- the fee market (docs/architecture.md §4 "Fees and the fee market") --------------------------
+
+# A replacement fee bump journaled BEFORE it is broadcast (rule 3), one statement, synchronous
+# commit: the new outer envelope (same inner transaction, so the same lane, sequence and bounds),
+# its bid, the replacement counted, fee-capped cleared; the outer hash it replaced kept in
+# lineage_envelopes. The CAS is on the outer hash and the count the caller read: a racing
+# replacer, or a resolver that finished the lineage, makes it match nothing (nothing is sent).
+REPLACE_ENVELOPE_SQL = """
+WITH replaced AS (
+    UPDATE paygate.lineages x
+    SET envelope = %(envelope)s, key_id = %(key_id)s, outer_hash = %(outer_hash)s, bid_rate = %(bid_rate)s,
+        bid_ledger = %(bid_ledger)s, replacements = x.replacements + 1, fee_capped_at = NULL, fee_required = NULL
+    WHERE x.id = %(id)s AND x.state IN ('signed', 'sent') AND x.outer_hash = %(old_outer_hash)s
+      AND x.replacements = %(replacements)s
+    RETURNING x.id, x.replacements
+), kept AS (
+    INSERT INTO paygate.lineage_envelopes (lineage_id, replaced_by, outer_hash, bid_rate, bid_ledger)
+    SELECT r.id, r.replacements, %(old_outer_hash)s, %(old_bid_rate)s, %(old_bid_ledger)s FROM replaced r
+    RETURNING 1
+)
+SELECT r.replacements, (SELECT count(*) FROM kept) FROM replaced r
+"""
+
+# Fee-capped: the market asks more than the lineage may bid. Since when (the first time) and what
+# rate it asked (the latest); relaxed: the next tick derives it again.
+SET_FEE_CAPPED_SQL = """
+UPDATE paygate.lineages
+SET fee_capped_at = coalesce(fee_capped_at, now()), fee_required = %(required)s
+WHERE id = %(id)s AND state IN ('signed', 'sent')
+  AND (fee_capped_at IS NULL OR fee_required IS DISTINCT FROM %(required)s)
+RETURNING fee_capped_at, set_config('synchronous_commit', 'off', true)
+"""
+CLEAR_FEE_CAPPED_SQL = """
+UPDATE paygate.lineages SET fee_capped_at = NULL, fee_required = NULL
+WHERE id = %(id)s AND fee_capped_at IS NOT NULL AND state IN ('signed', 'sent')
+RETURNING set_config('synchronous_commit', 'off', true)
+"""
+
+# The fee-capped live lineages of some paths (a path: a purpose and its entitlements' kind, the
+# text before the first ':', since relays and bot jobs share the purpose 'relay'): how many, the
+# highest rate they need and the lowest cap among them (the stall reason; lineages_fee_capped).
+FEE_CAPPED_OF_SQL = """
+SELECT count(*), max(fee_required), min(cap_rate)
+FROM paygate.lineages
+WHERE fee_capped_at IS NOT NULL AND paygate.lineage_is_live(state)
+  AND (purpose, split_part(entitlement, ':', 1)) IN (SELECT * FROM unnest(%(purposes)s::text[], %(kinds)s::text[]))
+"""
+
+
+def replace_envelope(conn: psycopg.Connection, lineage: Lineage, *, envelope: bytes, key_id: str, outer_hash: bytes,
+                     bid_rate: int, bid_ledger: int) -> bool:
+    """Journal a replacement envelope for `lineage` (as read: its outer hash and count are the CAS).
+    True when this call's replacement is the lineage's envelope now."""
+    row = one_statement(conn, REPLACE_ENVELOPE_SQL, {
+        "id": lineage.id, "envelope": envelope, "key_id": key_id, "outer_hash": outer_hash, "bid_rate": bid_rate,
+        "bid_ledger": bid_ledger, "old_outer_hash": lineage.outer_hash, "replacements": lineage.replacements,
+        "old_bid_rate": lineage.bid_rate, "old_bid_ledger": lineage.bid_ledger}).fetchone()
+    return row is not None
+
+
+def set_fee_capped(conn: psycopg.Connection, lineage_id: int, required: int) -> bool:
+    """Mark the lineage fee-capped (or update the rate it needs); True when this call wrote it."""
+    return one_statement(conn, SET_FEE_CAPPED_SQL, {"id": lineage_id, "required": required}).fetchone() is not None
+
+
+def clear_fee_capped(conn: psycopg.Connection, lineage_id: int) -> bool:
+    return one_statement(conn, CLEAR_FEE_CAPPED_SQL, {"id": lineage_id}).fetchone() is not None
+
+
+def fee_capped_of(conn: psycopg.Connection, paths: set[tuple[str, str]]) -> tuple[int, int | None, int | None]:
+    """(count, highest required rate, lowest cap) of the live fee-capped lineages of `paths`."""
+    ordered = sorted(paths)
+    count, required, cap = conn.execute(FEE_CAPPED_OF_SQL, {"purposes": [p for p, _ in ordered],
+                                                            "kinds": [k for _, k in ordered]}).fetchone()
+    return int(count), None if required is None else int(required), None if cap is None else int(cap)
+
+
 # Exactly the SQLSTATE paygate.require() raises (sql/functions/require.sql).
 REQUIRE_FAILED = "PGR01"
 
@@ -246,7 +331,8 @@ REQUIRE_FAILED = "PGR01"
 # Lineage's fields, in order (a path's claim may read the lineage in flight with its rows).
 LINEAGE_COLUMNS = ("id", "purpose", "entitlement", "lane", "state", "source_seq", "key_id", "envelope", "inner_hash",
                    "outer_hash", "max_time", "signed_at_ledger", "ledger", "fee_charged", "result_code", "resolution",
-                   "max_ledger", "parked_reason")
+                   "max_ledger", "parked_reason", "bid_rate", "bid_ledger", "fee_ops", "resource_fee", "cap_rate",
+                   "replacements", "fee_capped_at", "fee_required")
 LOAD_SQL = f"SELECT {', '.join(LINEAGE_COLUMNS)} FROM paygate.lineages WHERE id = %s"
 
 # A lane that cannot be trusted with new work (its sequence consumed by a transaction we never
@@ -299,6 +385,18 @@ class Lineage:
     # Why its envelope cannot be resent (it does not decrypt): parked, still live, never resent
     # (journal/resolve.py park; parked_at in sql/0001_baseline.sql). None for every ordinary lineage.
     parked_reason: str | None = None
+    # Its bid (docs/architecture.md §4 "Fees and the fee market"; None: signed before paygate bid
+    # from the market): the current outer envelope's rate and the ledger it was journaled at, the
+    # operations and resource fee of its fee, the highest rate it may ever bid, and its replacements.
+    bid_rate: int | None = None
+    bid_ledger: int | None = None
+    fee_ops: int | None = None
+    resource_fee: int | None = None
+    cap_rate: int | None = None
+    replacements: int = 0
+    # Fee-capped: since when the market has asked more than cap_rate, and what rate it asked.
+    fee_capped_at: datetime | None = None
+    fee_required: int | None = None
 
     @property
     def live(self) -> bool:
@@ -313,7 +411,11 @@ class Lineage:
                 "max_time": self.max_time, "max_ledger": self.max_ledger,
                 "signed_at_ledger": self.signed_at_ledger, "ledger": self.ledger,
                 "fee_charged": self.fee_charged, "result_code": self.result_code, "resolution": self.resolution,
-                "parked_reason": self.parked_reason}
+                "parked_reason": self.parked_reason, "bid_rate": self.bid_rate, "bid_ledger": self.bid_ledger,
+                "fee_ops": self.fee_ops, "resource_fee": self.resource_fee, "cap_rate": self.cap_rate,
+                "replacements": self.replacements,
+                "fee_capped_at": self.fee_capped_at.isoformat() if self.fee_capped_at else None,
+                "fee_required": self.fee_required}
 
 
 def load(conn: psycopg.Connection, lineage_id: int) -> Lineage:

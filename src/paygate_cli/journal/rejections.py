@@ -75,7 +75,9 @@ def mark_sent_counting(conn: psycopg.Connection, lineage: lineages.Lineage, outc
     found the lineage no longer live)."""
     from psycopg.types.json import Jsonb
 
-    code = outcome.code if outcome.status == "ERROR" else None
+    # txINSUFFICIENT_FEE is the fee market's answer (the queue wants a higher bid: journal/fee_market.py),
+    # not a chain behind the journal: like TRY_AGAIN_LATER it leaves the count as it is.
+    code = outcome.code if outcome.status == "ERROR" and outcome.code != "txINSUFFICIENT_FEE" else None
     row = lineages.one_statement(conn, MARK_SENT_COUNTING_SQL, {
         "id": lineage.id, "status": outcome.label, "code": code,
         "accepted": outcome.status in ACCEPTED}).fetchone()

@@ -101,6 +101,7 @@ class Resolution:
     state: str  # the lineage's state after this call
     verdicts: list[str] = field(default_factory=list)
     resent: str | None = None  # status of the resend, when one happened
+    resent_code: str | None = None  # its ERROR code (txINSUFFICIENT_FEE: the bid is too low for the queue)
     foreign_sequence_use: bool = False  # superseded by a transaction we never journaled
     evidence: dict[str, Any] = field(default_factory=dict)
     probes: list[Probe] = field(default_factory=list)  # what the read endpoints answered (engine reuses them)
@@ -179,7 +180,9 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
                                     reason=reason, finding=f"lane {lineage.lane}: {reason}")
         return Resolution(decision, verdicts, foreign_sequence_use=foreign, evidence={**evidence, "why": why},
                           probes=probes)
-    # Not proven either way: resend the identical bytes (always safe) and wait.
+    # Not proven either way: resend the identical bytes (always safe) and wait. lineage.envelope is
+    # the newest committed outer envelope (a replacement fee bump, once one was journaled: the
+    # replacement's CAS wrote it), so a resend never revives a replaced bid.
     if lineage.parked_reason is not None:
         # Its bytes do not decrypt (parked earlier): nothing to resend. The probes above still decide
         # it from the chain once a ledger proves it applied, failed or past its maxTime.
@@ -199,5 +202,5 @@ def resolve(conn: psycopg.Connection, chain: ChainClient, keyring: Keyring, line
     from paygate_cli.journal.rejections import mark_sent_counting
 
     counted = mark_sent_counting(conn, lineage, outcome, threshold=rejection_threshold)
-    return Resolution("sent", verdicts, resent=outcome.status, evidence=evidence, probes=probes,
-                      repeated_rejection=counted.opened if counted is not None else None)
+    return Resolution("sent", verdicts, resent=outcome.status, resent_code=outcome.code, evidence=evidence,
+                      probes=probes, repeated_rejection=counted.opened if counted is not None else None)

@@ -66,10 +66,14 @@ FROM lineage JOIN req USING (entitlement)
 WHERE j.id = req.row_id AND j.status = 'queued' AND j.lease_token = req.row_token
 RETURNING 1
 """
-# A proven-dead lineage is one attempt; the pointer is cleared so a new one may be prepared.
+# A proven-dead lineage is one attempt; the pointer is cleared so a new one may be prepared. A
+# starved one (expired after a replacement fee bump, or while fee-capped: docs/architecture.md §4
+# "Fees and the fee market") is not: the market outbid it, the job did nothing wrong.
 DEAD_LINEAGE_SQL = """
 UPDATE paygate.bot_jobs
-SET lineage_id = NULL, dead_lineages = dead_lineages || %(lineage)s::bigint, attempts = attempts + 1,
+SET lineage_id = NULL, dead_lineages = dead_lineages || %(lineage)s::bigint,
+    attempts = attempts + (SELECT CASE WHEN x.state = 'expired' AND (x.replacements > 0 OR x.fee_capped_at IS NOT NULL)
+                                       THEN 0 ELSE 1 END FROM paygate.lineages x WHERE x.id = %(lineage)s),
     updated_at = now()
 WHERE id = %(id)s AND status = 'queued' AND lease_token = %(token)s AND lineage_id = %(lineage)s
 RETURNING attempts

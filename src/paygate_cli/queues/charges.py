@@ -225,17 +225,20 @@ RETURNING b.lineage_id
 # The lineage is proven dead (it cannot land: expired, superseded, or included and failed, which
 # reverts every entry). Its rows get a new chance, or, at the attempt limit, fail with the balance
 # restored and the product told, in this one statement — guarded by the lineage's terminal state.
+# A starved lineage (expired after a replacement fee bump, or while fee-capped: the market outbid
+# it, docs/architecture.md §4 "Fees and the fee market") is no attempt: its rows go back uncounted.
 RELEASE_DEAD_SQL = """
 WITH dead AS (
-    SELECT id FROM paygate.lineages WHERE id = %(lineage)s AND state IN ('failed', 'expired', 'superseded')
+    SELECT id, (state = 'expired' AND (replacements > 0 OR fee_capped_at IS NOT NULL))::int AS starved
+    FROM paygate.lineages WHERE id = %(lineage)s AND state IN ('failed', 'expired', 'superseded')
 ), released AS (
     UPDATE paygate.charges c
-    SET attempts = c.attempts + 1, dead_lineages = c.dead_lineages || c.lineage_id,
+    SET attempts = c.attempts + 1 - dead.starved, dead_lineages = c.dead_lineages || c.lineage_id,
         lineage_id = NULL, claimed_at = NULL, claimed_by = NULL,
-        status = CASE WHEN c.attempts + 1 >= %(max)s THEN 'failed' ELSE 'authorized' END,
-        failed_at = CASE WHEN c.attempts + 1 >= %(max)s THEN now() END,
-        failed_by = CASE WHEN c.attempts + 1 >= %(max)s THEN 'settlement' END,
-        reason = CASE WHEN c.attempts + 1 >= %(max)s
+        status = CASE WHEN dead.starved = 0 AND c.attempts + 1 >= %(max)s THEN 'failed' ELSE 'authorized' END,
+        failed_at = CASE WHEN dead.starved = 0 AND c.attempts + 1 >= %(max)s THEN now() END,
+        failed_by = CASE WHEN dead.starved = 0 AND c.attempts + 1 >= %(max)s THEN 'settlement' END,
+        reason = CASE WHEN dead.starved = 0 AND c.attempts + 1 >= %(max)s
                       THEN format('%%s charge_batch transactions were each proven dead (last: %%s)',
                                   c.attempts + 1, %(why)s::text) END,
         updated_at = now()

@@ -213,7 +213,7 @@ def tick(ctx: TickContext) -> TickResult:
         outcomes["lane_fenced"] = deps.engine.needs_human
     if deps.lane_failures:
         outcomes["lane_failures"] = deps.lane_failures
-    if outcomes.get("no_free_lane"):
+    if outcomes.get("no_free_lane") or deps.engine.fee_capped:  # no lane, or units over their fee cap
         result.stalled = deps.engine.stall_reason()
     result.details = outcomes
     return result
@@ -436,6 +436,7 @@ class FundingJob:
     column: str  # the row's pointer to its lineage
     invocation: Any  # an Invocation, or a function of the lane building one
     max_ledger: int | None = None
+    max_fee: int | None = None  # no fee bound of its own: max_inclusion_fee caps its bid
 
     @property
     def crash(self) -> str:

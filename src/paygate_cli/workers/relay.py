@@ -87,6 +87,8 @@ class RelayJob:
         self.invocation = invocation
         # The authorisation's last ledger bounds the transaction: it can never apply after it.
         self.max_ledger: int | None = row.auth_expiration_ledger
+        # The reservation bounds the whole fee: the engine's bid (and every replacement) fits in it.
+        self.max_fee: int | None = row.max_fee
 
     @property
     def authority(self) -> Policy:
@@ -136,7 +138,10 @@ class RelayJob:
         fee = envelope_fee(signed)
         if fee > self.row.max_fee:
             # Never spend more than the reservation holds: the budget is the promise admission made.
-            raise BadRelay(f"the transaction needs a fee of {fee} stroops, above the {self.row.max_fee} reserved")
+            # The bid is bounded by it (max_fee), so only the resource fee and the network's lowest
+            # inclusion fee can get here: they alone are above what was reserved.
+            raise BadRelay(f"the transaction needs a fee of {fee} stroops (its resource fee "
+                           f"{signed.resource_fee} and the lowest bid), above the {self.row.max_fee} reserved")
 
 
 @dataclass
@@ -245,7 +250,7 @@ def tick(ctx: TickContext) -> TickResult:
         chain.close()
     _release_all(deps, rows)
     result.needs_human += deps.engine.needs_human
-    if outcomes.get("no_free_lane"):
+    if outcomes.get("no_free_lane") or deps.engine.fee_capped:  # no lane, or units over their fee cap
         result.stalled = deps.engine.stall_reason()
     result.details = outcomes
     return result

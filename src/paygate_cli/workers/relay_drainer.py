@@ -71,6 +71,7 @@ class DrainerJob:
     crash = "relay_drainer"
     purpose = "relay"
     max_ledger: int | None = None  # no user authorisation: maxTime bounds it
+    max_fee: int | None = None  # no fee reservation: max_inclusion_fee caps its bid
     # The engine's one-statement phases: the lease check as hold() makes it, the job's pointer
     # recorded with the allocation; nothing of the job's commits with the envelope (it already
     # points at its lineage).
@@ -242,7 +243,7 @@ def tick(ctx: TickContext) -> TickResult:
         chain.close()
     _release_all(deps, rows)
     result.needs_human += deps.engine.needs_human
-    if outcomes.get("no_free_lane"):
+    if outcomes.get("no_free_lane") or deps.engine.fee_capped:  # no lane, or units over their fee cap
         result.stalled = deps.engine.stall_reason()
     result.details = outcomes
     return result

@@ -199,7 +199,7 @@ def tick(ctx: TickContext) -> TickResult:
     result.needs_human += deps.engine.needs_human
     if deps.engine.needs_human:
         deps.count("lane_fenced", deps.engine.needs_human)
-    if deps.outcomes.get("no_free_lane"):
+    if deps.outcomes.get("no_free_lane") or deps.engine.fee_capped:  # no lane, or units over their fee cap
         result.stalled = deps.engine.stall_reason()
     result.details = deps.outcomes
     return result
@@ -222,6 +222,7 @@ class BatchJob:
     crash: str = "settlement"
     purpose: str = "charge_batch"
     max_ledger: int | None = None
+    max_fee: int | None = None  # no fee bound of its own: max_inclusion_fee caps its bid
     built: Invocation | None = None  # the last call built (check() reads the footprint knowing it)
     released: bool = False  # on_sent released the lease (else the tick does, after the engine's flush)
 

@@ -1,0 +1,208 @@
+"""The fee market as a tick sees it (docs/architecture.md §4 "Fees and the fee market").
+
+Every new envelope bids the market: the configured percentile (`fee_percentile`) of getFeeStats'
+sorobanInclusionFee (the inclusion fee charged per operation over the node's recent ledgers),
+clamped between the floor (max(fee_bump_base_fee, base_fee)) and the unit's cap (cap_rate:
+max_inclusion_fee, and for a relay what its fee reservation leaves per operation). The price is read
+at most once per tick and reused for `fee_stats_cache` seconds within the process (a
+`run-tick --every` loop keeps it across ticks); each read is remembered in paygate.fee_market, and a
+failed read falls back to the remembered price (never a lower one, never "free"). With nothing
+remembered the bid is the cap.
+
+A sent lineage that starves (not included `rebump_after_ledgers` ledgers after its envelope was
+journaled while the market is at or above its bid: ties lose, competing demand arrives first; or
+its last send answered ERROR txINSUFFICIENT_FEE) gets a replacement fee bump at
+min(cap_rate, max(10 x bid, market bid)), if that is at least 10 x its bid (the network's
+replace-by-fee rule) and it has replacements left; otherwise it is fee-capped: it waits, resending
+the same bytes, until it lands or is proven dead, and is never failed for the fee.
+
+The decisions are pure functions (bid_for, needs_replacement, replacement_for); FeeMarket adds the
+reading, the caching and the remembering."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from paygate_cli.errors import Unavailable
+
+if TYPE_CHECKING:
+    import logging
+
+    import psycopg
+
+    from paygate_cli.chain.rpc import ChainClient, FeeStats
+    from paygate_cli.journal.lineage import Lineage
+
+# The network's replace-by-fee rule: a fee bump replaces a queued one of the same inner
+# transaction only at >= 10x its rate.
+REPLACE_BY_FEE = 10
+# A send answer that says the bid is too low for the queue (a replacement is due at once).
+INSUFFICIENT_FEE = "txINSUFFICIENT_FEE"
+
+# The last price read, remembered (one row). Relaxed: a lost write only means an older fallback.
+UPSERT_SQL = """
+INSERT INTO paygate.fee_market AS m (singleton, percentile, price, max_fee, transactions, ledgers, ledger, endpoint,
+                                     read_at)
+VALUES (true, %(percentile)s, %(price)s, %(max_fee)s, %(transactions)s, %(ledgers)s, %(ledger)s, %(endpoint)s, now())
+ON CONFLICT (singleton) DO UPDATE
+SET percentile = EXCLUDED.percentile, price = EXCLUDED.price, max_fee = EXCLUDED.max_fee,
+    transactions = EXCLUDED.transactions, ledgers = EXCLUDED.ledgers, ledger = EXCLUDED.ledger,
+    endpoint = EXCLUDED.endpoint, read_at = EXCLUDED.read_at
+RETURNING set_config('synchronous_commit', 'off', true)
+"""
+READ_SQL = "SELECT percentile, price, ledger, endpoint, read_at FROM paygate.fee_market WHERE singleton"
+
+
+@dataclass(frozen=True)
+class Price:
+    """A market price (stroops per operation) and where it came from."""
+
+    rate: int
+    percentile: str
+    ledger: int
+    endpoint: str  # host only
+    remembered: bool = False  # read from paygate.fee_market after a failed getFeeStats
+
+
+@dataclass(frozen=True)
+class Capped:
+    """No replacement is possible: the rate the lineage would need, above its cap (or its
+    replacements are used up)."""
+
+    required: int
+    cap: int
+
+
+# -- the decisions (pure) -----------------------------------------------------------------------------
+
+def floor_rate(settings: Any) -> int:
+    """The lowest bid: the fee bump's configured base, never below the inner transaction's rate."""
+    return max(int(settings.fee_bump_base_fee), int(settings.base_fee))
+
+
+def bid_for(price: int | None, *, floor: int, cap: int) -> int:
+    """clamp(price, floor, cap); no price known: the cap. A cap below the floor wins (the floor is
+    a preference, the cap a promise)."""
+    if price is None:
+        return cap
+    return min(cap, max(floor, price))
+
+
+def needs_replacement(*, bid_rate: int, bid_ledger: int, latest_ledger: int, price: int | None,
+                      rebump_after_ledgers: int, insufficient_fee: bool) -> bool:
+    """Whether a sent, not included lineage starves: its last send was refused for its fee, or it
+    waited `rebump_after_ledgers` ledgers since its envelope was journaled while the market is at
+    or above its bid (ties lose; no price known counts as above)."""
+    if insufficient_fee:
+        return True
+    if latest_ledger - bid_ledger < max(1, rebump_after_ledgers):
+        return False
+    return price is None or price >= bid_rate
+
+
+def replacement_for(*, bid_rate: int, cap_rate: int, replacements: int, market_bid: int,
+                    max_replacements: int) -> int | Capped:
+    """The rate of a starving lineage's replacement, or Capped with the rate it would need."""
+    wanted = max(REPLACE_BY_FEE * bid_rate, market_bid)
+    rate = min(cap_rate, wanted)
+    if rate >= REPLACE_BY_FEE * bid_rate and replacements < max_replacements:
+        return rate
+    return Capped(wanted, cap_rate)
+
+
+def cap_for(settings: Any, *, max_fee: int | None, resource_fee: int, fee_ops: int) -> int:
+    """A unit's cap_rate: max_inclusion_fee, and for a job with a fee bound (a relay's reserved
+    max_fee) what that leaves per operation once the resource fee is paid."""
+    cap = int(settings.max_inclusion_fee)
+    if max_fee is not None:
+        cap = min(cap, (int(max_fee) - resource_fee) // fee_ops)
+    return cap
+
+
+# -- the per-tick view -------------------------------------------------------------------------------
+
+# (read endpoints, percentile) -> (the price, time.monotonic() of its read): the process's cache.
+_CACHE: dict[tuple[tuple[str, ...], str], tuple[Price, float]] = {}
+
+
+class FeeMarket:
+    """The market for one tick: `price()` read at most once (cached `fee_stats_cache` seconds across
+    the process's ticks), `bid()` and `replacement()` from it."""
+
+    def __init__(self, conn: psycopg.Connection, chain: ChainClient, settings: Any,
+                 log: logging.Logger | None = None) -> None:
+        self.conn = conn
+        self.chain = chain
+        self.settings = settings
+        self.log = log
+        self._price: Price | None = None
+        self._read = False  # price() ran this tick (its answer, None included, stands for the tick)
+
+    @property
+    def percentile(self) -> str:
+        return str(self.settings.fee_percentile)
+
+    def price(self) -> Price | None:
+        """The market price, or None when it was never read (and cannot be now)."""
+        if self._read:
+            return self._price
+        self._read = True
+        key = (tuple(self.chain.read_urls), self.percentile)
+        cached = _CACHE.get(key)
+        if cached is not None and time.monotonic() - cached[1] < float(self.settings.fee_stats_cache):
+            self._price = cached[0]
+            return self._price
+        try:
+            stats = self.chain.fee_stats()
+        except Unavailable as exc:
+            self._price = self._remembered()
+            if self.log is not None:
+                self.log.warning("getFeeStats unavailable (%s); bidding from %s", str(exc)[:200],
+                                 f"the price remembered from ledger {self._price.ledger} ({self._price.rate})"
+                                 if self._price else "the cap (no price ever read)",
+                                 extra={"msgid": "fees.stats_unavailable"})
+            return self._price
+        self._price = self._remember(stats)
+        _CACHE[key] = (self._price, time.monotonic())
+        return self._price
+
+    def rate(self) -> int | None:
+        price = self.price()
+        return None if price is None else price.rate
+
+    def bid(self, cap_rate: int) -> int:
+        return bid_for(self.rate(), floor=floor_rate(self.settings), cap=cap_rate)
+
+    def replacement(self, lineage: Lineage, *, latest_ledger: int, insufficient_fee: bool) -> int | Capped | None:
+        """For a sent lineage the chain has not included: a replacement's rate, Capped, or None (it
+        does not need one). A lineage signed without a bid (before the fee market) is left alone."""
+        if lineage.bid_rate is None or lineage.bid_ledger is None or lineage.cap_rate is None:
+            return None
+        settings = self.settings
+        if not needs_replacement(bid_rate=lineage.bid_rate, bid_ledger=lineage.bid_ledger, latest_ledger=latest_ledger,
+                                 price=self.rate(), rebump_after_ledgers=int(settings.rebump_after_ledgers),
+                                 insufficient_fee=insufficient_fee):
+            return None
+        return replacement_for(bid_rate=lineage.bid_rate, cap_rate=lineage.cap_rate,
+                               replacements=lineage.replacements, market_bid=self.bid(lineage.cap_rate),
+                               max_replacements=int(settings.max_replacements))
+
+    def _remember(self, stats: FeeStats) -> Price:
+        dist = stats.soroban_inclusion_fee
+        price = Price(dist.percentile(self.percentile), self.percentile, stats.latest_ledger, stats.endpoint)
+        from paygate_cli.journal.lineage import one_statement
+
+        one_statement(self.conn, UPSERT_SQL, {
+            "percentile": self.percentile, "price": price.rate, "max_fee": dist.percentile("max"),
+            "transactions": dist.transaction_count, "ledgers": dist.ledger_count, "ledger": stats.latest_ledger,
+            "endpoint": stats.endpoint})
+        return price
+
+    def _remembered(self) -> Price | None:
+        row = self.conn.execute(READ_SQL).fetchone()
+        if row is None:
+            return None
+        percentile, rate, ledger, endpoint, _read_at = row
+        return Price(int(rate), str(percentile), int(ledger), str(endpoint), remembered=True)
