@@ -33,6 +33,14 @@ def start(
     seed: Annotated[str, typer.Option("--seed", help="Seed of the deterministic genesis keys.")] = "paygate",
     lanes: Annotated[int, typer.Option("--lanes", help="Lane accounts (billing operators).")] = 8,
     users: Annotated[int, typer.Option("--users", help="Sample users funded with XLM and USDC.")] = 4,
+    ledger_max_soroban_txs: Annotated[int, typer.Option(
+        "--ledger-max-soroban-txs", help="Soroban transactions a ledger includes at most (mainnet: ~100).")] = 100,
+    ledger_max_classic_ops: Annotated[int, typer.Option(
+        "--ledger-max-classic-ops", help="Classic operations a ledger includes at most.")] = 1000,
+    fee_stats_window_soroban: Annotated[int, typer.Option(
+        "--fee-stats-window-soroban", help="Ledgers getFeeStats' sorobanInclusionFee covers.")] = 50,
+    fee_stats_window_classic: Annotated[int, typer.Option(
+        "--fee-stats-window-classic", help="Ledgers getFeeStats' inclusionFee covers.")] = 10,
 ) -> None:
     """Serve a devnet: prints the genesis as one JSON line on stdout, logs to stderr, runs until
     SIGTERM/SIGINT. The keys it prints are throwaway devnet keys.
@@ -43,7 +51,9 @@ def start(
     if not 0 <= port <= 65535:
         raise UsageError("--port must be between 0 and 65535")
     run(host=host, port=port, ledger_interval=ledger_interval, state=state, retention=retention, seed=seed,
-        lanes=lanes, users=users, out=get_env(ctx).stdout)
+        lanes=lanes, users=users, ledger_max_soroban_txs=ledger_max_soroban_txs,
+        ledger_max_classic_ops=ledger_max_classic_ops, fee_stats_window_soroban=fee_stats_window_soroban,
+        fee_stats_window_classic=fee_stats_window_classic, out=get_env(ctx).stdout)
 
 
 def _show(ctx: typer.Context, result: dict[str, Any], json_flag: bool, plain_flag: bool) -> None:
@@ -108,21 +118,30 @@ def fault(
     url: UrlOpt = "http://127.0.0.1:8000",
     count: Annotated[int | None, typer.Option("--count", help="Uses before it clears itself.")] = None,
     ms: Annotated[int, typer.Option("--ms", help="Delay for 'slow'.")] = 0,
-    ledgers: Annotated[int, typer.Option("--ledgers", help="Ledgers for account_lag / node_lag / hold_next.")] = 0,
+    ledgers: Annotated[int, typer.Option(
+        "--ledgers", help="Ledgers for account_lag / node_lag / hold_next; surge: closes it lasts (0 = until cleared).")
+    ] = 0,
     method: Annotated[list[str] | None, typer.Option("--method", help="Limit to this RPC method (repeatable).")]
     = None,
     account: Annotated[str | None, typer.Option("--account", help="reject_send: only sends from this source (G…).")]
     = None,
     code: Annotated[str | None, typer.Option("--code", help="reject_send: the ERROR code (default txBAD_SEQ).")]
     = None,
+    rate: Annotated[int | None, typer.Option("--rate", help="surge: each phantom's bid, stroops per operation.")]
+    = None,
+    txs: Annotated[int | None, typer.Option("--txs", help="surge: phantom Soroban transactions per ledger.")] = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Clear the faults of this kind instead.")] = False,
     json_flag: JsonFlag = False,
     plain_flag: PlainFlag = False,
 ) -> None:
-    """Inject a fault (or `clear` them all).
+    """Inject a fault (or `clear` them all; `KIND --clear` clears that kind).
 
-    Example: `paygate devnet fault slow --ms 2000 --count 3`, then `paygate devnet fault clear`"""
+    Example: `paygate devnet fault slow --ms 2000 --count 3`, then `paygate devnet fault clear`;
+    `paygate devnet fault surge --rate 2000 --txs 150 --ledgers 10`"""
     if kind == "clear":
         result = _call(url, "devnet_clearFaults", {})
+    elif clear:
+        result = _call(url, "devnet_clearFaults", {"kind": kind})
     else:
         params: dict[str, Any] = {"kind": kind, "ms": ms, "ledgers": ledgers}
         if count is not None:
@@ -133,8 +152,36 @@ def fault(
             params["account"] = account
         if code is not None:
             params["code"] = code
+        if rate is not None:
+            params["rate"] = rate
+        if txs is not None:
+            params["txs"] = txs
         result = _call(url, "devnet_setFault", params)
     _show(ctx, result, json_flag, plain_flag)
+
+
+@app.command("limits")
+def limits(
+    ctx: typer.Context,
+    url: UrlOpt = "http://127.0.0.1:8000",
+    soroban_txs: Annotated[int | None, typer.Option(
+        "--ledger-max-soroban-txs", help="Soroban transactions a ledger includes at most.")] = None,
+    classic_ops: Annotated[int | None, typer.Option(
+        "--ledger-max-classic-ops", help="Classic operations a ledger includes at most.")] = None,
+    json_flag: JsonFlag = False,
+    plain_flag: PlainFlag = False,
+) -> None:
+    """Show or change a running devnet's ledger capacity (from the next close on).
+
+    Example: `paygate devnet limits --ledger-max-soroban-txs 2`"""
+    params: dict[str, Any] = {}
+    if soroban_txs is not None:
+        params["ledgerMaxSorobanTxs"] = soroban_txs
+    if classic_ops is not None:
+        params["ledgerMaxClassicOps"] = classic_ops
+    if any(v < 1 for v in params.values()):
+        raise UsageError("--ledger-max-soroban-txs and --ledger-max-classic-ops must be >= 1")
+    _show(ctx, _call(url, "devnet_setLimits", params), json_flag, plain_flag)
 
 
 @app.command("state")

@@ -25,11 +25,14 @@ KINDS = {
     "reject_send": "sendTransaction answers ERROR with `code` (default txBAD_SEQ) without queuing, for "
                    "transactions whose (inner) source is `account` (default: every one); a chain behind "
                    "the journal answers a lane's sends this way",
+    "surge": "competing demand: each ledger close, `txs` phantom Soroban transactions bidding `rate` stroops "
+             "per operation compete for the ledger's capacity (for `ledgers` closes, or until cleared)",
 }
 COUNTED = {"http_503", "http_504", "slow", "lose_send_answer", "try_again_later", "hold_next", "drop_next",
            "reject_send"}
 # What reject_send may answer: the codes a node gives for bytes it will not queue.
 REJECT_CODES = ("txBAD_SEQ", "txTOO_LATE", "txTOO_EARLY", "txBAD_AUTH", "txINSUFFICIENT_BALANCE", "txNO_ACCOUNT")
+MIN_SURGE_RATE = 100  # a phantom bids at least the base fee per operation, like any transaction
 
 
 class FaultError(ValueError):
@@ -45,6 +48,8 @@ class Fault:
     methods: list[str] | None = None  # only these RPC methods (None = every affected method)
     account: str | None = None  # reject_send: only transactions from this source (None = every one)
     code: str = "txBAD_SEQ"  # reject_send: the transaction result code answered
+    rate: int = 0  # surge: each phantom's bid, stroops per operation
+    txs: int = 0  # surge: phantoms per ledger
 
     def applies_to(self, method: str, account: str | None = None) -> bool:
         return (self.methods is None or method in self.methods) and (
@@ -57,7 +62,8 @@ class Faults:
         self._faults: list[Fault] = []
 
     def set(self, kind: object, count: object = None, ms: object = 0, ledgers: object = 0,
-            methods: object = None, account: object = None, code: object = None) -> Fault:
+            methods: object = None, account: object = None, code: object = None, rate: object = None,
+            txs: object = None) -> Fault:
         if kind not in KINDS:
             raise FaultError(f"unknown fault kind {kind!r}; known: {', '.join(sorted(KINDS))}")
         for name, v in (("count", count), ("ms", ms), ("ledgers", ledgers)):
@@ -69,6 +75,10 @@ class Faults:
             raise FaultError("account is a source account (G…), for reject_send only")
         if code is not None and (kind != "reject_send" or code not in REJECT_CODES):
             raise FaultError(f"code is for reject_send only, one of {', '.join(REJECT_CODES)}")
+        if kind == "surge":
+            _check_surge(count, rate, txs)
+        elif rate is not None or txs is not None:
+            raise FaultError("rate and txs are for surge only")
         if kind == "slow" and not ms:
             raise FaultError("slow needs ms > 0")
         if kind in ("account_lag", "node_lag", "hold_next") and not ledgers:
@@ -77,9 +87,10 @@ class Faults:
         if count is None and kind in ("hold_next", "drop_next"):
             count = 1  # "the next" transaction
         fault = Fault(kind=kind, count=count, ms=int(ms or 0), ledgers=int(ledgers or 0),  # type: ignore[arg-type]
-                      methods=methods, account=account, code=code or "txBAD_SEQ")  # type: ignore[arg-type]
+                      methods=methods, account=account, code=code or "txBAD_SEQ",  # type: ignore[arg-type]
+                      rate=int(rate or 0), txs=int(txs or 0))  # type: ignore[call-overload]
         with self._lock:
-            if kind in ("down", "account_lag", "node_lag"):
+            if kind in ("down", "account_lag", "node_lag", "surge"):  # one at a time: a new one replaces
                 self._faults = [f for f in self._faults if f.kind != kind]
             self._faults.append(fault)
         return fault
@@ -108,6 +119,21 @@ class Faults:
                     return f
         return None
 
+    def surge_demand(self) -> tuple[int, int] | None:
+        """(rate, txs) of the active surge: the phantoms competing in the ledger being built."""
+        f = self.peek("surge")
+        return None if f is None else (f.rate, f.txs)
+
+    def ledger_closed(self) -> None:
+        """A ledger closed: a surge with `ledgers` left counts one down and clears itself at zero
+        (ledgers 0 = until cleared)."""
+        with self._lock:
+            for f in list(self._faults):
+                if f.kind == "surge" and f.ledgers:
+                    f.ledgers -= 1
+                    if f.ledgers <= 0:
+                        self._faults.remove(f)
+
     def lagged_latest(self, latest: int, oldest: int) -> int:
         """The latest ledger this node admits to under `node_lag` (never before its oldest)."""
         lag = self.peek("node_lag")
@@ -116,3 +142,12 @@ class Faults:
     def describe(self) -> list[dict]:
         with self._lock:
             return [asdict(f) for f in self._faults]
+
+
+def _check_surge(count: object, rate: object, txs: object) -> None:
+    if count is not None:
+        raise FaultError("surge lasts `ledgers` ledger closes (or until cleared), not a count of uses")
+    if isinstance(rate, bool) or not isinstance(rate, int) or rate < MIN_SURGE_RATE:
+        raise FaultError(f"surge needs rate >= {MIN_SURGE_RATE} (stroops per operation)")
+    if isinstance(txs, bool) or not isinstance(txs, int) or txs < 1:
+        raise FaultError("surge needs txs >= 1 (phantom transactions per ledger)")

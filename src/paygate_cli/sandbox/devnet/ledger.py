@@ -12,7 +12,9 @@ import base64
 import hashlib
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Literal
 
 from stellar_sdk import Asset, Keypair, StrKey, xdr
@@ -119,7 +121,7 @@ class TxRecord:
     result_meta_xdr: str
     contract_events: list[list[str]]  # base64 ContractEvent per operation
     created_at: int  # ledger close time
-    fee_rate: int = 0  # inclusion fee bid per operation, for getFeeStats
+    fee_rate: int = 0  # inclusion fee CHARGED per operation (the phase's surge price or the base fee), for getFeeStats
     soroban: bool = False
     transaction_events: list[str] = field(default_factory=list)  # base64 TransactionEvent (CAP-67 fee events)
 
@@ -167,6 +169,15 @@ class Devnet:
         self.pending_consume: list[str] = []  # fault: accounts whose next sequence a competitor takes
         self.secrets: dict[str, str] = {}  # devnet-generated throwaway keys, to sign competing txs
         self.genesis: dict = {}
+        # The fee market (docs/devnet.md "Fee market"): capacity per ledger and per phase, the surge
+        # fault's competing demand (rate, txs) for the ledger being built, and what its phantoms were
+        # charged per closed ledger (ledger -> (rate, count)), which getFeeStats counts.
+        self.ledger_max_soroban_txs = fees.DEFAULT_LEDGER_MAX_SOROBAN_TXS
+        self.ledger_max_classic_ops = fees.DEFAULT_LEDGER_MAX_CLASSIC_OPS
+        self.surge_demand: Callable[[], tuple[int, int] | None] = lambda: None
+        self.phantom_fees: dict[int, tuple[int, int]] = {}
+        self.fee_window_soroban = 50  # getFeeStats' windows in ledgers, as stellar-rpc's defaults
+        self.fee_window_classic = 10
 
     # ----- ledger chain -------------------------------------------------------------------------
 
@@ -318,10 +329,38 @@ class Devnet:
             check(p, ctx)
         except Rejected as rej:
             return "ERROR", rej.result
+        evict: Queued | None = None
+        if existing is None and p.soroban is not None:
+            full, evict = self._soroban_queue_full(p)
+            if full is not None:
+                return "ERROR", full
         if existing is not None:
             self.queue.remove(existing)
+        if evict is not None:  # dropped and banned like a transaction that starved
+            self.queue.remove(evict)
+            self.bans[evict.p.full_hash] = self.latest + 1 + BAN_LEDGERS
         self.queue.append(Queued(p, self.latest))
         return "PENDING", None
+
+    def _soroban_queue_full(self, p: Parsed) -> tuple[xdr.TransactionResult | None, Queued | None]:
+        """The Soroban queue holds QUEUE_MULTIPLIER ledgers' worth (the surge's phantoms of the ledger
+        being built count). When full, a bid must beat the lowest queued rate: then it evicts the lowest
+        real transaction (phantoms give way without one); else txINSUFFICIENT_FEE with the fee needed."""
+        queued = [q for q in self.queue if q.p.soroban is not None]
+        demand = self.surge_demand()
+        phantoms = demand[1] if demand else 0
+        if len(queued) + phantoms < fees.QUEUE_MULTIPLIER * self.ledger_max_soroban_txs:
+            return None, None
+        rates = [Fraction(q.p.inclusion_fee, q.p.fee_ops) for q in queued]
+        lowest = min(rates + ([Fraction(demand[0])] if demand else []))
+        if Fraction(p.inclusion_fee, p.fee_ops) <= lowest:
+            needed = (int(lowest) + 1) * p.fee_ops + p.resource_fee
+            return tx_result(needed, TRC.txINSUFFICIENT_FEE), None
+        if demand is not None and lowest == demand[0] and (not rates or min(rates) > lowest):
+            return None, None
+        # The lowest real one; of equal rates the latest arrival goes first.
+        i = min(range(len(queued)), key=lambda k: (rates[k], -k))
+        return None, queued[i]
 
     # ----- closing ------------------------------------------------------------------------------
 
@@ -336,13 +375,14 @@ class Devnet:
                 applied.append(a)
                 included.append(bytes.fromhex(a.record.full_hash))
         self.pending_consume = []
-        remaining: list[Queued] = []
-        for q in self.queue:
+        kept: set[int] = set()  # id() of the queued transactions that stay queued
+        bids: list[fees.Bid] = []
+        for i, q in enumerate(self.queue):
             if q.never or seq < q.hold_until:
                 if not q.hold_until and seq - q.added_ledger >= QUEUE_TIMEOUT_LEDGERS:
                     self.bans[q.p.full_hash] = seq + BAN_LEDGERS  # starved: dropped and banned
                 else:
-                    remaining.append(q)
+                    kept.add(id(q))
                 continue
             ctx = Context(self.accounts, seq, close_time, {})
             try:
@@ -352,11 +392,34 @@ class Devnet:
             except Rejected:
                 self.bans[q.p.full_hash] = seq + BAN_LEDGERS
                 continue
-            a = self._apply(q.p, seq, close_time, len(applied) + 1)
-            applied.append(a)
-            included.append(q.p.full_hash)
-            self.bans[q.p.full_hash] = seq + BAN_LEDGERS
-        self.queue = remaining
+            bids.append(fees.Bid(q, q.p.inclusion_fee, q.p.fee_ops, (q.added_ledger, 1, i), q.p.soroban is not None))
+        # The surge fault's phantoms arrive when this ledger opens: before anything sent during it.
+        demand = self.surge_demand()
+        if demand is not None:
+            bids += [fees.Bid(None, demand[0], 1, (self.latest, 0, k), True) for k in range(demand[1])]
+        chosen = fees.select(bids, max_soroban_txs=self.ledger_max_soroban_txs,
+                             max_classic_ops=max(0, self.ledger_max_classic_ops - len(applied)))
+        picked = {id(b.item) for b in chosen.included if b.item is not None}
+        for q in self.queue:  # applied in arrival order
+            if id(q) in picked:
+                price = chosen.soroban_price if q.p.soroban is not None else chosen.classic_price
+                applied.append(self._apply(q.p, seq, close_time, len(applied) + 1, price))
+                included.append(q.p.full_hash)
+                self.bans[q.p.full_hash] = seq + BAN_LEDGERS
+        for b in chosen.left_out:
+            if not isinstance(b.item, Queued):
+                continue  # a phantom left out is gone: the surge brings fresh demand each ledger
+            if seq - max(b.item.added_ledger, b.item.hold_until - 1) >= QUEUE_TIMEOUT_LEDGERS:
+                self.bans[b.item.p.full_hash] = seq + BAN_LEDGERS  # starved: dropped and banned
+            else:
+                kept.add(id(b.item))
+        self.queue = [q for q in self.queue if id(q) in kept]
+        n_phantoms = sum(1 for b in chosen.included if b.item is None)
+        if n_phantoms:
+            self.phantom_fees[seq] = (fees.charged_inclusion(demand[0] if demand else 0, 1, chosen.soroban_price),
+                                      n_phantoms)
+        for old in [k for k in self.phantom_fees if k <= seq - max(self.fee_window_soroban, self.fee_window_classic)]:
+            del self.phantom_fees[old]
         tx_set = hashlib.sha256(b"".join(included)).digest()
         results = hashlib.sha256("".join(a.record.result_xdr for a in applied).encode()).digest()
         self._add_ledger(seq, close_time, tx_set, results)
@@ -423,9 +486,10 @@ class Devnet:
                                                  updated=acct.entry(g)))
         return changes
 
-    def _apply(self, p: Parsed, seq: int, close_time: int, order: int) -> Applied:
-        """Apply a valid transaction in ledger `seq`: the fee and sequence are consumed either way."""
-        inclusion = fees.BASE_FEE * p.fee_ops
+    def _apply(self, p: Parsed, seq: int, close_time: int, order: int, price: int = fees.BASE_FEE) -> Applied:
+        """Apply a valid transaction in ledger `seq`: the fee and sequence are consumed either way.
+        `price`: its phase's inclusion fee per operation this ledger (surge price or base fee)."""
+        inclusion = fees.charged_inclusion(p.inclusion_fee, p.fee_ops, price)
         op = p.tx.operations[0]
         # Per operation: the encoded events (ContractEvent XDR) and their topics/data encodings.
         op_events: list[list[_EncodedEvent]] = [[] for _ in p.tx.operations]
@@ -491,7 +555,7 @@ class Devnet:
             full_hash=full_hex, inner_hash=p.inner_hash.hex(), envelope_xdr=p.b64,
             result_xdr=result.to_xdr(), result_meta_xdr=base64.b64encode(b"".join(meta)).decode(),
             contract_events=ev_b64, created_at=close_time,
-            fee_rate=p.inclusion_fee // max(1, p.fee_ops), soroban=p.soroban is not None,
+            fee_rate=inclusion // max(1, p.fee_ops), soroban=p.soroban is not None,
             transaction_events=[base64.b64encode(r).decode() for r in tx_events_raw],
         )
         applied = Applied(record, fee_before=fee_before, fee_after=fee_after)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from stellar_sdk import StrKey, xdr
@@ -39,7 +40,6 @@ EVENTS_DEFAULT_LIMIT, EVENTS_MAX_LIMIT = 100, 10_000
 TXS_DEFAULT_LIMIT, TXS_MAX_LIMIT = 50, 200
 LEDGERS_DEFAULT_LIMIT, LEDGERS_MAX_LIMIT = 50, 200
 LEDGER_SCAN_LIMIT = 10_000
-SOROBAN_FEE_WINDOW, CLASSIC_FEE_WINDOW = 50, 10
 VERSION = "28.0.0-paygate-devnet"
 # get_ledger_entries.go ledgerKeyEntryToResult: every entry carries its LedgerEntry.ext as extXdr; the
 # devnet has no sponsorships, so each one is the empty v0 extension.
@@ -205,20 +205,25 @@ class Methods:
                 "cursor": str(seqs[-1]) if seqs else (cursor or str(start - 1))}
 
     def get_fee_stats(self, params: dict) -> dict:
+        """stellar-rpc's fee windows (feewindow/feewindow.go): the inclusion fees CHARGED in the last
+        `fee_window_soroban` / `fee_window_classic` ledgers (here per operation, docs/devnet.md "Fee
+        market"), the surge fault's phantoms counted at what they were charged."""
         d = self.dev
         soroban: list[int] = []
         classic: list[int] = []
         soroban_ledgers = classic_ledgers = 0
-        for seq in range(d.latest, max(0, d.latest - SOROBAN_FEE_WINDOW), -1):
-            recs = d.txs_by_ledger.get(seq, [])
-            soroban_ledgers += 1
-            if d.latest - seq < CLASSIC_FEE_WINDOW:
-                classic_ledgers += 1
-            for r in recs:
-                if r.soroban:
+        for seq in range(d.latest, max(0, d.latest - max(d.fee_window_soroban, d.fee_window_classic)), -1):
+            in_soroban, in_classic = d.latest - seq < d.fee_window_soroban, d.latest - seq < d.fee_window_classic
+            soroban_ledgers += in_soroban
+            classic_ledgers += in_classic
+            for r in d.txs_by_ledger.get(seq, []):
+                if r.soroban and in_soroban:
                     soroban.append(r.fee_rate)
-                elif d.latest - seq < CLASSIC_FEE_WINDOW:
+                elif not r.soroban and in_classic:
                     classic.append(r.fee_rate)
+            phantom = d.phantom_fees.get(seq)
+            if phantom is not None and in_soroban:
+                soroban += [phantom[0]] * phantom[1]
         return {"sorobanInclusionFee": _distribution(soroban, soroban_ledgers),
                 "inclusionFee": _distribution(classic, classic_ledgers), "latestLedger": d.latest}
 
@@ -486,13 +491,16 @@ class Methods:
 
 
 def _distribution(rates: list[int], ledger_count: int) -> dict:
-    """FeeDistribution: all int64 fields are strings. With no transactions, every figure is the base fee."""
+    """FeeDistribution: all int64 fields are strings. stellar-rpc's computeFeeDistribution: nearest-rank
+    percentiles (the ceil(p * n / 100)-th smallest), the mode the most frequent value (the smallest of
+    equally frequent ones). With no transactions, every figure is the base fee."""
     s = sorted(rates) or [fees.BASE_FEE]
 
     def pct(n: int) -> str:
         return str(s[min(len(s) - 1, max(0, -(-n * len(s) // 100) - 1))])
 
-    mode = max(set(s), key=lambda v: (s.count(v), -v))
+    counts = Counter(s)
+    mode = max(counts, key=lambda v: (counts[v], -v))
     out = {"max": str(s[-1]), "min": str(s[0]), "mode": str(mode)}
     for n in (10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 99):
         out[f"p{n}"] = pct(n)

@@ -39,7 +39,9 @@ def parse_interval(text: str) -> float | None:
 
 
 def start(*, host: str, port: int, ledger_interval: str, state: Path | None, retention: int, seed: str,
-          lanes: int, users: int, out: TextIO = sys.stdout) -> None:
+          lanes: int, users: int, ledger_max_soroban_txs: int = 100, ledger_max_classic_ops: int = 1000,
+          fee_stats_window_soroban: int = 50, fee_stats_window_classic: int = 10,
+          out: TextIO = sys.stdout) -> None:
     """Build or load the ledger, print the genesis line, serve until SIGTERM/SIGINT, save state."""
     from paygate_cli.sandbox.devnet import genesis, persist
     from paygate_cli.sandbox.devnet.server import Config, DevnetServer, _interval_str
@@ -57,6 +59,10 @@ def start(*, host: str, port: int, ledger_interval: str, state: Path | None, ret
         raise UsageError("--retention must be >= 1")
     if lanes < 0 or users < 0:
         raise UsageError("--lanes and --users must be >= 0")
+    if ledger_max_soroban_txs < 1 or ledger_max_classic_ops < 1:
+        raise UsageError("--ledger-max-soroban-txs and --ledger-max-classic-ops must be >= 1")
+    if fee_stats_window_soroban < 1 or fee_stats_window_classic < 1:
+        raise UsageError("--fee-stats-window-soroban and --fee-stats-window-classic must be >= 1")
     if state is not None and state.exists():
         try:
             dev = persist.load(state)
@@ -68,6 +74,9 @@ def start(*, host: str, port: int, ledger_interval: str, state: Path | None, ret
         # Genesis close time is the wall clock at first start, so SDK `set_timeout` envelopes (which
         # use the local clock) are valid; after genesis, close time advances only by ledger closes.
         dev = genesis.build(seed, lanes, users, retention, int(time.time()))
+    # The fee market's settings come from the flags, also over a loaded state (like --retention).
+    dev.ledger_max_soroban_txs, dev.ledger_max_classic_ops = ledger_max_soroban_txs, ledger_max_classic_ops
+    dev.fee_window_soroban, dev.fee_window_classic = fee_stats_window_soroban, fee_stats_window_classic
     try:
         srv = DevnetServer(dev, Config(host=host, port=port, interval=interval, state=state))
     except OSError as exc:

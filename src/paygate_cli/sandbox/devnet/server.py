@@ -21,7 +21,7 @@ from typing import Any
 
 from stellar_sdk import Keypair, StrKey, xdr
 
-from paygate_cli.sandbox.devnet import friendbot, persist
+from paygate_cli.sandbox.devnet import fees, friendbot, persist
 from paygate_cli.sandbox.devnet.faults import FaultError, Faults
 from paygate_cli.sandbox.devnet.ledger import Devnet
 from paygate_cli.sandbox.devnet.rpc import (
@@ -63,6 +63,7 @@ class DevnetServer:
         self.dev = dev
         self.config = config
         self.faults = Faults()
+        dev.surge_demand = self.faults.surge_demand  # the surge fault's phantoms compete in each close
         self.methods = Methods(dev, self.faults)
         self.admin = {
             "devnet_closeLedger": self.close_ledger,
@@ -71,6 +72,7 @@ class DevnetServer:
             "devnet_setFault": self.set_fault,
             "devnet_clearFaults": self.clear_faults,
             "devnet_consumeSequence": self.consume_sequence,
+            "devnet_setLimits": self.set_limits,
             "devnet_state": self.state,
             "devnet_genesis": self.genesis,
         }
@@ -122,6 +124,7 @@ class DevnetServer:
             for r in self.dev.close_ledger(advance):
                 applied.append({"hash": r.full_hash, "innerHash": r.inner_hash, "status": r.status,
                                 "ledger": r.ledger, "applicationOrder": r.application_order})
+            self.faults.ledger_closed()
         log.info("closed ledger %d (close time %d, %d tx)", self.dev.latest, self.dev.latest_info.close_time,
                  len(applied))
         self.save()
@@ -272,7 +275,7 @@ class DevnetServer:
         try:
             self.faults.set(params.get("kind"), params.get("count"), params.get("ms", 0),
                             params.get("ledgers", 0), params.get("methods"), params.get("account"),
-                            params.get("code"))
+                            params.get("code"), params.get("rate"), params.get("txs"))
         except FaultError as exc:
             raise RpcError(INVALID_PARAMS, str(exc)) from exc
         log.warning("fault set: %s", params)
@@ -289,6 +292,23 @@ class DevnetServer:
         self.dev.pending_consume.append(g)
         return {"account": g, "atLedger": self.dev.latest + 1}
 
+    def set_limits(self, params: dict) -> dict:
+        """Change the ledger capacity of a running devnet (from the next close on)."""
+        soroban = opt_int(params, "ledgerMaxSorobanTxs", minimum=1)
+        classic = opt_int(params, "ledgerMaxClassicOps", minimum=1)
+        if soroban is not None:
+            self.dev.ledger_max_soroban_txs = soroban
+        if classic is not None:
+            self.dev.ledger_max_classic_ops = classic
+        log.warning("limits set: %s", self.limits())
+        return self.limits()
+
+    def limits(self) -> dict:
+        d = self.dev
+        return {"ledgerMaxSorobanTxs": d.ledger_max_soroban_txs, "ledgerMaxClassicOps": d.ledger_max_classic_ops,
+                "sorobanQueueLimit": fees.QUEUE_MULTIPLIER * d.ledger_max_soroban_txs,
+                "feeStatsWindowSoroban": d.fee_window_soroban, "feeStatsWindowClassic": d.fee_window_classic}
+
     def state(self, params: dict) -> dict:
         d = self.dev
         return {
@@ -296,13 +316,15 @@ class DevnetServer:
             "retention": d.retention, "accounts": len(d.accounts),
             "queue": [{"hash": q.p.full_hash.hex(), "innerHash": q.p.inner_hash.hex(), "source": q.p.source,
                        "seq": str(q.p.seq), "feeSource": q.p.fee_source, "fee": q.p.fee, "addedLedger": q.added_ledger,
-                       "holdUntil": q.hold_until, "never": q.never} for q in d.queue],
+                       "holdUntil": q.hold_until, "never": q.never,
+                       "rate": q.p.inclusion_fee // max(1, q.p.fee_ops)} for q in d.queue],
             "bans": {h.hex(): until for h, until in d.bans.items()},
             "transactions": sum(len(v) for v in d.txs_by_ledger.values()),
             "events": sum(len(v) for v in d.events_by_ledger.values()),
             "faults": self.faults.describe(),
             "pendingConsume": list(d.pending_consume),
             "ledgerInterval": self.config.interval,
+            "limits": self.limits(),
         }
 
     def genesis(self, params: dict) -> dict:
