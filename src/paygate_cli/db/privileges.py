@@ -126,6 +126,13 @@ GRANTS: tuple[TableGrant, ...] = (
            "relay_drainer claims and finishes bot jobs, replay resets dead ones; admitted by the API role"),
     _grant("paygate.gas_state", "SELECT INSERT UPDATE", True,
            "the gas monitor's state row (upsert, FOR UPDATE); status shows it"),
+    _grant("paygate.ttl_entries", "SELECT INSERT UPDATE", True,
+           "the TTL keeper records what it read of each entry paygate keeps alive (upsert) and its restores"),
+    _grant("paygate.ttl_jobs", "SELECT INSERT UPDATE", True,
+           "the TTL keeper claims and finishes extend/restore jobs; a money path that meets a restorePreamble "
+           "requests a restore (insert)"),
+    _grant("paygate.ttl_rent", "SELECT INSERT UPDATE", True,
+           "the TTL keeper adds the rent it paid per UTC day (upsert); status shows it"),
     _grant("paygate.retention_totals", "SELECT UPDATE", True,
            "retention adds the settled amount it archives (one row, updated in the archiving statement); "
            "the reconciler reads it"),
