@@ -13,7 +13,8 @@ against the chain: one landing per inner transaction (getTransaction by inner ha
 scanned), the lane's sequence advanced once, the fee recorded equal to the landing's feeCharged
 (and for a relay the fee disposition settled once with it), the unit settled once.
 
-Paths: funding (the deposit's transfer; `funding.*`) and the relay (`relay.*`, whose fee
+Paths: funding (the deposit's transfer; `funding.*`), settlement (a charge_batch; `settlement.*`,
+the charge settled by the observer from the batch's events) and the relay (`relay.*`, whose fee
 reservation settles the fee actually charged)."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import psycopg
 import pytest
 
 from tests.support.chain_env import ChainEnv, chain_environ
+from tests.support.charges_support import admit_charge, check_invariants, fund, open_work
 from tests.support.devnet_support import DevnetHandle, start_devnet
 from tests.support.drill_support import crash_tick
 from tests.support.fee_market import (
@@ -67,7 +69,9 @@ def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
 @pytest.fixture
 def chain(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> ChainEnv:
     environ = chain_environ(devnet, dsn, tmp_path / "keys")
-    environ.update(FRESH_FEE_STATS)
+    # the charge side's settings (charges_support.charge_chain): the observer reads from ledger 1, a
+    # killed settlement tick's batch lease lapses after a second
+    environ.update(FRESH_FEE_STATS, PAYGATE_OBSERVER_START_LEDGER="1", PAYGATE_SETTLEMENT_LEASE="1s")
     return ChainEnv(devnet, dsn, environ)
 
 
@@ -75,16 +79,19 @@ def chain(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> ChainEnv:
 
 @dataclass(frozen=True)
 class MoneyPath:
-    worker: str  # the worker whose tick drives (and re-bumps) the unit's lineage
-    table: str  # the unit's queue table (its lease is waited out after a kill)
-    admit: Callable[[ChainEnv, psycopg.Connection], tuple[int, str]]  # -> (unit id, lineage entitlement)
+    worker: str  # the worker whose tick drives (and re-bumps) the unit's lineage; its crash-point prefix
+    table: str  # the table whose lease a killed tick held (waited out before the next tick)
+    admit: Callable[[ChainEnv, psycopg.Connection], int]  # -> the unit's id (anything it needs done before)
+    entitlement: Callable[[psycopg.Connection, int], str]  # the unit's lineages' entitlement, once sent
     settled: Callable[[ChainEnv, psycopg.Connection, int], None]  # the unit settled once, invariants hold
+    unit_status: Callable[[psycopg.Connection, int], str]
     open_status: str  # the unit's status while it is in flight
+    done: Callable[[psycopg.Connection], bool]  # nothing of the path open any more
+    workers: tuple[str, ...] = ()  # ticked after `worker` each round (the observer settles charges)
 
 
-def _admit_deposit(chain: ChainEnv, db: psycopg.Connection) -> tuple[int, str]:
-    pending_id = admit_deposit(chain, db, user=0)
-    return pending_id, f"deposit:{pending_id}:deposit"
+def _admit_deposit(chain: ChainEnv, db: psycopg.Connection) -> int:
+    return admit_deposit(chain, db, user=0)
 
 
 def _deposit_settled(chain: ChainEnv, db: psycopg.Connection, pending_id: int) -> None:
@@ -92,15 +99,36 @@ def _deposit_settled(chain: ChainEnv, db: psycopg.Connection, pending_id: int) -
     assert_invariants(chain, db, [pending_id])
 
 
-def _admit_relay(chain: ChainEnv, db: psycopg.Connection) -> tuple[int, str]:
+def _admit_charge(chain: ChainEnv, db: psycopg.Connection) -> int:
+    user = chain.genesis["users"][0]
+    fund(chain, db, [(user, 30_000_000)])  # before the drill: the account's deposit and credit
+    charge, _ = admit_charge(db, user["public"], 1_000_000, "c-starved")
+    return charge
+
+
+def _batch_of(db: psycopg.Connection, charge: int) -> str:
+    """The entitlement of the charge_batch lineage the charge was claimed into."""
+    [(entitlement,)] = db.execute("SELECT x.entitlement FROM paygate.charges c JOIN paygate.lineages x "
+                                  "ON x.id = c.lineage_id WHERE c.id = %s", (charge,)).fetchall()
+    return str(entitlement)
+
+
+def _charge_settled(chain: ChainEnv, db: psycopg.Connection, charge: int) -> None:
+    account = chain.genesis["users"][0]["public"]
+    counts = check_invariants(chain, db, [account])  # one debit of the charge id on chain, balance = chain
+    assert (counts["charged"], counts["failed"]) == (1, 0), counts
+    assert db.execute("SELECT status, attempts, dead_lineages FROM paygate.charges WHERE id = %s",
+                      (charge,)).fetchone() == ("settled", 0, [])
+
+
+def _admit_relay(chain: ChainEnv, db: psycopg.Connection) -> int:
     allow_market(db, chain.genesis["contracts"]["market"])
     # The market's first buy creates its order counter: done before the drill, on its own
     # (docs of tests/workers/test_relay_drills.py warm_up).
     warm = admit_relay(db, chain.devnet, chain.genesis["users"][2], "warm-up", "pen", 1)
-    _quiet(chain, db, "relay", "relays")
+    _quiet(chain, db, PATHS["relay"])
     assert relay_rows(db)[warm]["status"] == "applied"
-    relay = admit_relay(db, chain.devnet, chain.genesis["users"][0], "r-starved", "book", 3)
-    return relay, f"relay:{relay}"
+    return admit_relay(db, chain.devnet, chain.genesis["users"][0], "r-starved", "book", 3)
 
 
 def _relay_settled(chain: ChainEnv, db: psycopg.Connection, relay: int) -> None:
@@ -115,9 +143,23 @@ def _relay_settled(chain: ChainEnv, db: psycopg.Connection, relay: int) -> None:
     assert_relay_invariants(chain, db)
 
 
+def _quiet_table(table: str) -> Callable[[psycopg.Connection], bool]:
+    def done(db: psycopg.Connection) -> bool:
+        return not db.execute(f"SELECT count(*) FROM paygate.{table} WHERE status IN ('pending', 'queued')"
+                              ).fetchone()[0] and not _live(db)
+    return done
+
+
 PATHS = {
-    "funding": MoneyPath("funding", "deposits", _admit_deposit, _deposit_settled, "pending"),
-    "relay": MoneyPath("relay", "relays", _admit_relay, _relay_settled, "queued"),
+    "funding": MoneyPath("funding", "deposits", _admit_deposit, lambda db, unit: f"deposit:{unit}:deposit",
+                         _deposit_settled,
+                         lambda db, unit: str(row_of(db, unit)["status"]), "pending", _quiet_table("deposits")),
+    "settlement": MoneyPath("settlement", "charge_batches", _admit_charge, _batch_of, _charge_settled,
+                            lambda db, unit: str(db.execute("SELECT status FROM paygate.charges WHERE id = %s",
+                                                            (unit,)).fetchone()[0]),
+                            "authorized", lambda db: not open_work(db), ("observer",)),
+    "relay": MoneyPath("relay", "relays", _admit_relay, lambda db, unit: f"relay:{unit}", _relay_settled,
+                       lambda db, unit: str(relay_rows(db)[unit]["status"]), "queued", _quiet_table("relays")),
 }
 
 
@@ -136,18 +178,17 @@ def _live(db: psycopg.Connection) -> int:
                           ).fetchone()[0])
 
 
-def _quiet(chain: ChainEnv, db: psycopg.Connection, worker: str, table: str, rounds: int = 30) -> None:
-    """Ordinary in-process ticks, a ledger closing after each, until the path has nothing open."""
+def _quiet(chain: ChainEnv, db: psycopg.Connection, path: MoneyPath, rounds: int = 30) -> None:
+    """Ordinary in-process ticks, a ledger closing after each round, until the path has nothing open."""
     for _ in range(rounds):
-        _wait_for_leases(db, table)
-        result = chain.tick(worker, "--once")
-        assert result.code in (0, 1), (result.code, result.err[-3000:])
-        open_rows = db.execute(f"SELECT count(*) FROM paygate.{table} WHERE status IN ('pending', 'queued')"
-                               ).fetchone()[0]
-        if not open_rows and not _live(db):
+        _wait_for_leases(db, path.table)
+        for worker in (path.worker, *path.workers):
+            result = chain.tick(worker, "--once")
+            assert result.code in (0, 1), (worker, result.code, result.err[-3000:])
+        if path.done(db):
             return
         chain.devnet.close_ledger()
-    raise AssertionError(f"{worker} did not go quiet: {lineage_states(db)}")
+    raise AssertionError(f"{path.worker} did not go quiet: {lineage_states(db)}")
 
 
 def lineage_states(db: psycopg.Connection) -> list[tuple[int, str, str]]:
@@ -168,10 +209,11 @@ def starve(chain: ChainEnv, db: psycopg.Connection, path: MoneyPath) -> Starved:
     """Admit a unit, send it at the floor rate against a surge that outbids it, and close ledgers
     until the next tick is due to re-bump it (journaled rebump_after_ledgers ledgers ago, the market
     at or above its bid): the state every drill starts from."""
-    unit, entitlement = path.admit(chain, db)
+    unit = path.admit(chain, db)
     surge(chain.devnet, rate=SURGE_RATE, txs=1, ledgers=12)
     first = chain.tick(path.worker, "--once")
     assert first.code == 0, first.err[-3000:]
+    entitlement = path.entitlement(db, unit)
     [row] = [x for x in lineage_rows(db, entitlement) if x["state"] in ("signed", "sent")]
     # The first bid followed the market read before the surge (the base fee), lifted to the floor.
     assert (row["bid_rate"], row["fee_ops"], row["replacements"]) == (FLOOR_RATE, FEE_OPS, 0), row
@@ -243,7 +285,7 @@ def test_killed_after_the_replacement_is_journaled_the_next_tick_sends_the_newes
     assert lineage_row(db, s.lineage_id)["replacements"] == 1  # resent, not replaced again
     assert ours_queued(chain.devnet, s.lane) == [bytes(row["outer_hash"]).hex()]
     chain.devnet.close_ledger()
-    _quiet(chain, db, path.worker, path.table)
+    _quiet(chain, db, path)
     assert_landed_once(chain, db, path, s, bytes(row["outer_hash"]))
 
 
@@ -257,9 +299,9 @@ def test_killed_after_the_replacement_is_broadcast_it_converges(chain: ChainEnv,
     crash_tick(chain.environ, path.worker, f"{path.worker}.after_rebump_broadcast")
     row = assert_replacement_journaled(db, s)
     assert ours_queued(chain.devnet, s.lane) == [bytes(row["outer_hash"]).hex()]
-    assert path.open_status == _unit_status(db, path, s.unit)  # the dead process settled nothing
+    assert path.unit_status(db, s.unit) == path.open_status  # the dead process settled nothing
     chain.devnet.close_ledger()
-    _quiet(chain, db, path.worker, path.table)
+    _quiet(chain, db, path)
     assert lineage_row(db, s.lineage_id)["replacements"] == 1
     assert_landed_once(chain, db, path, s, bytes(row["outer_hash"]))
 
@@ -279,7 +321,7 @@ def test_the_replaced_envelope_lands_after_the_replacement_was_journaled(
     landed = landing(chain, bytes(row["inner_hash"]))
     assert landed.status == "SUCCESS" and landed.outer_hash == s.first_outer and landed.outer_rate == FLOOR_RATE
     _wait_for_leases(db, path.table)
-    _quiet(chain, db, path.worker, path.table)
+    _quiet(chain, db, path)
     assert outer_status(chain, bytes(row["outer_hash"])) == "NOT_FOUND"
     assert lineage_row(db, s.lineage_id)["fee_charged"] == landed.fee_charged
     assert_landed_once(chain, db, path, s, s.first_outer)
@@ -305,13 +347,7 @@ def test_both_envelopes_sent_the_newer_lands_and_the_replaced_one_never_can(
     assert landing(chain, bytes(row["inner_hash"])).outer_hash == bytes(row["outer_hash"])
     status, code = send_raw(chain, s.first_envelope)  # too late for good now
     assert status != "PENDING" and (status == "TRY_AGAIN_LATER" or code == "txBAD_SEQ"), (status, code)
-    _quiet(chain, db, path.worker, path.table)
+    _quiet(chain, db, path)
     chain.devnet.close_ledger(2)
     assert outer_status(chain, s.first_outer) == "NOT_FOUND"
     assert_landed_once(chain, db, path, s, bytes(row["outer_hash"]))
-
-
-def _unit_status(db: psycopg.Connection, path: MoneyPath, unit: int) -> str:
-    if path.table == "deposits":
-        return str(row_of(db, unit)["status"])
-    return str(relay_rows(db)[unit]["status"])
