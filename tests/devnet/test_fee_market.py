@@ -9,7 +9,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from stellar_sdk import FeeBumpTransactionEnvelope, Keypair, SorobanServer, StrKey, scval, xdr
+from stellar_sdk import (
+    Asset,
+    FeeBumpTransactionEnvelope,
+    Keypair,
+    SorobanServer,
+    StrKey,
+    TransactionBuilder,
+    scval,
+    xdr,
+)
 from stellar_sdk.soroban_rpc import GetTransactionStatus, SendTransactionStatus
 
 from tests.devnet.helpers import call, fee_bump, invoke_tx, kp, result_code
@@ -256,8 +265,6 @@ def test_cli_fault_surge_and_limits(devnet: DevnetHandle) -> None:
 
 
 def test_classic_capacity_counts_operations(server: SorobanServer, devnet: DevnetHandle) -> None:
-    from stellar_sdk import Asset, TransactionBuilder
-
     devnet.rpc("devnet_setLimits", {"ledgerMaxClassicOps": 1})
     sent = []
     for fee in (300, 100):
@@ -275,3 +282,14 @@ def test_classic_capacity_counts_operations(server: SorobanServer, devnet: Devne
     devnet.close_ledger()
     got = server.get_transaction(sent[1].hash_hex())
     assert xdr.TransactionResult.from_xdr(got.result_xdr).fee_charged.int64 == 100
+
+
+def test_a_bid_equal_to_the_surge_loses_the_tie_to_its_phantoms(server: SorobanServer, devnet: DevnetHandle) -> None:
+    devnet.set_fault("surge", rate=1000, txs=CAPACITY)
+    tie = bidder(server, devnet, 1000)  # sent while the ledger is open: the phantoms arrived first
+    assert send(server, tie).status == S.PENDING
+    devnet.close_ledger()
+    assert queued(devnet) == {tie.hash_hex()}
+    devnet.clear_faults()
+    devnet.close_ledger()
+    assert_charged(devnet, tie, 100)  # alone once the surge is over: the base fee
