@@ -50,7 +50,9 @@ def test_get_fee_stats_strings(devnet: DevnetHandle, server: SorobanServer) -> N
     for dist in (r["sorobanInclusionFee"], r["inclusionFee"]):
         assert all(isinstance(dist[k], str) for k in ("max", "min", "mode", "p10", "p50", "p99", "transactionCount"))
         assert isinstance(dist["ledgerCount"], int)
-    assert server.get_fee_stats().inclusion_fee.p50 >= 100
+    # The SDK parses it; a window without classic transactions is all zeros, as stellar-rpc answers.
+    classic = server.get_fee_stats().inclusion_fee
+    assert classic.p50 >= 100 if classic.transaction_count else (classic.p50, classic.max) == (0, 0)
 
 
 def test_get_ledger_entries_account_missing_and_limits(devnet: DevnetHandle, server: SorobanServer) -> None:

@@ -12,7 +12,7 @@ import base64
 import hashlib
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal
@@ -33,6 +33,7 @@ from paygate_cli.sandbox.devnet.validate import (
     Context,
     Parsed,
     Rejected,
+    archived_indices,
     check,
     declared_resources,
     parse_envelope,
@@ -94,6 +95,124 @@ class LedgerInfo:
     header: xdr.LedgerHeader
 
 
+class LedgerChain:
+    """`Devnet.ledgers`: the retained ledgers by sequence, contiguous, with a real hash chain.
+
+    Ledgers closed by `Devnet.close_empty` (devnet_advance: months of empty ledgers in seconds) are
+    held as runs of (close time, hash) rather than header objects; a run's header is built when it is
+    asked for (the last few are cached). Everything else is a plain LedgerInfo."""
+
+    CACHE = 64
+
+    def __init__(self, make_header: Callable[[int, int, bytes, bytes, bytes], xdr.LedgerHeader]) -> None:
+        self._full: dict[int, LedgerInfo] = {}
+        self._runs: list[_EmptyRun] = []  # ascending, disjoint from each other and from _full
+        self._cache: dict[int, LedgerInfo] = {}
+        self._make_header = make_header
+
+    def _run(self, seq: int) -> _EmptyRun | None:
+        for r in self._runs:
+            if r.first <= seq <= r.last:
+                return r
+        return None
+
+    def __contains__(self, seq: object) -> bool:
+        return seq in self._full or (isinstance(seq, int) and self._run(seq) is not None)
+
+    def __getitem__(self, seq: int) -> LedgerInfo:
+        info = self._full.get(seq) or self._cache.get(seq)
+        if info is not None:
+            return info
+        run = self._run(seq)
+        if run is None:
+            raise KeyError(seq)
+        prev = run.prev if seq == run.first else run.hash(seq - 1)
+        info = LedgerInfo(seq, run.close_time(seq), run.hash(seq),
+                          self._make_header(seq, run.close_time(seq), prev, EMPTY_SET_HASH, EMPTY_SET_HASH))
+        if len(self._cache) >= self.CACHE:
+            del self._cache[next(iter(self._cache))]
+        self._cache[seq] = info
+        return info
+
+    def __setitem__(self, seq: int, info: LedgerInfo) -> None:
+        self._full[seq] = info
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted([*self._full, *(s for r in self._runs for s in range(r.first, r.last + 1))]))
+
+    def __len__(self) -> int:
+        return len(self._full) + sum(r.last - r.first + 1 for r in self._runs)
+
+    def pop(self, seq: int, default: LedgerInfo | None = None) -> LedgerInfo | None:
+        """Forget the OLDEST held ledger (retention prunes from the front)."""
+        self._cache.pop(seq, None)
+        if seq in self._full:
+            return self._full.pop(seq)
+        self.drop_below(seq + 1)
+        return default
+
+    def drop_below(self, oldest: int) -> None:
+        """Forget every ledger below `oldest`, at the cost of what is held (not of the gap)."""
+        for seq in [s for s in self._full if s < oldest]:
+            del self._full[seq]
+        for seq in [s for s in self._cache if s < oldest]:
+            del self._cache[seq]
+        kept = []
+        for r in self._runs:
+            if r.last >= oldest:
+                r.trim_below(oldest)
+                kept.append(r)
+        self._runs = kept
+
+    def add_run(self, run: _EmptyRun) -> None:
+        self._runs.append(run)
+
+    def headers(self) -> list[LedgerInfo]:
+        """The ledgers held as headers, ascending (what --state files keep one by one)."""
+        return [self._full[s] for s in sorted(self._full)]
+
+    def runs_json(self) -> list[list]:
+        return [[r.first, r.last, r.close0, r.step, r.prev.hex(), base64.b64encode(bytes(r.hashes)).decode()]
+                for r in self._runs]
+
+    def load_runs(self, runs: list[list]) -> None:
+        for first, last, close0, step, prev, hashes in runs:
+            self._runs.append(_EmptyRun(first, last, close0, step, bytes.fromhex(prev),
+                                        bytearray(base64.b64decode(hashes))))
+        self._runs.sort(key=lambda r: r.first)
+
+
+@dataclass
+class _EmptyRun:
+    """Consecutive ledgers without transactions: `hashes` holds each one's hash (32 bytes a ledger)."""
+
+    first: int
+    last: int
+    close0: int  # close time of `first`
+    step: int  # seconds between closes
+    prev: bytes  # hash of the ledger before `first`
+    hashes: bytearray
+
+    def close_time(self, seq: int) -> int:
+        return self.close0 + (seq - self.first) * self.step
+
+    def hash(self, seq: int) -> bytes:
+        i = (seq - self.first) * 32
+        return bytes(self.hashes[i:i + 32])
+
+    def trim_below(self, oldest: int) -> None:
+        if oldest <= self.first:
+            return
+        self.prev = self.hash(oldest - 1)
+        cut = (oldest - self.first) * 32
+        self.close0 = self.close_time(oldest)
+        del self.hashes[:cut]
+        self.first = oldest
+
+
+EMPTY_SET_HASH = hashlib.sha256(b"").digest()  # tx set and result set hash of a ledger with no transaction
+
+
 @dataclass
 class EventRecord:
     id: str
@@ -122,6 +241,10 @@ class TxRecord:
     contract_events: list[list[str]]  # base64 ContractEvent per operation
     created_at: int  # ledger close time
     fee_rate: int = 0  # inclusion fee CHARGED per operation (the phase's surge price or the base fee), for getFeeStats
+    # getFeeStats' figure for this transaction, as stellar-rpc computes it (feewindow.go): a Soroban
+    # transaction's whole charged inclusion fee (a fee bump's extra operation included), a classic
+    # one's per operation of its inner transaction.
+    fee_stat: int = 0
     soroban: bool = False
     transaction_events: list[str] = field(default_factory=list)  # base64 TransactionEvent (CAP-67 fee events)
 
@@ -158,7 +281,7 @@ class Devnet:
         self.accounts: dict[str, Account] = {}
         # account → [(ledger, version)] of recent versions, oldest first, for the lag fault
         self.account_history: dict[str, list[tuple[int, Account]]] = {}
-        self.ledgers: dict[int, LedgerInfo] = {}  # contiguous: first_ledger … latest
+        self.ledgers = LedgerChain(self._make_header)  # contiguous: first_ledger … latest
         self.first_ledger = 1
         self.latest = 0
         self.queue: list[Queued] = []
@@ -324,7 +447,7 @@ class Devnet:
                 needed = -(-RBF_MULTIPLIER * old.inclusion_fee * p.fee_ops // old.fee_ops) + p.resource_fee
                 return "ERROR", tx_result(needed, TRC.txINSUFFICIENT_FEE)
         ctx = Context(self.accounts, self.latest + 1, self.latest_info.close_time,
-                      self.queued_fees(exclude=existing))
+                      self.queued_fees(exclude=existing), max_entry_ttl=self.host.ttl.max_entry)
         try:
             check(p, ctx)
         except Rejected as rej:
@@ -423,6 +546,7 @@ class Devnet:
         tx_set = hashlib.sha256(b"".join(included)).digest()
         results = hashlib.sha256("".join(a.record.result_xdr for a in applied).encode()).digest()
         self._add_ledger(seq, close_time, tx_set, results)
+        self.host.expire(seq)  # state archival: what is not live in this ledger is archived or gone
         records = [a.record for a in applied]
         if records:
             self.txs_by_ledger[seq] = records
@@ -435,6 +559,31 @@ class Devnet:
         self.bans = {h: until for h, until in self.bans.items() if until > seq}
         self._prune()
         return records
+
+    def close_empty(self, n: int, step: int) -> tuple[int, int]:
+        """Close `n` ledgers holding no transaction at once (devnet_advance), `step` seconds apart.
+
+        Each gets a real header hash (the chain stays verifiable), computed by patching one encoded
+        header instead of building n header objects; expiry is applied once, as of the last ledger,
+        and retention prunes as after any close. The queue must be empty (the caller closes normally
+        while it is not). Returns what expiry (deleted, archived)."""
+        assert not self.queue and not self.pending_consume
+        first, prev = self.latest + 1, self.latest_info.hash
+        close0 = self.latest_info.close_time + step
+        keep = min(n, self.retention)
+        hashes = _empty_chain(self._make_header, first, n, close0, step, prev, keep)
+        if hashes is None:  # the header layout is not the one patched: build each ledger (slow, exact)
+            for i in range(n):
+                self._add_ledger(first + i, close0 + i * step, EMPTY_SET_HASH, EMPTY_SET_HASH)
+        else:
+            kept_first = first + n - keep
+            self.ledgers.add_run(_EmptyRun(kept_first, first + n - 1, close0 + (n - keep) * step, step,
+                                           hashes[0], hashes[1]))
+            self.latest = first + n - 1
+        expired = self.host.expire(self.latest)
+        self.bans = {h: until for h, until in self.bans.items() if until > self.latest}
+        self._prune()
+        return expired
 
     def _ledger_events(self, seq: int, applied: list[Applied]) -> list[EventRecord]:
         """The ledger's events in getEvents order (stellar-rpc db/event.go): the beforeAllTxs fee
@@ -460,6 +609,15 @@ class Devnet:
 
     def _prune(self) -> None:
         oldest = self.oldest
+        if oldest - self.first_ledger > 1024:  # after close_empty: drop by what is held, not by the gap
+            self.ledgers.drop_below(oldest)
+            for seq in [s for s in self.events_by_ledger if s < oldest]:
+                del self.events_by_ledger[seq]
+            for seq in [s for s in self.txs_by_ledger if s < oldest]:
+                for r in self.txs_by_ledger.pop(seq):
+                    self.txs.pop(r.full_hash, None)
+                    self.txs.pop(r.inner_hash, None)
+            self.first_ledger = oldest
         while self.first_ledger < oldest:
             seq = self.first_ledger
             self.first_ledger += 1
@@ -505,10 +663,12 @@ class Devnet:
                 op_events[0] = encoded
                 if outcome.return_value is not None:
                     rv_bytes = enc_scval(outcome.return_value)
-                refundable_used = fees.refundable_fee(sum(len(e.raw) for e in encoded) + len(rv_bytes))
+                refundable_used = outcome.rent_fee  # rent (state archival) is refundable too
+                if op.body.type == xdr.OperationType.INVOKE_HOST_FUNCTION:
+                    refundable_used += fees.refundable_fee(sum(len(e.raw) for e in encoded) + len(rv_bytes))
             fee_charged = inclusion + min(p.resource_fee, non_refundable + refundable_used)
             if op.body.type != xdr.OperationType.INVOKE_HOST_FUNCTION:
-                op_results = [_footprint_op_result(op.body.type)]
+                op_results = [_footprint_op_result(op.body.type, code)]
             else:
                 # InvokeHostFunctionSuccessPreImage{returnValue, events}, hashed as in the real host
                 success_hash = hashlib.sha256(
@@ -556,6 +716,7 @@ class Devnet:
             result_xdr=result.to_xdr(), result_meta_xdr=base64.b64encode(b"".join(meta)).decode(),
             contract_events=ev_b64, created_at=close_time,
             fee_rate=inclusion // max(1, p.fee_ops), soroban=p.soroban is not None,
+            fee_stat=inclusion if p.soroban is not None else inclusion // max(1, p.n_ops),
             transaction_events=[base64.b64encode(r).decode() for r in tx_events_raw],
         )
         applied = Applied(record, fee_before=fee_before, fee_after=fee_after)
@@ -593,15 +754,14 @@ class Devnet:
                        ) -> tuple[xdr.InvokeHostFunctionResultCode, InvokeOutcome | None, list[_EncodedEvent]]:
         ihf = xdr.InvokeHostFunctionResultCode
         if op.body.type != xdr.OperationType.INVOKE_HOST_FUNCTION:
-            # ExtendFootprintTTL / RestoreFootprint: nothing ever archives on the devnet, so both
-            # succeed without effect.
-            return ihf.INVOKE_HOST_FUNCTION_SUCCESS, None, []
+            return self._apply_footprint_op(p, op, seq, non_refundable)
         assert p.soroban is not None and op.body.invoke_host_function_op is not None
         fp = p.soroban.resources.footprint
         footprint = (list(fp.read_only), list(fp.read_write))
         call = op.body.invoke_host_function_op
         kwargs = dict(host_function=call.host_function, auth=list(call.auth), source_account=p.op_source(op),
-                      ledger_seq=seq, ledger_close_time=close_time, footprint=footprint)
+                      ledger_seq=seq, ledger_close_time=close_time, footprint=footprint,
+                      archived=archived_indices(p.soroban))
         declared = declared_resources(p.soroban)
         verdict: dict[str, object] = {}
 
@@ -617,7 +777,7 @@ class Devnet:
                     or outcome.write_bytes > declared.write_bytes or size > MAX_EVENTS_BYTES):
                 verdict["code"] = ihf.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED
                 return False
-            if fees.refundable_fee(size) > p.resource_fee - non_refundable:
+            if fees.refundable_fee(size) + outcome.rent_fee > p.resource_fee - non_refundable:
                 verdict["code"] = ihf.INVOKE_HOST_FUNCTION_INSUFFICIENT_REFUNDABLE_FEE
                 return False
             return True
@@ -629,6 +789,75 @@ class Devnet:
         if "code" in verdict:
             return verdict["code"], outcome, []  # type: ignore[return-value]
         return ihf.INVOKE_HOST_FUNCTION_SUCCESS, outcome, verdict["encoded"]  # type: ignore[return-value]
+
+    def _apply_footprint_op(self, p: Parsed, op: xdr.Operation, seq: int, non_refundable: int
+                            ) -> tuple[xdr.InvokeHostFunctionResultCode, InvokeOutcome, list[_EncodedEvent]]:
+        """ExtendFootprintTTL / RestoreFootprint, applied by the host (docs/devnet.md "State archival").
+        Their rent is refundable: what the resource fee leaves after the declared resources bounds it.
+        The result code comes back as its InvokeHostFunction twin (_footprint_op_result maps it)."""
+        ihf = xdr.InvokeHostFunctionResultCode
+        assert p.soroban is not None
+        fp = p.soroban.resources.footprint
+        max_rent = p.resource_fee - non_refundable
+        if op.body.type == xdr.OperationType.EXTEND_FOOTPRINT_TTL:
+            assert op.body.extend_footprint_ttl_op is not None
+            out = self.host.extend_footprint(list(fp.read_only), op.body.extend_footprint_ttl_op.extend_to.uint32,
+                                             seq, max_rent=max_rent, commit=True)
+        else:
+            declared = declared_resources(p.soroban)
+            out = self.host.restore_footprint(list(fp.read_write), seq, max_read_bytes=declared.disk_read_bytes,
+                                              max_write_bytes=declared.write_bytes, max_rent=max_rent, commit=True)
+        code = {"success": ihf.INVOKE_HOST_FUNCTION_SUCCESS,
+                "resource_limit_exceeded": ihf.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED,
+                "insufficient_refundable_fee": ihf.INVOKE_HOST_FUNCTION_INSUFFICIENT_REFUNDABLE_FEE}[out.code]
+        return code, InvokeOutcome(ok=out.code == "success", error=None, error_kind=None, return_value=None,
+                                   rent_fee=out.rent_fee if out.code == "success" else 0), []
+
+    def _apply_footprint_op(self, p: Parsed, op: xdr.Operation, seq: int, non_refundable: int
+                            ) -> tuple[xdr.InvokeHostFunctionResultCode, InvokeOutcome, list[_EncodedEvent]]:
+        """ExtendFootprintTTL / RestoreFootprint, applied by the host (docs/devnet.md "State archival").
+        Their rent is refundable: what the resource fee leaves after the declared resources bounds it.
+        The result code comes back as its InvokeHostFunction twin (_footprint_op_result maps it)."""
+        ihf = xdr.InvokeHostFunctionResultCode
+        assert p.soroban is not None
+        fp = p.soroban.resources.footprint
+        max_rent = p.resource_fee - non_refundable
+        if op.body.type == xdr.OperationType.EXTEND_FOOTPRINT_TTL:
+            assert op.body.extend_footprint_ttl_op is not None
+            out = self.host.extend_footprint(list(fp.read_only), op.body.extend_footprint_ttl_op.extend_to.uint32,
+                                             seq, max_rent=max_rent, commit=True)
+        else:
+            declared = declared_resources(p.soroban)
+            out = self.host.restore_footprint(list(fp.read_write), seq, max_read_bytes=declared.disk_read_bytes,
+                                              max_write_bytes=declared.write_bytes, max_rent=max_rent, commit=True)
+        code = {"success": ihf.INVOKE_HOST_FUNCTION_SUCCESS,
+                "resource_limit_exceeded": ihf.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED,
+                "insufficient_refundable_fee": ihf.INVOKE_HOST_FUNCTION_INSUFFICIENT_REFUNDABLE_FEE}[out.code]
+        return code, InvokeOutcome(ok=out.code == "success", error=None, error_kind=None, return_value=None,
+                                   rent_fee=out.rent_fee if out.code == "success" else 0), []
+
+    def _apply_footprint_op(self, p: Parsed, op: xdr.Operation, seq: int, non_refundable: int
+                            ) -> tuple[xdr.InvokeHostFunctionResultCode, InvokeOutcome, list[_EncodedEvent]]:
+        """ExtendFootprintTTL / RestoreFootprint, applied by the host (docs/devnet.md "State archival").
+        Their rent is refundable: what the resource fee leaves after the declared resources bounds it.
+        The result code comes back as its InvokeHostFunction twin (_footprint_op_result maps it)."""
+        ihf = xdr.InvokeHostFunctionResultCode
+        assert p.soroban is not None
+        fp = p.soroban.resources.footprint
+        max_rent = p.resource_fee - non_refundable
+        if op.body.type == xdr.OperationType.EXTEND_FOOTPRINT_TTL:
+            assert op.body.extend_footprint_ttl_op is not None
+            out = self.host.extend_footprint(list(fp.read_only), op.body.extend_footprint_ttl_op.extend_to.uint32,
+                                             seq, max_rent=max_rent, commit=True)
+        else:
+            declared = declared_resources(p.soroban)
+            out = self.host.restore_footprint(list(fp.read_write), seq, max_read_bytes=declared.disk_read_bytes,
+                                              max_write_bytes=declared.write_bytes, max_rent=max_rent, commit=True)
+        code = {"success": ihf.INVOKE_HOST_FUNCTION_SUCCESS,
+                "resource_limit_exceeded": ihf.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED,
+                "insufficient_refundable_fee": ihf.INVOKE_HOST_FUNCTION_INSUFFICIENT_REFUNDABLE_FEE}[out.code]
+        return code, InvokeOutcome(ok=out.code == "success", error=None, error_kind=None, return_value=None,
+                                   rent_fee=out.rent_fee if out.code == "success" else 0), []
 
     # Classic operations: just enough for accounts and XLM (create account, native payment,
     # bump sequence); anything else fails with opNOT_SUPPORTED.
@@ -736,19 +965,66 @@ class Devnet:
         return self._apply(p, seq, close_time, order)
 
 
+def _empty_chain(make_header: Callable[[int, int, bytes, bytes, bytes], xdr.LedgerHeader], first: int, n: int,
+                 close0: int, step: int, prev: bytes, keep: int) -> tuple[bytes, bytearray] | None:
+    """Hashes of `n` empty ledgers from `first` on, chained from `prev`: one header is encoded by the
+    SDK and the fields that differ between empty ledgers (previous hash, close time, bucket list hash,
+    sequence) are patched in place. Returns (hash before the kept tail, hashes of the last `keep`),
+    or None when a second SDK-built header disagrees with the patched one (a layout this does not know)."""
+    pack_q, pack_i = struct.Struct(">Q").pack, struct.Struct(">I").pack
+
+    def bucket(seq: int) -> bytes:
+        return hashlib.sha256(b"bucketlist%d" % seq).digest()
+
+    tpl = bytearray(make_header(first, close0, prev, EMPTY_SET_HASH, EMPTY_SET_HASH).to_xdr_bytes())
+    if (tpl[4:36] != prev or tpl[68:76] != pack_q(close0) or tpl[116:148] != bucket(first)
+            or tpl[148:152] != pack_i(first)):
+        return None
+
+    def patch(seq: int, close_time: int, before: bytes) -> None:
+        tpl[4:36] = before
+        tpl[68:76] = pack_q(close_time)
+        tpl[116:148] = bucket(seq)
+        tpl[148:152] = pack_i(seq)
+
+    probe = bytes(32 * [7])
+    patch(first + 1, close0 + step, probe)
+    if bytes(tpl) != make_header(first + 1, close0 + step, probe, EMPTY_SET_HASH, EMPTY_SET_HASH).to_xdr_bytes():
+        return None
+    out = bytearray()
+    before_kept = prev
+    sha = hashlib.sha256
+    for i in range(n):
+        if i == n - keep:
+            before_kept = prev
+        patch(first + i, close0 + i * step, prev)
+        prev = sha(tpl).digest()
+        if i >= n - keep:
+            out += prev
+    return before_kept, out
+
+
 def _trap_code(outcome: InvokeOutcome) -> xdr.InvokeHostFunctionResultCode:
     if outcome.error_kind == "resource_limit_exceeded":
         return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED
+    if outcome.error_kind == "entry_archived":  # an archived footprint entry the tx did not mark
+        return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_ENTRY_ARCHIVED
+    if outcome.error_kind == "entry_archived":  # an archived footprint entry the tx did not mark
+        return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_ENTRY_ARCHIVED
+    if outcome.error_kind == "entry_archived":  # an archived footprint entry the tx did not mark
+        return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_ENTRY_ARCHIVED
     return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_TRAPPED
 
 
-def _footprint_op_result(t: xdr.OperationType) -> xdr.OperationResult:
+def _footprint_op_result(t: xdr.OperationType, code: xdr.InvokeHostFunctionResultCode) -> xdr.OperationResult:
+    """The footprint operation's result with the code its InvokeHostFunction twin names."""
+    suffix = code.name.removeprefix("INVOKE_HOST_FUNCTION_")
     if t == xdr.OperationType.EXTEND_FOOTPRINT_TTL:
         tr = xdr.OperationResultTr(type=t, extend_footprint_ttl_result=xdr.ExtendFootprintTTLResult(
-            xdr.ExtendFootprintTTLResultCode.EXTEND_FOOTPRINT_TTL_SUCCESS))
+            xdr.ExtendFootprintTTLResultCode["EXTEND_FOOTPRINT_TTL_" + suffix]))
     else:
         tr = xdr.OperationResultTr(type=t, restore_footprint_result=xdr.RestoreFootprintResult(
-            xdr.RestoreFootprintResultCode.RESTORE_FOOTPRINT_SUCCESS))
+            xdr.RestoreFootprintResultCode["RESTORE_FOOTPRINT_" + suffix]))
     return xdr.OperationResult(code=xdr.OperationResultCode.opINNER, tr=tr)
 
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from stellar_sdk import StrKey, xdr
 
-from paygate_cli.sandbox.devnet import fees
 from paygate_cli.sandbox.devnet.ledger import PROTOCOL_VERSION, Devnet, TxRecord
 from paygate_cli.sandbox.devnet.validate import InvalidXdr, Parsed, decode_b64, parse_envelope
 from paygate_cli.sandbox.devnet.xdrutil import (
@@ -206,8 +205,10 @@ class Methods:
 
     def get_fee_stats(self, params: dict) -> dict:
         """stellar-rpc's fee windows (feewindow/feewindow.go): the inclusion fees CHARGED in the last
-        `fee_window_soroban` / `fee_window_classic` ledgers (here per operation, docs/devnet.md "Fee
-        market"), the surge fault's phantoms counted at what they were charged."""
+        `fee_window_soroban` / `fee_window_classic` ledgers, as stellar-rpc counts them: a Soroban
+        transaction's whole inclusion fee (so a fee bump of a one-operation call shows twice its rate), a
+        classic one's per operation; the surge fault's phantoms (one-operation, not fee-bumped) counted at
+        what they were charged (docs/devnet.md "Fee market")."""
         d = self.dev
         soroban: list[int] = []
         classic: list[int] = []
@@ -218,9 +219,9 @@ class Methods:
             classic_ledgers += in_classic
             for r in d.txs_by_ledger.get(seq, []):
                 if r.soroban and in_soroban:
-                    soroban.append(r.fee_rate)
+                    soroban.append(r.fee_stat)
                 elif not r.soroban and in_classic:
-                    classic.append(r.fee_rate)
+                    classic.append(r.fee_stat)
             phantom = d.phantom_fees.get(seq)
             if phantom is not None and in_soroban:
                 soroban += [phantom[0]] * phantom[1]
@@ -493,8 +494,8 @@ class Methods:
 def _distribution(rates: list[int], ledger_count: int) -> dict:
     """FeeDistribution: all int64 fields are strings. stellar-rpc's computeFeeDistribution: nearest-rank
     percentiles (the ceil(p * n / 100)-th smallest), the mode the most frequent value (the smallest of
-    equally frequent ones). With no transactions, every figure is the base fee."""
-    s = sorted(rates) or [fees.BASE_FEE]
+    equally frequent ones). With no transactions, every figure is 0 (as stellar-rpc answers)."""
+    s = sorted(rates) or [0]
 
     def pct(n: int) -> str:
         return str(s[min(len(s) - 1, max(0, -(-n * len(s) // 100) - 1))])
