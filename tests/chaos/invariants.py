@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from stellar_sdk import Address, FeeBumpTransactionEnvelope, scval, xdr
-from stellar_sdk.helpers import parse_transaction_envelope_from_xdr
+from stellar_sdk import Address, FeeBumpTransactionEnvelope, TransactionBuilder, scval, xdr
 from stellar_sdk.soroban_rpc import EventFilter, EventFilterType
 
 from tests.support.chain_env import ChainEnv, billing_balance
@@ -80,11 +79,11 @@ def chain_transactions(chain: ChainEnv) -> list[dict[str, Any]]:
             kwargs: dict[str, Any] = {"cursor": cursor} if cursor else {"start_ledger": 1}
             page = server.get_transactions(limit=200, **kwargs)
             for tx in page.transactions:
-                envelope = parse_transaction_envelope_from_xdr(tx.envelope_xdr, passphrase)
+                envelope = TransactionBuilder.from_xdr(tx.envelope_xdr, passphrase)
                 outer = envelope.hash_hex()
                 inner = (envelope.transaction.inner_transaction_envelope.hash_hex()
                          if isinstance(envelope, FeeBumpTransactionEnvelope) else outer)
-                found.append({"inner": inner, "outer": outer, "ledger": tx.ledger, "status": tx.status.value,
+                found.append({"inner": inner, "outer": outer, "ledger": tx.ledger, "status": tx.status,
                               "fee_charged": int(xdr.TransactionResult.from_xdr(tx.result_xdr).fee_charged.int64)})
             if not page.transactions:
                 break

@@ -9,6 +9,8 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
+from stellar_sdk import Keypair, TransactionBuilder, scval, xdr
+from stellar_sdk.soroban_rpc import GetTransactionStatus, SendTransactionStatus
 
 from tests.chaos.invariants import check_all
 from tests.support.chain_env import ChainEnv
@@ -76,9 +78,40 @@ def test_planted_fee_market_violations_are_each_reported(chain: ChainEnv, db: ps
                "VALUES (%s, 1, %s, 300)", (starved, b"\x07" * 32))
     # An applied lineage the chain never included.
     lineage("relay:999", "applied", 2, ledger=1, fee_charged=4400, bid_rate=200, cap_rate=2500)
+    # A fee bump the chain included, journaled as a lineage whose cap is below what it was charged
+    # and whose outer envelope is not the one that landed.
+    inner, ledger, charged = _fee_bumped_call(chain)
+    db.execute("INSERT INTO paygate.lineages (purpose, entitlement, lane, state, source_seq, key_id, envelope, "
+               "inner_hash, outer_hash, max_time, signed_at_ledger, fee_ops, resource_fee, bid_rate, cap_rate, ledger, "
+               "fee_charged) VALUES ('relay', 'relay:998', %s, 'applied', 3, 'k', '\\x00', %s, %s, 1, 1, 2, 0, 100, "
+               "100, %s, %s)", (lane, inner, b"\x09" * 32, ledger, charged))
 
     found = {v.invariant: v.detail for v in check_all(chain, chain.dsn, receiver).violations}
     assert f"bot_jobs {{'id': {job}" in found["no unit failed for its fee"]
     assert f"'dead_lineages': [{starved}]" in found["no unit failed for its fee (a starved lineage is no attempt)"]
     assert f"'id': {starved}" in found["fees charged <= cap (no envelope bids above its cap)"]
     assert "'entitlement': 'relay:999'" in found["an applied or failed lineage landed exactly once"]
+    assert f"feeCharged {charged} > cap 200" in found["fees charged <= cap"]
+    assert "'entitlement': 'relay:998'" in found["what landed is one of the lineage's own outer envelopes"]
+
+
+def _fee_bumped_call(chain: ChainEnv) -> tuple[bytes, int, int]:
+    """A lane's read-only billing call, fee-bumped by the fee account, sent and included:
+    (inner hash, ledger, feeCharged)."""
+    g = chain.genesis
+    lane, fee = Keypair.from_secret(g["lanes"][0]["secret"]), Keypair.from_secret(g["fee_account"]["secret"])
+    with chain.server() as server:
+        tx = (TransactionBuilder(server.load_account(lane.public_key), g["passphrase"], base_fee=100)
+              .append_invoke_contract_function_op(g["contracts"]["billing"], "balance",
+                                                  [scval.to_address(g["users"][0]["public"])])
+              .set_timeout(300).build())
+        tx = server.prepare_transaction(tx)
+        tx.sign(lane)
+        bumped = TransactionBuilder.build_fee_bump_transaction(fee.public_key, 200, tx, g["passphrase"])
+        bumped.sign(fee)
+        assert server.send_transaction(bumped).status == SendTransactionStatus.PENDING
+        chain.devnet.close_ledger()
+        landed = server.get_transaction(bumped.hash_hex())
+        assert landed.status == GetTransactionStatus.SUCCESS, landed
+        result = xdr.TransactionResult.from_xdr(landed.result_xdr)
+        return tx.hash(), int(landed.ledger), int(result.fee_charged.int64)
