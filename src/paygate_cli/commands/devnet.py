@@ -41,6 +41,12 @@ def start(
         "--fee-stats-window-soroban", help="Ledgers getFeeStats' sorobanInclusionFee covers.")] = 50,
     fee_stats_window_classic: Annotated[int, typer.Option(
         "--fee-stats-window-classic", help="Ledgers getFeeStats' inclusionFee covers.")] = 10,
+    min_persistent_ttl: Annotated[int, typer.Option(
+        "--min-persistent-ttl", metavar="LEDGERS", help="TTL of a new persistent entry (120 days).")] = 2_073_600,
+    min_temporary_ttl: Annotated[int, typer.Option(
+        "--min-temporary-ttl", metavar="LEDGERS", help="TTL of a new temporary entry (1 day).")] = 17_280,
+    max_entry_ttl: Annotated[int, typer.Option(
+        "--max-entry-ttl", metavar="LEDGERS", help="Longest TTL an entry can have (180 days).")] = 3_110_400,
 ) -> None:
     """Serve a devnet: prints the genesis as one JSON line on stdout, logs to stderr, runs until
     SIGTERM/SIGINT. The keys it prints are throwaway devnet keys.
@@ -53,7 +59,8 @@ def start(
     run(host=host, port=port, ledger_interval=ledger_interval, state=state, retention=retention, seed=seed,
         lanes=lanes, users=users, ledger_max_soroban_txs=ledger_max_soroban_txs,
         ledger_max_classic_ops=ledger_max_classic_ops, fee_stats_window_soroban=fee_stats_window_soroban,
-        fee_stats_window_classic=fee_stats_window_classic, out=get_env(ctx).stdout)
+        fee_stats_window_classic=fee_stats_window_classic, min_persistent_ttl=min_persistent_ttl,
+        min_temporary_ttl=min_temporary_ttl, max_entry_ttl=max_entry_ttl, out=get_env(ctx).stdout)
 
 
 def _show(ctx: typer.Context, result: dict[str, Any], json_flag: bool, plain_flag: bool) -> None:
@@ -109,6 +116,28 @@ def close(
     if advance is not None:
         params["advanceSeconds"] = advance
     _show(ctx, _call(url, "devnet_closeLedger", params), json_flag, plain_flag)
+
+
+@app.command("advance")
+def advance(
+    ctx: typer.Context,
+    ledgers: Annotated[int, typer.Argument(help="Ledgers to close (empty ones in bulk).")],
+    url: UrlOpt = "http://127.0.0.1:8000",
+    advance_seconds: Annotated[int | None, typer.Option("--advance-seconds", help="Close time step per ledger.")]
+    = None,
+    json_flag: JsonFlag = False,
+    plain_flag: PlainFlag = False,
+) -> None:
+    """Close many ledgers at once, so entries' TTLs run out (state archival): queued transactions
+    land in the first ledgers, the rest are empty; expiry applies as of the last one.
+
+    Example: `paygate devnet advance 100000`"""
+    if ledgers < 1:
+        raise UsageError("LEDGERS must be >= 1")
+    params: dict[str, Any] = {"ledgers": ledgers}
+    if advance_seconds is not None:
+        params["advanceSeconds"] = advance_seconds
+    _show(ctx, _call(url, "devnet_advance", params), json_flag, plain_flag)
 
 
 @app.command("fault")

@@ -30,7 +30,6 @@ from stellar_sdk.exceptions import BadSignatureError
 
 from .storage import (
     ADDR_ACCOUNT,
-    MAX_ENTRY_TTL,
     Staging,
     StorageTrap,
     account_key,
@@ -174,8 +173,9 @@ class AuthContext:
         # Valid through exp inclusive; rejected when it lies beyond what a nonce entry could live.
         if exp < ledger:
             raise AuthTrap(f"signature has expired: expiration ledger {exp} < current ledger {ledger}")
-        if exp > ledger + MAX_ENTRY_TTL - 1:
-            raise AuthTrap(f"signature expiration is too late: {exp} > {ledger + MAX_ENTRY_TTL - 1}")
+        max_lu = ledger + self.staging.ttl.max_entry - 1  # the network's max-entry-ttl
+        if exp > max_lu:
+            raise AuthTrap(f"signature expiration is too late: {exp} > {max_lu}")
         if cand.address[:8] != ADDR_ACCOUNT:
             raise AuthTrap("contract (custom account) authorization is not modelled by the devnet")
         ed = cand.address[8:]

@@ -13,6 +13,7 @@ from stellar_sdk import Keypair, Network
 
 from paygate_cli.sandbox.devnet.host import ContractHost
 from paygate_cli.sandbox.devnet.ledger import Devnet
+from paygate_cli.sandbox.devnet.storage import DEFAULT_TTL, TtlConfig
 
 PASSPHRASE = Network.STANDALONE_NETWORK_PASSPHRASE
 XLM = 10_000_000  # stroops per XLM
@@ -32,9 +33,11 @@ def _pair(kp: Keypair) -> dict[str, str]:
     return {"public": kp.public_key, "secret": kp.secret}
 
 
-def build(seed: str, lanes: int, users: int, retention: int, close_time: int) -> Devnet:
-    """A fresh devnet at ledger 1 whose close time is `close_time` (the wall clock at first start)."""
-    host = ContractHost(PASSPHRASE)
+def build(seed: str, lanes: int, users: int, retention: int, close_time: int, ttl: TtlConfig = DEFAULT_TTL
+          ) -> Devnet:
+    """A fresh devnet at ledger 1 whose close time is `close_time` (the wall clock at first start);
+    `ttl`: the state archival settings its entries are created with."""
+    host = ContractHost(PASSPHRASE, ttl)
     dev = Devnet(PASSPHRASE, host, retention=retention)
     dev.start_genesis(close_time)
     fee = keypair(seed, "fee")

@@ -813,52 +813,6 @@ class Devnet:
         return code, InvokeOutcome(ok=out.code == "success", error=None, error_kind=None, return_value=None,
                                    rent_fee=out.rent_fee if out.code == "success" else 0), []
 
-    def _apply_footprint_op(self, p: Parsed, op: xdr.Operation, seq: int, non_refundable: int
-                            ) -> tuple[xdr.InvokeHostFunctionResultCode, InvokeOutcome, list[_EncodedEvent]]:
-        """ExtendFootprintTTL / RestoreFootprint, applied by the host (docs/devnet.md "State archival").
-        Their rent is refundable: what the resource fee leaves after the declared resources bounds it.
-        The result code comes back as its InvokeHostFunction twin (_footprint_op_result maps it)."""
-        ihf = xdr.InvokeHostFunctionResultCode
-        assert p.soroban is not None
-        fp = p.soroban.resources.footprint
-        max_rent = p.resource_fee - non_refundable
-        if op.body.type == xdr.OperationType.EXTEND_FOOTPRINT_TTL:
-            assert op.body.extend_footprint_ttl_op is not None
-            out = self.host.extend_footprint(list(fp.read_only), op.body.extend_footprint_ttl_op.extend_to.uint32,
-                                             seq, max_rent=max_rent, commit=True)
-        else:
-            declared = declared_resources(p.soroban)
-            out = self.host.restore_footprint(list(fp.read_write), seq, max_read_bytes=declared.disk_read_bytes,
-                                              max_write_bytes=declared.write_bytes, max_rent=max_rent, commit=True)
-        code = {"success": ihf.INVOKE_HOST_FUNCTION_SUCCESS,
-                "resource_limit_exceeded": ihf.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED,
-                "insufficient_refundable_fee": ihf.INVOKE_HOST_FUNCTION_INSUFFICIENT_REFUNDABLE_FEE}[out.code]
-        return code, InvokeOutcome(ok=out.code == "success", error=None, error_kind=None, return_value=None,
-                                   rent_fee=out.rent_fee if out.code == "success" else 0), []
-
-    def _apply_footprint_op(self, p: Parsed, op: xdr.Operation, seq: int, non_refundable: int
-                            ) -> tuple[xdr.InvokeHostFunctionResultCode, InvokeOutcome, list[_EncodedEvent]]:
-        """ExtendFootprintTTL / RestoreFootprint, applied by the host (docs/devnet.md "State archival").
-        Their rent is refundable: what the resource fee leaves after the declared resources bounds it.
-        The result code comes back as its InvokeHostFunction twin (_footprint_op_result maps it)."""
-        ihf = xdr.InvokeHostFunctionResultCode
-        assert p.soroban is not None
-        fp = p.soroban.resources.footprint
-        max_rent = p.resource_fee - non_refundable
-        if op.body.type == xdr.OperationType.EXTEND_FOOTPRINT_TTL:
-            assert op.body.extend_footprint_ttl_op is not None
-            out = self.host.extend_footprint(list(fp.read_only), op.body.extend_footprint_ttl_op.extend_to.uint32,
-                                             seq, max_rent=max_rent, commit=True)
-        else:
-            declared = declared_resources(p.soroban)
-            out = self.host.restore_footprint(list(fp.read_write), seq, max_read_bytes=declared.disk_read_bytes,
-                                              max_write_bytes=declared.write_bytes, max_rent=max_rent, commit=True)
-        code = {"success": ihf.INVOKE_HOST_FUNCTION_SUCCESS,
-                "resource_limit_exceeded": ihf.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED,
-                "insufficient_refundable_fee": ihf.INVOKE_HOST_FUNCTION_INSUFFICIENT_REFUNDABLE_FEE}[out.code]
-        return code, InvokeOutcome(ok=out.code == "success", error=None, error_kind=None, return_value=None,
-                                   rent_fee=out.rent_fee if out.code == "success" else 0), []
-
     # Classic operations: just enough for accounts and XLM (create account, native payment,
     # bump sequence); anything else fails with opNOT_SUPPORTED.
     def _apply_classic(self, p: Parsed) -> tuple[bool, list[xdr.OperationResult], tuple[dict, dict],
@@ -1007,10 +961,6 @@ def _empty_chain(make_header: Callable[[int, int, bytes, bytes, bytes], xdr.Ledg
 def _trap_code(outcome: InvokeOutcome) -> xdr.InvokeHostFunctionResultCode:
     if outcome.error_kind == "resource_limit_exceeded":
         return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_RESOURCE_LIMIT_EXCEEDED
-    if outcome.error_kind == "entry_archived":  # an archived footprint entry the tx did not mark
-        return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_ENTRY_ARCHIVED
-    if outcome.error_kind == "entry_archived":  # an archived footprint entry the tx did not mark
-        return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_ENTRY_ARCHIVED
     if outcome.error_kind == "entry_archived":  # an archived footprint entry the tx did not mark
         return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_ENTRY_ARCHIVED
     return xdr.InvokeHostFunctionResultCode.INVOKE_HOST_FUNCTION_TRAPPED

@@ -27,7 +27,8 @@ def snapshot(dev: Devnet) -> dict[str, Any]:
         "passphrase": dev.passphrase,
         "retention": dev.retention,
         "latest": dev.latest,
-        "ledgers": [[i.seq, i.header.to_xdr()] for i in sorted(dev.ledgers.values(), key=lambda i: i.seq)],
+        "ledgers": [[i.seq, i.header.to_xdr()] for i in dev.ledgers.headers()],
+        "ledger_runs": dev.ledgers.runs_json(),  # ledgers devnet_advance closed: hashes, not headers
         "accounts": {g: [a.balance, a.seq, a.last_modified, a.num_sub_entries, a.thresholds.hex()]
                      for g, a in dev.accounts.items()},
         "queue": [[q.p.b64, q.added_ledger, q.hold_until, q.never] for q in dev.queue],
@@ -50,6 +51,7 @@ def restore(data: dict[str, Any]) -> Devnet:
         header = xdr.LedgerHeader.from_xdr(header_b64)
         dev.ledgers[seq] = LedgerInfo(seq, header.scp_value.close_time.time_point.uint64,
                                       hashlib.sha256(header.to_xdr_bytes()).digest(), header)
+    dev.ledgers.load_runs(data.get("ledger_runs", []))
     dev.latest = data["latest"]
     dev.first_ledger = min(dev.ledgers)
     for g, (bal, seq, lm, subs, thr) in data["accounts"].items():

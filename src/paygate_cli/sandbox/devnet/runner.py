@@ -41,10 +41,12 @@ def parse_interval(text: str) -> float | None:
 def start(*, host: str, port: int, ledger_interval: str, state: Path | None, retention: int, seed: str,
           lanes: int, users: int, ledger_max_soroban_txs: int = 100, ledger_max_classic_ops: int = 1000,
           fee_stats_window_soroban: int = 50, fee_stats_window_classic: int = 10,
+          min_persistent_ttl: int = 2_073_600, min_temporary_ttl: int = 17_280, max_entry_ttl: int = 3_110_400,
           out: TextIO = sys.stdout) -> None:
     """Build or load the ledger, print the genesis line, serve until SIGTERM/SIGINT, save state."""
     from paygate_cli.sandbox.devnet import genesis, persist
     from paygate_cli.sandbox.devnet.server import Config, DevnetServer, _interval_str
+    from paygate_cli.sandbox.devnet.storage import TtlConfig
 
     # Handlers first: once a client has read the genesis line, SIGTERM/SIGINT must stop us cleanly.
     stop = threading.Event()
@@ -63,6 +65,9 @@ def start(*, host: str, port: int, ledger_interval: str, state: Path | None, ret
         raise UsageError("--ledger-max-soroban-txs and --ledger-max-classic-ops must be >= 1")
     if fee_stats_window_soroban < 1 or fee_stats_window_classic < 1:
         raise UsageError("--fee-stats-window-soroban and --fee-stats-window-classic must be >= 1")
+    if min(min_persistent_ttl, min_temporary_ttl) < 1 or max(min_persistent_ttl, min_temporary_ttl) > max_entry_ttl:
+        raise UsageError("--min-persistent-ttl and --min-temporary-ttl must be >= 1 and <= --max-entry-ttl")
+    ttl = TtlConfig(min_persistent=min_persistent_ttl, min_temporary=min_temporary_ttl, max_entry=max_entry_ttl)
     if state is not None and state.exists():
         try:
             dev = persist.load(state)
@@ -73,7 +78,8 @@ def start(*, host: str, port: int, ledger_interval: str, state: Path | None, ret
     else:
         # Genesis close time is the wall clock at first start, so SDK `set_timeout` envelopes (which
         # use the local clock) are valid; after genesis, close time advances only by ledger closes.
-        dev = genesis.build(seed, lanes, users, retention, int(time.time()))
+        dev = genesis.build(seed, lanes, users, retention, int(time.time()), ttl=ttl)
+    dev.host.ttl = ttl  # state archival settings come from the flags, also over a loaded state
     # The fee market's settings come from the flags, also over a loaded state (like --retention).
     dev.ledger_max_soroban_txs, dev.ledger_max_classic_ops = ledger_max_soroban_txs, ledger_max_classic_ops
     dev.fee_window_soroban, dev.fee_window_classic = fee_stats_window_soroban, fee_stats_window_classic

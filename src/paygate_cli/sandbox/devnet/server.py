@@ -43,6 +43,7 @@ READ_TIMEOUT = 30.0  # seconds a connection may stall mid-request
 PARSE_ERROR = -32700
 DEFAULT_MANUAL_ADVANCE = 5  # seconds of close time per manually closed ledger
 FRIENDBOT_TIMEOUT = 30.0  # seconds a friendbot request waits for its transaction to be applied
+MAX_ADVANCE = 6_220_800  # ledgers one devnet_advance closes at most: two maximum TTLs (about a year)
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -67,6 +68,7 @@ class DevnetServer:
         self.methods = Methods(dev, self.faults)
         self.admin = {
             "devnet_closeLedger": self.close_ledger,
+            "devnet_advance": self.advance,
             "devnet_fund": self.fund,
             "devnet_createAccount": self.create_account,
             "devnet_setFault": self.set_fault,
@@ -226,6 +228,35 @@ class DevnetServer:
             advance = round(self.config.interval) if self.config.interval else DEFAULT_MANUAL_ADVANCE
         applied = self._close(n, advance)
         return {"latestLedger": self.dev.latest, "closeTime": self.dev.latest_info.close_time, "applied": applied}
+
+    def advance(self, params: dict) -> dict:
+        """Close `ledgers` ledgers at once, `advanceSeconds` apart (state archival tests: months in
+        seconds). While transactions are queued, ledgers close normally; the rest hold nothing and are
+        closed in bulk (Devnet.close_empty), expiry applied as of the last one."""
+        n = opt_int(params, "ledgers", minimum=1)
+        if n is None:
+            raise RpcError(INVALID_PARAMS, "ledgers: required, >= 1")
+        if n > MAX_ADVANCE:
+            raise RpcError(INVALID_PARAMS, f"ledgers must be <= {MAX_ADVANCE}")
+        advance = opt_int(params, "advanceSeconds")
+        if advance is None:
+            advance = round(self.config.interval) if self.config.interval else DEFAULT_MANUAL_ADVANCE
+        applied: list[dict] = []
+        done = 0
+        while done < n and (self.dev.queue or self.dev.pending_consume):
+            applied += self._close(1, advance)
+            done += 1
+        deleted = archived = 0
+        if done < n:
+            deleted, archived = self.dev.close_empty(n - done, advance)
+            surge = max((f["ledgers"] for f in self.faults.describe() if f["kind"] == "surge"), default=0)
+            for _ in range(min(n - done, surge)):  # a surge lasting `ledgers` closes counts these down too
+                self.faults.ledger_closed()
+            self.save()
+        log.info("advanced to ledger %d (close time %d)", self.dev.latest, self.dev.latest_info.close_time)
+        return {"latestLedger": self.dev.latest, "closeTime": self.dev.latest_info.close_time, "applied": applied,
+                "expired": {"deleted": deleted, "archived": archived},
+                "archivedEntries": self.dev.host.archived_count()}
 
     def _account_param(self, params: dict, name: str = "account") -> str:
         g = opt_str(params, name)

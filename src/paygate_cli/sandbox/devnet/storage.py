@@ -11,17 +11,36 @@ slow paths (`getLedgerEntries`, snapshot). Tests pin every hand encoder to the S
 from __future__ import annotations
 
 import base64
+import heapq
 import struct
 from collections.abc import Callable, Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from stellar_sdk import scval, xdr
+
+from . import fees
 
 # --- constants (protocol reference values) ---------------------------------
 
 MAX_ENTRY_TTL = 3_110_400  # ledgers; bounds signatureExpirationLedger (CAP-46-11)
 PERSISTENT_TTL = 2_073_600  # 120 days of 5 s ledgers: TTL given to a newly created persistent entry
 TEMPORARY_TTL = 17_280  # 1 day: TTL given to a newly created temporary entry (nonces use their expiry)
+
+
+@dataclass(frozen=True)
+class TtlConfig:
+    """The network's state archival settings (StateArchivalSettings), `paygate devnet start` options.
+
+    A new entry lives `min_*` ledgers counting the one it is created in (liveUntil = ledger + min - 1,
+    soroban-env-host's min_live_until_ledger); nothing lives past ledger + max_entry - 1."""
+
+    min_persistent: int = PERSISTENT_TTL
+    min_temporary: int = TEMPORARY_TTL
+    max_entry: int = MAX_ENTRY_TTL
+
+
+DEFAULT_TTL = TtlConfig()
 
 _U32 = struct.Struct(">I").pack
 _I64 = struct.Struct(">q").pack
@@ -345,6 +364,25 @@ def is_temporary(key: bytes) -> bool:
     return key[:4] == T_CONTRACT_DATA and key[-4:] == DUR_TEMPORARY
 
 
+def has_ttl(key: bytes) -> bool:
+    """Contract data and code carry a liveUntilLedgerSeq; classic entries (trustlines) do not."""
+    return key[:4] in (T_CONTRACT_DATA, T_CONTRACT_CODE)
+
+
+def is_persistent(key: bytes) -> bool:
+    """Persistent contract data (instances included) and contract code: archived at expiry, restorable."""
+    return key[:4] == T_CONTRACT_CODE or (key[:4] == T_CONTRACT_DATA and key[-4:] == DUR_PERSISTENT)
+
+
+def rent_change(key: bytes, old: Entry | None, old_size: int, new_size: int, new_live_until: int
+                ) -> fees.RentChange:
+    """One entry's rent-relevant change; `old` None = a new (or restored) entry, charged from scratch."""
+    old_lu = (old.live_until or 0) if old is not None else 0
+    return fees.RentChange(persistent=not is_temporary(key), code=key[:4] == T_CONTRACT_CODE,
+                           old_size=old_size if old is not None else 0, new_size=new_size,
+                           old_live_until=old_lu, new_live_until=max(new_live_until, old_lu))
+
+
 def entry_to_json(key: bytes, e: Entry) -> dict[str, Any]:
     val: Any = e.val
     if e.kind in ("i128", "u64", "sac_balance", "trustline"):
@@ -380,32 +418,53 @@ def entry_from_json(d: dict[str, Any]) -> tuple[bytes, Entry]:
 
 # --- staging ------------------------------------------------------------------------------------------
 
+# What an access to an archived entry does (docs/devnet.md "State archival"):
+# - "auto": recording (simulation, no declared footprint): the entry is restored as the transaction
+#   runs, recorded in the read-write footprint and in `restored` (protocol 23 auto-restore);
+# - "as_live": recording "as if already restored" (soroban-simulation's AutoRestoringSnapshotSource):
+#   the entry reads as live with the minimum persistent TTL, its key is collected in `preamble`;
+# - "strict": a declared footprint; the host restored what the transaction marked before running, so
+#   reaching an archived entry here is an invariant failure (a trap, never a silent restore).
+RestoreMode = Literal["auto", "as_live", "strict"]
+
 
 class Staging:
     """Copy-on-write view of the committed entries for one invocation.
 
     Records every key read and written (the footprint a simulation reports) and, when a declared
-    footprint is given, refuses any access outside it the way the real host does.
+    footprint is given, refuses any access outside it the way the real host does. Entries whose TTL
+    ran out read as the network has them: temporary ones are gone, persistent ones are archived
+    (in `archive`, or still in `base` past their liveUntil until the next ledger close moves them).
     """
 
-    __slots__ = ("base", "fp_ro", "fp_rw", "ledger_seq", "overlay", "reads", "writes")
+    __slots__ = ("archive", "base", "fp_ro", "fp_rw", "ledger_seq", "overlay", "preamble", "reads",
+                 "restore_mode", "restored", "ttl", "writes")
 
     def __init__(
         self,
         base: dict[bytes, Entry],
         ledger_seq: int,
         footprint: tuple[set[bytes], set[bytes]] | None,
+        *,
+        archive: dict[bytes, Entry] | None = None,
+        ttl: TtlConfig = DEFAULT_TTL,
+        restore_mode: RestoreMode | None = None,
     ) -> None:
         self.base = base
+        self.archive = archive
         self.ledger_seq = ledger_seq
+        self.ttl = ttl
         self.overlay: dict[bytes, Entry | None] = {}
         self.reads: dict[bytes, None] = {}  # ordered set
         self.writes: dict[bytes, None] = {}
+        self.restored: dict[bytes, None] = {}  # archived keys this invocation restores, in access order
+        self.preamble: dict[bytes, Entry] = {}  # "as_live": archived keys read as if restored
         if footprint is None:
             self.fp_ro: set[bytes] | None = None
             self.fp_rw: set[bytes] | None = None
         else:
             self.fp_ro, self.fp_rw = footprint
+        self.restore_mode: RestoreMode = restore_mode or ("auto" if footprint is None else "strict")
 
     def touch_read(self, key: bytes) -> None:
         if self.fp_ro is not None and key not in self.fp_ro and key not in self.fp_rw:  # type: ignore[operator]
@@ -419,37 +478,140 @@ class Staging:
             )
         self.writes[key] = None
 
+    def min_live_until(self, key: bytes) -> int:
+        """liveUntil of an entry created (or restored) now: this ledger counts (soroban-env-host)."""
+        ttl = self.ttl.min_temporary if is_temporary(key) else self.ttl.min_persistent
+        return self.ledger_seq + ttl - 1
+
+    def _resolve(self, key: bytes) -> Entry | None:
+        """The entry as this invocation sees it: None if missing or an expired temporary."""
+        if key in self.overlay:
+            return self.overlay[key]
+        e = self.base.get(key)
+        if e is None:
+            e = self.archive.get(key) if self.archive is not None else None
+            if e is None:
+                return None
+        elif e.live_until is None or e.live_until >= self.ledger_seq:
+            return e
+        elif is_temporary(key):
+            return None  # a temporary entry past its liveUntil is dead: it reads as absent (CAP-46-12)
+        return self._archived(key, e)
+
+    def _archived(self, key: bytes, e: Entry) -> Entry:
+        mode = self.restore_mode
+        if mode == "strict":
+            raise StorageTrap("Storage, InternalError", "trying to access an archived entry that was not restored",
+                              kind="entry_archived")
+        if mode == "auto":
+            self.touch_write(key)  # restoring writes the entry: it moves to the read-write footprint
+            self.restored[key] = None
+            live = Entry(e.kind, e.val, self.min_live_until(key), self.ledger_seq)
+        else:
+            live = Entry(e.kind, e.val, self.min_live_until(key), e.last_modified)
+            self.preamble[key] = live
+        self.overlay[key] = live
+        return live
+
+    def restore_marked(self, key: bytes, e: Entry, from_archive: bool) -> None:
+        """A declared-footprint transaction restores an entry it marked (SorobanResourcesExtV0) before
+        running: live again with the minimum persistent TTL. An entry restored from the hot archive is
+        rewritten (lastModified = this ledger); one still in the live state keeps its lastModified."""
+        self.restored[key] = None
+        self.writes[key] = None
+        self.overlay[key] = Entry(e.kind, e.val, self.min_live_until(key),
+                                  self.ledger_seq if from_archive else e.last_modified)
+
     def get(self, key: bytes) -> Entry | None:
         self.touch_read(key)
-        e = self.overlay[key] if key in self.overlay else self.base.get(key)
-        # A temporary entry past its liveUntil is dead: it reads as absent (CAP-46-12).
-        if e is not None and e.live_until is not None and e.live_until < self.ledger_seq and is_temporary(key):
-            return None
-        return e
+        return self._resolve(key)
 
     def put(self, key: bytes, kind: str, val: Any, live_until: int | None = None) -> None:
-        """Write an entry; an existing live entry keeps its TTL, a new one gets the default TTL."""
+        """Write an entry; an existing live entry keeps its TTL, a new one gets the minimum TTL."""
         self.touch_write(key)
-        old = self.overlay[key] if key in self.overlay else self.base.get(key)
+        old = self._resolve(key)
         if live_until is None:
-            if old is not None and (old.live_until is None or old.live_until >= self.ledger_seq):
+            if old is not None:
                 live_until = old.live_until
             elif kind != "trustline":
-                ttl = TEMPORARY_TTL if is_temporary(key) else PERSISTENT_TTL
-                live_until = self.ledger_seq + ttl - 1
+                live_until = self.min_live_until(key)
         self.overlay[key] = Entry(kind, val, live_until, self.ledger_seq)
 
-    def commit(self) -> None:
+    def extend_ttl(self, key: bytes, threshold: int, extend_to: int) -> None:
+        """The host's extend_ttl: when the entry has `threshold` ledgers or fewer left, it lives
+        `extend_to` ledgers past this one (a persistent entry is clamped to the network maximum; a
+        temporary one past it is an error). Never shortens; the entry itself is not rewritten."""
+        self.touch_read(key)
+        if threshold > extend_to:
+            raise StorageTrap("Storage, InvalidInput", "threshold must be <= extend_to")
+        e = self._resolve(key)
+        if e is None or e.live_until is None:
+            raise StorageTrap("Storage, MissingValue", "trying to extend the TTL of a missing entry")
+        seq = self.ledger_seq
+        max_lu = seq + self.ttl.max_entry - 1
+        if is_temporary(key) and extend_to > max_lu - seq:
+            raise StorageTrap("Storage, InvalidAction",
+                              "trying to extend temporary entry past max TTL allowed by network")
+        if e.live_until - seq > threshold:
+            return
+        new = min(seq + extend_to, max_lu)
+        if new > e.live_until:
+            self.overlay[key] = Entry(e.kind, e.val, new, e.last_modified)
+
+    def commit(self, heap: list[tuple[int, bytes]] | None = None) -> None:
+        """Write the overlay into `base`; restored keys leave the archive. Every new liveUntil goes on
+        `heap` (the owner's expiry schedule); unchanged TTLs do not, so the heap stays small."""
         base = self.base
         for k, e in self.overlay.items():
             if e is None:
                 base.pop(k, None)
-            else:
-                base[k] = e
+                continue
+            if heap is not None and e.live_until is not None:
+                old = base.get(k)
+                if old is None or old.live_until != e.live_until:
+                    heapq.heappush(heap, (e.live_until, k))
+            base[k] = e
+        if self.archive is not None:
+            for k in self.restored:
+                self.archive.pop(k, None)
 
     def footprint(self) -> tuple[list[bytes], list[bytes]]:
         ro = [k for k in self.reads if k not in self.writes]
         return ro, list(self.writes)
 
     def written_entries(self) -> list[tuple[bytes, Entry]]:
-        return [(k, e) for k, e in self.overlay.items() if e is not None]
+        """Entries this invocation writes (a TTL-only extension of a read entry is not a write)."""
+        overlay = self.overlay
+        return [(k, e) for k in self.writes if (e := overlay.get(k)) is not None]
+
+    def rent_changes(self, sizes: dict[bytes, int]) -> list[fees.RentChange]:
+        """What rent this invocation owes (soroban-env-host get_ledger_changes): every entry with a TTL
+        that is new, restored, grew, or lives longer. `sizes` holds the written entries' sizes."""
+        seq = self.ledger_seq
+        out: list[fees.RentChange] = []
+        for k, e in self.overlay.items():
+            if e is None or e.live_until is None:
+                continue
+            if k in self.restored:
+                old: Entry | None = None
+            elif k in self.preamble:
+                old = self.preamble[k]
+            else:
+                old = self.base.get(k)
+                if old is not None and old.live_until is not None and old.live_until < seq:
+                    old = None  # an expired temporary rewritten: a new entry
+            new_size = sizes.get(k)
+            if old is not None:
+                if new_size is None and e.live_until <= (old.live_until or 0):
+                    continue  # read only, TTL unchanged
+                old_size = entry_size(k, old)
+                if new_size is None:
+                    new_size = old_size
+                if e.live_until <= (old.live_until or 0) and new_size <= old_size:
+                    continue  # rewritten in place: same TTL, not larger
+            else:
+                old_size = 0
+                if new_size is None:
+                    new_size = entry_size(k, e)
+            out.append(rent_change(k, old, old_size, new_size, e.live_until))
+        return out

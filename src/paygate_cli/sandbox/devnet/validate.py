@@ -18,7 +18,12 @@ from xdrlib3 import Unpacker
 
 from paygate_cli.sandbox.devnet import fees
 from paygate_cli.sandbox.devnet.fastxdr import decode_transaction
-from paygate_cli.sandbox.devnet.storage import enc_ledger_key  # the host's fast LedgerKey encoder
+from paygate_cli.sandbox.devnet.storage import (  # the host's fast LedgerKey encoder
+    MAX_ENTRY_TTL,
+    enc_ledger_key,
+    has_ttl,
+    is_persistent,
+)
 from paygate_cli.sandbox.devnet.xdrutil import fee_bump_result, muxed_to_g, tx_result
 
 if TYPE_CHECKING:
@@ -166,6 +171,13 @@ def _parse_raw(raw: bytes, b64: str, net_id: bytes) -> Parsed:
     )
 
 
+def archived_indices(sd: xdr.SorobanTransactionData) -> list[int]:
+    """SorobanResourcesExtV0.archivedSorobanEntries: the read-write footprint entries to restore."""
+    if sd.ext.v != 1 or sd.ext.resource_ext is None:
+        return []
+    return [i.uint32 for i in sd.ext.resource_ext.archived_soroban_entries]
+
+
 def declared_resources(sd: xdr.SorobanTransactionData) -> fees.Resources:
     r = sd.resources
     return fees.Resources(
@@ -202,9 +214,6 @@ def _structure_code(p: Parsed) -> tuple[xdr.TransactionResultCode, str] | None:
         return None
     if p.resource_fee < 0 or p.resource_fee > p.inner_fee:
         return TRC.txMALFORMED, "resourceFee exceeds the transaction fee"
-    if p.soroban.ext.v != 0:
-        # The resource extension lists archived entries to restore; nothing is ever archived here.
-        return TRC.txSOROBAN_INVALID, "archived-entry extension is not supported (nothing is archived)"
     res = declared_resources(p.soroban)
     why = fees.limits_violation(res, p.inner_size)
     if why:
@@ -215,6 +224,18 @@ def _structure_code(p: Parsed) -> tuple[xdr.TransactionResultCode, str] | None:
         return TRC.txSOROBAN_INVALID, "duplicate footprint key"
     if any(k.type == xdr.LedgerEntryType.TTL for k in keys):
         return TRC.txSOROBAN_INVALID, "TTL keys are not allowed in a footprint"
+    # stellar-core checkSorobanResources: archivedSorobanEntries strictly ascending, each an index of
+    # the read-write footprint holding a persistent entry.
+    rw_raw = raw[len(p.soroban.resources.footprint.read_only):]
+    last = -1
+    for index in archived_indices(p.soroban):
+        if index <= last:
+            return TRC.txSOROBAN_INVALID, "archivedSorobanEntries must be sorted in ascending order"
+        if index >= len(rw_raw):
+            return TRC.txSOROBAN_INVALID, "archivedSorobanEntries index is out of bounds"
+        if not is_persistent(rw_raw[index]):
+            return TRC.txSOROBAN_INVALID, "archivedSorobanEntries index points to a non-persistent entry"
+        last = index
     min_fee = fees.non_refundable_fee(res, p.inner_size)
     if p.resource_fee < min_fee:
         return TRC.txSOROBAN_INVALID, (
@@ -300,6 +321,7 @@ class Context:
     ledger_seq: int  # the ledger the transaction would be applied in
     close_time: int  # close time to check time bounds against
     queued_fees: dict[str, int]  # fee source → fees of its queued transactions (not counting a replaced one)
+    max_entry_ttl: int = MAX_ENTRY_TTL  # the network's (bounds ExtendFootprintTTL's extendTo)
 
 
 def _reserve(acct: Account) -> int:
@@ -319,13 +341,56 @@ def check(p: Parsed, ctx: Context, *, at_apply: bool = False) -> None:
     if p.fee_bump:
         _check_outer(p, ctx, at_apply)
     code = _check_inner(p, ctx, at_apply)
-    if code is None:
-        return
-    c, why = code
     fee_charged = min_fee(p)
+    if code is None:
+        malformed = None if at_apply else _footprint_op_malformed(p, ctx)
+        if malformed is None:
+            return
+        op_result, why = malformed
+        if p.fee_bump:
+            raise Rejected(fee_bump_result(fee_charged, p.inner_hash, TRC.txFAILED, [op_result]), why)
+        raise Rejected(tx_result(fee_charged, TRC.txFAILED, [op_result]), why)
+    c, why = code
     if p.fee_bump:
         raise Rejected(fee_bump_result(fee_charged, p.inner_hash, c), why)
     raise Rejected(tx_result(fee_charged, c), why)
+
+
+def _footprint_op_malformed(p: Parsed, ctx: Context) -> tuple[xdr.OperationResult, str] | None:
+    """The operation checks stellar-core makes last (doCheckValidForSoroban), failing the transaction
+    with txFAILED and the operation's MALFORMED: ExtendFootprintTTL extends read-only entries with a
+    TTL by at most max-entry-ttl - 1 ledgers; RestoreFootprint restores read-write persistent ones."""
+    if p.soroban is None or p.n_ops != 1:
+        return None
+    op = p.tx.operations[0]
+    t = op.body.type
+    fp = p.soroban.resources.footprint
+    why = None
+    if t == xdr.OperationType.EXTEND_FOOTPRINT_TTL:
+        assert op.body.extend_footprint_ttl_op is not None
+        if fp.read_write:
+            why = "read-write footprint must be empty for ExtendFootprintTTL operation"
+        elif not all(has_ttl(enc_ledger_key(k)) for k in fp.read_only):
+            why = "only entries with TTL (contract data or code entries) can have it extended"
+        elif op.body.extend_footprint_ttl_op.extend_to.uint32 > ctx.max_entry_ttl - 1:
+            why = f"TTL extension is too large: {op.body.extend_footprint_ttl_op.extend_to.uint32} > " \
+                  f"{ctx.max_entry_ttl - 1}"
+        if why is None:
+            return None
+        tr = xdr.OperationResultTr(type=t, extend_footprint_ttl_result=xdr.ExtendFootprintTTLResult(
+            xdr.ExtendFootprintTTLResultCode.EXTEND_FOOTPRINT_TTL_MALFORMED))
+    elif t == xdr.OperationType.RESTORE_FOOTPRINT:
+        if fp.read_only:
+            why = "read-only footprint must be empty for RestoreFootprint operation"
+        elif not all(is_persistent(enc_ledger_key(k)) for k in fp.read_write):
+            why = "only persistent Soroban entries can be restored"
+        if why is None:
+            return None
+        tr = xdr.OperationResultTr(type=t, restore_footprint_result=xdr.RestoreFootprintResult(
+            xdr.RestoreFootprintResultCode.RESTORE_FOOTPRINT_MALFORMED))
+    else:
+        return None
+    return xdr.OperationResult(code=xdr.OperationResultCode.opINNER, tr=tr), why
 
 
 def _check_outer(p: Parsed, ctx: Context, at_apply: bool) -> None:

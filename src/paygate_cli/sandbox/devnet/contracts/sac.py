@@ -30,7 +30,6 @@ from ..storage import (
     DUR_PERSISTENT,
     DUR_TEMPORARY,
     INSTANCE_CODECS,
-    MAX_ENTRY_TTL,
     SC_FALSE,
     SC_TRUE,
     SC_VOID,
@@ -61,6 +60,14 @@ from .base import (
 
 KIND = "sac"
 BASE_INSTRUCTIONS = 400_000
+# storage_types.rs: the SAC keeps its instance and contract-address balances alive as they are used.
+DAY_IN_LEDGERS = 17_280
+INSTANCE_EXTEND_AMOUNT = 7 * DAY_IN_LEDGERS
+INSTANCE_TTL_THRESHOLD = INSTANCE_EXTEND_AMOUNT - DAY_IN_LEDGERS
+BALANCE_EXTEND_AMOUNT = 30 * DAY_IN_LEDGERS
+BALANCE_TTL_THRESHOLD = BALANCE_EXTEND_AMOUNT - DAY_IN_LEDGERS
+# contract.rs: every function but these extends the instance (extend_current_contract_instance_and_code_ttl).
+_NO_INSTANCE_EXTEND = frozenset({b"admin", b"decimals", b"name", b"symbol"})
 DECIMALS = 7
 INT64_MAX = 2**63 - 1
 
@@ -157,6 +164,14 @@ def balance_key(contract: bytes, inst: dict[str, Any], holder: bytes) -> tuple[b
     return T_CONTRACT_DATA + contract + _BAL_PREFIX + holder + DUR_PERSISTENT, "sac_balance"
 
 
+def _write_balance(ctx: Ctx, key: bytes, kind: str, value: int) -> None:
+    """balance.rs: a contract address's balance is extended to 30 days on every write when under 29;
+    an account's is its trustline (classic, no TTL)."""
+    ctx.put(key, kind, value)
+    if kind == "sac_balance":
+        ctx.staging.extend_ttl(key, BALANCE_TTL_THRESHOLD, BALANCE_EXTEND_AMOUNT)
+
+
 def _spend(ctx: Ctx, inst: dict[str, Any], holder: bytes, amount: int) -> None:
     where = balance_key(ctx.contract, inst, holder)
     if where is None:
@@ -168,7 +183,7 @@ def _spend(ctx: Ctx, inst: dict[str, Any], holder: bytes, amount: int) -> None:
     bal = e.val if e is not None else 0
     if bal < amount:
         raise ContractTrap(ERR_BALANCE, f"resulting balance is not within the allowed range: {bal} < {amount}")
-    ctx.put(key, kind, bal - amount)
+    _write_balance(ctx, key, kind, bal - amount)
 
 
 def _receive(ctx: Ctx, inst: dict[str, Any], holder: bytes, amount: int) -> None:
@@ -182,14 +197,17 @@ def _receive(ctx: Ctx, inst: dict[str, Any], holder: bytes, amount: int) -> None
     bal = (e.val if e is not None else 0) + amount
     if kind == "trustline" and bal > INT64_MAX:
         raise ContractTrap(ERR_OVERFLOW, "trustline balance would exceed its limit")
-    ctx.put(key, kind, bal)
+    _write_balance(ctx, key, kind, bal)
 
 
 def read_balance(ctx: Ctx, inst: dict[str, Any], holder: bytes) -> int:
+    """balance.rs read_balance: reading an existing contract-address balance extends it like a write."""
     where = balance_key(ctx.contract, inst, holder)
     if where is None:
         return INT64_MAX
     e = ctx.get(where[0])
+    if e is not None and where[1] == "sac_balance":
+        ctx.staging.extend_ttl(where[0], BALANCE_TTL_THRESHOLD, BALANCE_EXTEND_AMOUNT)
     return e.val if e is not None else 0
 
 
@@ -231,7 +249,7 @@ def read_allowance(ctx: Ctx, frm: bytes, spender: bytes) -> int:
 def _write_allowance(ctx: Ctx, frm: bytes, spender: bytes, amount: int, live_until: int) -> None:
     """allowance.rs write_allowance: bounds on live_until, no entry for a zero first approval, the TTL
     only ever extended (to live_until) by a positive approval."""
-    if live_until > ctx.ledger_seq + MAX_ENTRY_TTL - 1:
+    if live_until > ctx.ledger_seq + ctx.staging.ttl.max_entry - 1:
         raise ContractTrap(ERR_ALLOWANCE, "live_until is greater than max")
     if amount > 0 and live_until < ctx.ledger_seq:
         raise ContractTrap(ERR_ALLOWANCE, "live_until must be >= ledger sequence")
@@ -270,6 +288,9 @@ def call(ctx: Ctx, fn: bytes, args: list[xdr.SCVal]) -> xdr.SCVal:
     inst = ctx.instance.val
     ctx.instructions += BASE_INSTRUCTIONS
     name = inst["name_scval"]
+    if fn not in _NO_INSTANCE_EXTEND:
+        # Before the function's checks; a trap rolls the extension back with everything else.
+        ctx.staging.extend_ttl(ctx.instance_key, INSTANCE_TTL_THRESHOLD, INSTANCE_EXTEND_AMOUNT)
     if fn == b"transfer":
         expect_args(args, 3, "transfer")
         frm, to, amount = as_address(args[0]), as_address(args[1]), as_i128(args[2])
@@ -349,7 +370,7 @@ def call(ctx: Ctx, fn: bytes, args: list[xdr.SCVal]) -> xdr.SCVal:
         if where is not None:
             _require_trustline(ctx, inst, addr)
             old = ctx.get(where[0])
-            ctx.put(where[0], where[1], old.val if old is not None else 0)  # authorized (it always is)
+            _write_balance(ctx, where[0], where[1], old.val if old is not None else 0)  # authorized (always)
         ctx.emit([SYM_SET_AUTHORIZED, args[0], name], SC_TRUE if authorize else SC_FALSE)
         return SC_VOID
     if fn == b"authorized":
