@@ -921,41 +921,42 @@ class Devnet:
 
 def _empty_chain(make_header: Callable[[int, int, bytes, bytes, bytes], xdr.LedgerHeader], first: int, n: int,
                  close0: int, step: int, prev: bytes, keep: int) -> tuple[bytes, bytearray] | None:
-    """Hashes of `n` empty ledgers from `first` on, chained from `prev`: one header is encoded by the
-    SDK and the fields that differ between empty ledgers (previous hash, close time, bucket list hash,
-    sequence) are patched in place. Returns (hash before the kept tail, hashes of the last `keep`),
-    or None when a second SDK-built header disagrees with the patched one (a layout this does not know)."""
+    """Hashes of the last `keep` of `n` empty ledgers from `first` on, chained from `prev`. One header
+    is encoded by the SDK; the fields that differ between empty ledgers (previous hash, close time,
+    bucket list hash, sequence) are spliced in around its fixed parts. Ledgers that fall out of the
+    retention window at once are never built (no one can ask for them): the first kept one's previous
+    hash then names a pruned ledger. Returns (hash before the first kept ledger, the kept hashes), or
+    None when a second SDK-built header disagrees with the spliced one (a layout this does not know)."""
     pack_q, pack_i = struct.Struct(">Q").pack, struct.Struct(">I").pack
+    sha, join = hashlib.sha256, b"".join
 
     def bucket(seq: int) -> bytes:
-        return hashlib.sha256(b"bucketlist%d" % seq).digest()
+        return sha(b"bucketlist%d" % seq).digest()
 
-    tpl = bytearray(make_header(first, close0, prev, EMPTY_SET_HASH, EMPTY_SET_HASH).to_xdr_bytes())
+    tpl = make_header(first, close0, prev, EMPTY_SET_HASH, EMPTY_SET_HASH).to_xdr_bytes()
     if (tpl[4:36] != prev or tpl[68:76] != pack_q(close0) or tpl[116:148] != bucket(first)
             or tpl[148:152] != pack_i(first)):
         return None
+    a, b, c, d = tpl[:4], tpl[36:68], tpl[76:116], tpl[152:]
 
-    def patch(seq: int, close_time: int, before: bytes) -> None:
-        tpl[4:36] = before
-        tpl[68:76] = pack_q(close_time)
-        tpl[116:148] = bucket(seq)
-        tpl[148:152] = pack_i(seq)
+    def encoded(seq: int, close_time: int, before: bytes) -> bytes:
+        return join((a, before, b, pack_q(close_time), c, bucket(seq), pack_i(seq), d))
 
     probe = bytes(32 * [7])
-    patch(first + 1, close0 + step, probe)
-    if bytes(tpl) != make_header(first + 1, close0 + step, probe, EMPTY_SET_HASH, EMPTY_SET_HASH).to_xdr_bytes():
+    if encoded(first + 1, close0 + step, probe) != make_header(first + 1, close0 + step, probe, EMPTY_SET_HASH,
+                                                               EMPTY_SET_HASH).to_xdr_bytes():
         return None
-    out = bytearray()
+    start = n - keep
+    if start > 0:
+        prev = sha(b"paygate-devnet: ledger %d, pruned by devnet_advance" % (first + start - 1)).digest()
     before_kept = prev
-    sha = hashlib.sha256
-    for i in range(n):
-        if i == n - keep:
-            before_kept = prev
-        patch(first + i, close0 + i * step, prev)
-        prev = sha(tpl).digest()
-        if i >= n - keep:
-            out += prev
-    return before_kept, out
+    out = []
+    for i in range(start, n):
+        seq = first + i
+        prev = sha(join((a, prev, b, pack_q(close0 + i * step), c, sha(b"bucketlist%d" % seq).digest(),
+                         pack_i(seq), d))).digest()
+        out.append(prev)
+    return before_kept, bytearray(join(out))
 
 
 def _trap_code(outcome: InvokeOutcome) -> xdr.InvokeHostFunctionResultCode:
