@@ -36,6 +36,12 @@ def promtool() -> str:
 
 def test_rules_cover_the_situations_on_call_needs() -> None:
     exprs = {rule["alert"]: rule["expr"] for rule in rules()}
+    fee_capped = {rule["labels"]["severity"]: rule for rule in rules() if rule["alert"] == "PaygateFeeCapped"}
+    # A ticket after 5 minutes, escalated to a page when it lasts 30: one alert, two severities.
+    assert {severity: rule["for"] for severity, rule in fee_capped.items()} == {"ticket": "5m", "page": "30m"}
+    assert all("paygate_fee_capped_units" in rule["expr"] for rule in fee_capped.values())
+    assert "paygate_fee_market_age_seconds" in exprs["PaygateFeeMarketStale"]
+    assert "absent(paygate_fee_market_age_seconds)" in exprs["PaygateFeeMarketStale"]  # never read is not fresh
     assert "== 3" in exprs["PaygateWorkerNeedsHuman"]
     assert "paygate_tick_last_success_timestamp_seconds" in exprs["PaygateTickNotSucceeding"]
     assert "paygate_worker_stalled" in exprs["PaygateWorkerStalled"]
@@ -47,7 +53,8 @@ def test_rules_cover_the_situations_on_call_needs() -> None:
 
 def test_every_rule_is_well_formed_and_uses_only_metrics_paygate_exports() -> None:
     exported = set(HELP) | set(STATE_HELP) | FOREIGN_METRICS
-    names = [rule["alert"] for rule in rules()]
+    # One alert may escalate (a ticket, then a page under the same name): never two rules alike.
+    names = [(rule["alert"], rule["labels"]["severity"]) for rule in rules()]
     assert len(names) == len(set(names))
     for rule in rules():
         assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]

@@ -222,13 +222,33 @@ def _observer_unconfigured(world: World) -> None:
     world.hooks["configured"] = configured
 
 
+def _fee_capped(world: World) -> None:
+    """What the engine journals when the market asks more than the cap: the last price read, and a
+    sent deposit lineage marked fee-capped (it waits, resending the same bytes)."""
+    lane = world.devnet.genesis["lanes"][0]["public"]
+    with world.db() as db:
+        db.execute("INSERT INTO paygate.fee_market (percentile, price, max_fee, transactions, ledgers, ledger,"
+                   " endpoint) VALUES ('p90', 250000, 400000, 90, 10, 50, '127.0.0.1')")
+        db.execute("INSERT INTO paygate.lanes (address) VALUES (%s)", (lane,))
+        db.execute("INSERT INTO paygate.lineages (purpose, entitlement, lane, state, source_seq, key_id, envelope,"
+                   " inner_hash, outer_hash, max_time, signed_at_ledger, bid_rate, bid_ledger, fee_ops, resource_fee,"
+                   " cap_rate, replacements, fee_required, fee_capped_at) VALUES ('deposit', 'deposit:1:deposit', %s,"
+                   " 'sent', 7, 'k1', %s, %s, %s, 2000000000, 40, 20000, 40, 2, 50000, 100000, 1, 250000,"
+                   " now() - interval '12 minutes')", (lane, b"\x01" * 40, os.urandom(32), os.urandom(32)))
+
+    def market_fell(w: World) -> None:  # the market went under its bid: the engine clears the cap mark
+        with w.db() as db:
+            db.execute("UPDATE paygate.lineages SET fee_capped_at = NULL, fee_required = NULL")
+    world.hooks["market-fell"] = market_fell
+
+
 SCENARIOS: dict[str, Callable[[World], None]] = {
     "idle": _idle, "running-host": _running_host, "observer-behind-retention": _observer_behind_retention,
     "deposit-needs-human": _deposit_needs_human, "gas-halt": _gas_halt,
     "lanes": _lanes, "restore-lost-a-commit": _restore_lost_a_commit,
     "lane-fenced-chain-ahead": _lane_fenced_chain_ahead,
     "drift": _drift, "dead-webhooks": _dead_webhooks, "rpc-outage": _rpc_outage,
-    "observer-unconfigured": _observer_unconfigured,
+    "observer-unconfigured": _observer_unconfigured, "fee-capped": _fee_capped,
 }
 SHORT_RETENTION = {"observer-behind-retention"}
 

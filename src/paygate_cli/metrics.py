@@ -16,6 +16,10 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 START_SLOT = "none"  # the slot label of a run that never held a slot
 
@@ -112,6 +116,14 @@ STATE_HELP = {
     "paygate_halt": "1 while a halt of this kind is set (operator, gas)",
     "paygate_findings_open": "Open reconciliation findings (unexplained drift)",
     "paygate_state_timestamp_seconds": "Unix time this state file was written",
+    "paygate_fee_capped_units": "Live lineages of a path that are fee-capped: the market asks more than their "
+                                "cap (0: none)",
+    "paygate_fee_market_price_stroops": "The last fee market price read (getFeeStats percentile, stroops/op); "
+                                        "absent when never read",
+    "paygate_fee_market_age_seconds": "Age of the last fee market price read when this file was written; absent when "
+                                      "never read",
+    "paygate_fee_bid_stroops": "Highest current bid (stroops/op) of a live signed lineage of a path; absent when none",
+    "paygate_fee_cap_stroops": "PAYGATE_MAX_INCLUSION_FEE: the highest bid (stroops/op) any envelope may make",
 }
 
 
@@ -122,6 +134,8 @@ class StateMetrics:
     halts: list[str]  # kinds currently set
     findings_open: int | None  # None: this schema has no findings table yet
     written: float
+    fee: dict | None = None  # state.fee_market_state(); None: not read (no fee gauges at all)
+    fee_cap: int | None = None  # settings.max_inclusion_fee of the writing worker
 
 
 def state_is_stale(directory: str, now: float) -> bool:
@@ -151,7 +165,37 @@ def write_state_textfile(directory: str, state: StateMetrics) -> str:
               registry=registry).labels(state.instance).set(state.findings_open)
     Gauge("paygate_state_timestamp_seconds", STATE_HELP["paygate_state_timestamp_seconds"], ["paygate_instance"],
           registry=registry).labels(state.instance).set(state.written)
+    if state.fee is not None:
+        _fee_gauges(registry, state)
     _ensure_directory(directory)
     path = os.path.join(directory, STATE_FILE)
     write_to_textfile(path, registry)
     return path
+
+
+def _fee_gauges(registry: CollectorRegistry, state: StateMetrics) -> None:
+    """The fee market's gauges. Every path has a fee-capped count, 0 included, so "cleared" is a
+    value and the alert always has a series; a price never read and a path with no live bid are
+    left out, never written as 0 (a 0 would read as a free market, or a bid of nothing)."""
+    from prometheus_client import Gauge
+
+    fee = state.fee or {}
+    capped = Gauge("paygate_fee_capped_units", STATE_HELP["paygate_fee_capped_units"], ["path", "paygate_instance"],
+                   registry=registry)
+    bid = Gauge("paygate_fee_bid_stroops", STATE_HELP["paygate_fee_bid_stroops"], ["path", "paygate_instance"],
+                registry=registry)
+    for path in fee.get("paths", []):
+        capped.labels(path["path"], state.instance).set(path["fee_capped"])
+        if path["highest_bid"] is not None:
+            bid.labels(path["path"], state.instance).set(path["highest_bid"])
+    market = fee.get("market")
+    if market is not None:
+        Gauge("paygate_fee_market_price_stroops", STATE_HELP["paygate_fee_market_price_stroops"],
+              ["percentile", "paygate_instance"], registry=registry).labels(
+                  market["percentile"], state.instance).set(market["price"])
+        Gauge("paygate_fee_market_age_seconds", STATE_HELP["paygate_fee_market_age_seconds"], ["paygate_instance"],
+              registry=registry).labels(state.instance).set(market["age_s"])
+    if state.fee_cap is not None:
+        Gauge("paygate_fee_cap_stroops", STATE_HELP["paygate_fee_cap_stroops"], ["paygate_instance"],
+              registry=registry).labels(state.instance).set(state.fee_cap)
+

@@ -87,3 +87,70 @@ def open_findings_count(conn: psycopg.Connection) -> int | None:
     if not present:
         return None
     return conn.execute(OPEN_FINDINGS_SQL if resolvable else ALL_FINDINGS_SQL).fetchone()[0]
+
+
+# --- the fee market (docs/architecture.md §4 "Fees and the fee market") ---------------------------
+# Which path a lineage belongs to, by its purpose (and, for 'relay', its entitlement: bot jobs ride
+# the relay purpose as 'bot_job:<id>'); the TTL keeper's extends and restores are 'ttl'. Status, the
+# metrics and the alerts speak in paths; each of these is always shown (0 when it has none), and a
+# purpose not named here shows under its own name while it has live lineages.
+FEE_PATHS = ("funding", "settlement", "relay", "bot_jobs", "ttl")
+LINEAGE_PATH_SQL = """CASE WHEN l.purpose IN ('deposit', 'credit') THEN 'funding'
+     WHEN l.purpose = 'charge_batch' THEN 'settlement'
+     WHEN l.purpose = 'relay' AND l.entitlement LIKE 'bot_job:%%' THEN 'bot_jobs'
+     WHEN l.purpose = 'relay' THEN 'relay'
+     WHEN l.purpose IN ('ttl_extend', 'restore') THEN 'ttl'
+     ELSE l.purpose END"""
+
+# One row per path, the last price read beside each (one round trip: the state file is rewritten by
+# every ticking worker, and status reads it too). Live lineages are at most one per lane, so the
+# per-unit list of the fee-capped ones is small; their fee_capped_at has its own partial index.
+FEE_MARKET_SQL = f"""
+WITH live AS (
+    SELECT {LINEAGE_PATH_SQL} AS path, l.id, l.entitlement, l.state, l.bid_rate, l.cap_rate,
+           l.fee_required, l.fee_capped_at, l.replacements
+    FROM paygate.lineages l WHERE paygate.lineage_is_live(l.state)
+)
+SELECT p.path,
+       count(live.id) FILTER (WHERE live.fee_capped_at IS NOT NULL),
+       max(live.fee_required),
+       max(live.cap_rate) FILTER (WHERE live.fee_capped_at IS NOT NULL),
+       min(live.fee_capped_at),
+       extract(epoch FROM now() - min(live.fee_capped_at))::float8,
+       max(live.bid_rate) FILTER (WHERE live.state IN ('signed', 'sent')),
+       coalesce(json_agg(json_build_object(
+           'lineage_id', live.id, 'entitlement', live.entitlement, 'state', live.state,
+           'bid_rate', live.bid_rate, 'fee_required', live.fee_required, 'cap_rate', live.cap_rate,
+           'replacements', live.replacements, 'fee_capped_at', live.fee_capped_at,
+           'fee_capped_age_s', round(extract(epoch FROM now() - live.fee_capped_at)::numeric, 1))
+           ORDER BY live.fee_capped_at, live.id) FILTER (WHERE live.fee_capped_at IS NOT NULL), '[]'),
+       m.percentile, m.price, m.max_fee, m.transactions, m.ledgers, m.ledger, m.endpoint, m.read_at,
+       extract(epoch FROM now() - m.read_at)::float8
+FROM (SELECT * FROM unnest(%(paths)s::text[]) WITH ORDINALITY AS known(path, n)
+      UNION ALL
+      SELECT DISTINCT path, 1000 FROM live WHERE path <> ALL (%(paths)s::text[])) AS p(path, n)
+LEFT JOIN live ON live.path = p.path
+LEFT JOIN paygate.fee_market m ON true
+GROUP BY p.path, p.n, m.singleton
+ORDER BY p.n, p.path
+"""
+_MARKET_COLUMNS = ("percentile", "price", "max_fee", "transactions", "ledgers", "ledger", "endpoint", "read_at",
+                   "age_s")
+
+
+def fee_market_state(conn: psycopg.Connection) -> dict[str, Any]:
+    """The last fee market price read ("market": None when none was ever read: not a price of 0),
+    and per path its fee-capped live lineages (count, the highest rate required, the highest
+    allowed, the oldest fee_capped_at, each unit) and the highest bid of its live signed lineages."""
+    market: dict[str, Any] | None = None
+    paths = []
+    for row in conn.execute(FEE_MARKET_SQL, {"paths": list(FEE_PATHS)}):
+        path, capped, required, allowed, since, since_age, bid, units, *read = row
+        if read[0] is not None:  # percentile is NOT NULL in the table: a row was read
+            market = dict(zip(_MARKET_COLUMNS, read, strict=True))
+            market["age_s"] = round(market["age_s"], 1)
+        paths.append({"path": path, "fee_capped": int(capped), "highest_required": required, "allowed": allowed,
+                      "since": since, "since_age_s": round(since_age, 1) if since_age is not None else None,
+                      "highest_bid": bid, "units": units})
+    return {"market": market, "paths": paths}
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
+from typing import Any
 
 import typer
 
@@ -25,7 +26,8 @@ from paygate_cli.output import Mode, asset_amount, duration_text, emit
 
 
 def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: PlainFlag = False) -> int:
-    """Readiness: DB, schema, RPC and network, halts, lock holders, queue depths, each worker's liveness.
+    """Readiness: DB, schema, RPC and network, halts, lock holders, queue depths, each worker's liveness,
+    gas, and the fee market (the last price read, the cap, fee-capped units per path; each unit with --wide).
 
     Example: `paygate status --json | jq .status.problems` (exit 1 when not ready)."""
     env = get_env(ctx)
@@ -62,8 +64,11 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
     if report.get("gas", {}).get("level"):
         g = report["gas"]
         rows.append({"check": "gas", "value": g["level"], "detail": f"headroom {_xlm(g['headroom'])}, "
-                     f"fees reserved {_xlm(g['fees_reserved'])}, settled {_xlm(g['fees_settled'])}"
+                     f"fees reserved {_xlm(g['fees_reserved'])}, committed by in-flight lineages at their cap "
+                     f"{_xlm(g['committed_fees'])}, settled {_xlm(g['fees_settled'])}"
                      + (f", {len(g['low_lanes'])} lane(s) low" if g["low_lanes"] else "")})
+    if "fee_market" in report:
+        rows += _fee_market_rows(report["fee_market"], wide=env.wide)
     rows += [{"check": f"rpc:{e['role']}", "value": e["status"],
               "detail": f"{e['url']} " + (f"ledger {e['latest_ledger']} lag {e.get('lag_ledgers', 0)}"
                                           if e.get("latest_ledger") is not None else "no ledger")}
@@ -102,6 +107,37 @@ def _progress(env: Env, mode: Mode) -> AbstractContextManager[object]:
 def _target_row(target: dict[str, object]) -> dict[str, object]:
     return {"check": "target", "value": target.get("context") or target.get("database"),
             "detail": target_detail(target)}
+
+
+def _fee_market_rows(fee: dict[str, Any], *, wide: bool) -> list[dict[str, object]]:
+    """The last price read and the cap; per path its fee-capped units (count, highest rate needed vs
+    allowed, since when); with --wide each unit too (its --json has them always)."""
+    cap = f"cap {_rate(fee['cap'])}" if fee["cap"] is not None else "cap unknown"
+    if fee["price"] is None:
+        rows: list[dict[str, object]] = [{"check": "fee_market", "value": "not read yet",
+                                          "detail": f"no getFeeStats price read yet ({fee['percentile']}); {cap}"}]
+    else:
+        rows = [{"check": "fee_market", "value": f"{fee['percentile']} {fee['price']}",
+                 "detail": f"{_rate(fee['price'])}, read {ago(fee['age_s'])} at ledger {fee['ledger']} from "
+                           f"{fee['endpoint']}; {cap}"}]
+    for path in fee["paths"]:
+        if path["fee_capped"]:
+            rows.append({"check": f"fee_capped:{path['path']}", "value": path["fee_capped"],
+                         "detail": f"needs up to {_rate(path['highest_required'])}, allowed "
+                                   f"{_rate(path['allowed'])}, since {ago(path['since_age_s'])}"
+                                   + ("" if wide else " (--wide: each unit)")})
+        if wide:
+            rows += [{"check": f"fee_capped:{path['path']}:{unit['lineage_id']}", "value": unit["entitlement"],
+                      "detail": f"lineage {unit['lineage_id']}: bid {_rate(unit['bid_rate'])}, needs "
+                                f"{_rate(unit['fee_required'])}, allowed {_rate(unit['cap_rate'])}, since "
+                                f"{ago(unit['fee_capped_age_s'])}"}
+                     for unit in path["units"]]
+    return rows
+
+
+def _rate(stroops: object) -> str:
+    """A bid rate: stroops per operation, with its XLM value."""
+    return "unknown" if stroops is None else f"{_xlm(stroops)}/op"
 
 
 def _xlm(stroops: object) -> str:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from paygate_cli.catalogue import RESERVED_WORKER_IDS, WORKERS
 from paygate_cli.db.locks import LOCK_NAMESPACE, MIGRATE_KEY, describe_key
 from paygate_cli.db.migrate import schema_state
-from paygate_cli.state import list_halts, open_findings_summary, queue_depths
+from paygate_cli.state import fee_market_state, list_halts, open_findings_summary, queue_depths
 
 if TYPE_CHECKING:
     import psycopg
@@ -175,17 +175,52 @@ def workers_that_cannot_start(runs: list[dict[str, Any]]) -> list[dict[str, Any]
 
 # The gas monitor's last reading (workers/gas.py) and the relay fee accumulator.
 GAS_SQL = """
-SELECT g.level, g.headroom, g.balance, g.reserve, g.reserved_fees, g.halted, g.low_lanes, g.checked_at,
-       t.reserved, t.settled, t.released
+SELECT g.level, g.headroom, g.balance, g.reserve, g.reserved_fees, g.committed_fees, g.halted, g.low_lanes,
+       g.checked_at, t.reserved, t.settled, t.released
 FROM paygate.relay_fee_totals t LEFT JOIN paygate.gas_state g ON true
 """
 
 
 def gas(conn: psycopg.Connection) -> dict[str, Any]:
     row = conn.execute(GAS_SQL).fetchone()
-    names = ("level", "headroom", "balance", "reserve", "reserved_fees", "halted", "low_lanes", "checked_at",
-             "fees_reserved", "fees_settled", "fees_released")
+    names = ("level", "headroom", "balance", "reserve", "reserved_fees", "committed_fees", "halted", "low_lanes",
+             "checked_at", "fees_reserved", "fees_settled", "fees_released")
     return dict(zip(names, row, strict=True)) if row else {}
+
+
+def fee_market(conn: psycopg.Connection, settings: Any = None) -> tuple[dict[str, Any], list[str]]:
+    """The fee market block of `status` and its problems. Fee-capped work is stalled work (its
+    paths' ticks exit 1 with the stall reason), so, like a stalled worker, it makes `status` not
+    ready: one problem per path, naming the rate it needs and the cap. A price never read is "not
+    read yet", never a price of 0; an old price is shown with its age, not a problem of its own
+    (the signing ticks fall back to it, never lower; PaygateFeeMarketStale alerts on it)."""
+    state = fee_market_state(conn)
+    market = state["market"]
+    cap = getattr(settings, "max_inclusion_fee", None) if settings is not None else None
+    block: dict[str, Any] = {
+        "status": "read" if market else "not read yet",
+        "percentile": market["percentile"] if market else getattr(settings, "fee_percentile", None),
+        "price": market["price"] if market else None,
+        "max_fee": market["max_fee"] if market else None,
+        "ledger": market["ledger"] if market else None,
+        "endpoint": market["endpoint"] if market else None,
+        "read_at": market["read_at"] if market else None,
+        "age_s": market["age_s"] if market else None,
+        "cap": cap,  # PAYGATE_MAX_INCLUSION_FEE: stroops per operation (a relay is also bounded by its reservation)
+        "fee_capped": sum(p["fee_capped"] for p in state["paths"]),
+        "paths": state["paths"],
+    }
+    problems = []
+    for path in state["paths"]:
+        if not path["fee_capped"]:
+            continue
+        market_text = (f"market {block['percentile']} {block['price']}" if market
+                       else "market price not read yet")
+        problems.append(f"{path['fee_capped']} {path['path']} unit(s) fee-capped for "
+                        f"{ago(path['since_age_s']).removesuffix(' ago')}: {market_text}, needs up to "
+                        f"{path['highest_required']} > cap {path['allowed']} stroops/op (waiting, nothing "
+                        f"failed; see runbooks/fee-capped.md)")
+    return block, problems
 
 
 def rpc_endpoints(settings: Any) -> list[tuple[str, str]]:
@@ -313,6 +348,8 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
                      for f in report["findings"] if f["kind"] != "repeated_rejection"]
         problems += _rejection_problems(conn, report["findings"])
         report.update(queues=queue_depths(conn), workers=last_runs(conn), gas=gas(conn))
+        report["fee_market"], fee_problems = fee_market(conn, settings)
+        problems += fee_problems
         report["cannot_work"] = workers_that_cannot_start(report["workers"])  # liveness() names their problem
     except tolerated as exc:
         # A schema behind this build may lack what these read; the report already says why (not ready).

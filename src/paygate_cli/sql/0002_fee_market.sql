@@ -62,3 +62,7 @@ CREATE TABLE paygate.fee_market (
     endpoint     text NOT NULL,     -- host only (a URL may carry an API key)
     read_at      timestamptz NOT NULL DEFAULT now()
 );
+
+-- The gas monitor's headroom also counts what the live signed lineages whose fee no relay reservation
+-- holds could still be charged at their cap (workers/gas.py): shown beside the reserved fees.
+ALTER TABLE paygate.gas_state ADD COLUMN committed_fees bigint NOT NULL DEFAULT 0 CHECK (committed_fees >= 0);

@@ -271,6 +271,7 @@ def _run_worker(env: Env, spec: WorkerSpec, opts: RunOptions, report: _MetricsRe
     opts.metrics_dir = opts.metrics_dir or settings.metrics_dir
     report.directory = opts.metrics_dir
     instance = report.instance = settings.effective_instance_id()
+    report.fee_cap = settings.max_inclusion_fee
     try:
         preflight(settings, spec)
     except (CannotWork, ConfigError) as exc:
@@ -420,6 +421,7 @@ class _MetricsReport:
     slot: int | None = None  # None until the run holds a slot
     conn: psycopg.Connection | None = None  # the work connection, to read the last success
     last_success: float | None = None
+    fee_cap: int | None = None  # max_inclusion_fee, for the state file's paygate_fee_cap_stroops
 
     def _last_success(self) -> float | None:
         if self.conn is not None and not self.conn.closed:
@@ -444,7 +446,7 @@ class _MetricsReport:
     def _state(self) -> None:
         """The shared state file (queues, halts, findings), at most every STATE_INTERVAL per host."""
         from paygate_cli.metrics import StateMetrics, state_is_stale, write_state_textfile
-        from paygate_cli.state import list_halts, open_findings_count, queue_depths
+        from paygate_cli.state import fee_market_state, list_halts, open_findings_count, queue_depths
 
         now = time.time()
         if self.conn is None or not self.directory or not state_is_stale(self.directory, now):
@@ -453,7 +455,8 @@ class _MetricsReport:
             findings = open_findings_count(self.conn)
             write_state_textfile(self.directory, StateMetrics(
                 instance=self.instance, queues=queue_depths(self.conn),
-                halts=[h["kind"] for h in list_halts(self.conn)], findings_open=findings, written=now))
+                halts=[h["kind"] for h in list_halts(self.conn)], findings_open=findings, written=now,
+                fee=fee_market_state(self.conn), fee_cap=self.fee_cap))
         except Exception as exc:  # observability must not fail the tick it describes
             log.warning("could not write the state metrics: %s", exc, extra={"msgid": "metrics.state_failed"})
 

@@ -1,7 +1,9 @@
 """Gas monitor: the fee account's XLM headroom against the floors in paygate.relay_config.
 
 headroom = fee account balance - its reserve - fees reserved by in-flight relays (every open
-paygate.fee_reservations row: liability the gateway has already accepted).
+paygate.fee_reservations row: liability the gateway has already accepted) - what the other live
+signed lineages could still be charged at their cap (committed: their envelopes are journaled and
+may land at any bid up to cap_rate; docs/workers.md "Gas headroom").
 - below the warning floor: alert (outbox event on the change of level, tick details, gas_state for
   `status`);
 - below the critical floor: the durable `gas` halt (admission of deposits, charges, relays and bot
@@ -28,6 +30,22 @@ SELECT gas_warning_floor, gas_critical_floor, gas_resume_floor, lane_min_balance
 """
 # The rows, not the accumulator: the open reservations are the liability itself.
 RESERVED_SQL = "SELECT coalesce(sum(amount), 0)::bigint FROM paygate.fee_reservations WHERE status = 'reserved'"
+# Live signed lineages whose fee no open relay reservation already holds (funding, settlement, bot
+# jobs; a relay whose reservation was closed), each at the most it may still be charged: its cap rate
+# for every operation it pays for, plus its resource fee. A lineage signed before the fee market
+# (no cap_rate/fee_ops/resource_fee) counts at max_inclusion_fee for a 1-op fee bump's 2 operations,
+# and no resource fee: its real bound is inside its encrypted envelope, which the monitor cannot read.
+# One that already landed but is not resolved yet is counted until it is (briefly conservative).
+COMMITTED_SQL = """
+SELECT coalesce(sum(coalesce(l.cap_rate, %(cap)s) * coalesce(l.fee_ops, 2) + coalesce(l.resource_fee, 0)), 0)::bigint,
+       count(*)
+FROM paygate.lineages l
+WHERE l.state IN ('signed', 'sent')
+  AND NOT EXISTS (SELECT 1 FROM paygate.fee_reservations r
+                  WHERE r.status = 'reserved'
+                    AND r.relay_id = CASE WHEN l.purpose = 'relay' AND l.entitlement LIKE 'relay:%%'
+                                          THEN substr(l.entitlement, 7)::bigint END)
+"""
 # The monitor is the only writer of its state row; FOR UPDATE orders two overlapping monitors.
 PREVIOUS_SQL = "SELECT level, ledger FROM paygate.gas_state FOR UPDATE"
 HALTED_SQL = "SELECT reason FROM paygate.halts WHERE kind = 'gas' FOR UPDATE"
@@ -38,13 +56,14 @@ ON CONFLICT (kind) DO NOTHING RETURNING kind
 # Only the gas row: the operator's own halt is theirs to clear.
 CLEAR_HALT_SQL = "DELETE FROM paygate.halts WHERE kind = 'gas' RETURNING reason"
 SAVE_STATE_SQL = """
-INSERT INTO paygate.gas_state (singleton, fee_account, balance, reserve, reserved_fees, headroom, level, halted,
-                               low_lanes, ledger, checked_at)
-VALUES (true, %(fee_account)s, %(balance)s, %(reserve)s, %(reserved)s, %(headroom)s, %(level)s, %(halted)s,
-        %(low_lanes)s, %(ledger)s, now())
+INSERT INTO paygate.gas_state (singleton, fee_account, balance, reserve, reserved_fees, committed_fees, headroom,
+                               level, halted, low_lanes, ledger, checked_at)
+VALUES (true, %(fee_account)s, %(balance)s, %(reserve)s, %(reserved)s, %(committed)s, %(headroom)s, %(level)s,
+        %(halted)s, %(low_lanes)s, %(ledger)s, now())
 ON CONFLICT (singleton) DO UPDATE SET
     fee_account = EXCLUDED.fee_account, balance = EXCLUDED.balance, reserve = EXCLUDED.reserve,
-    reserved_fees = EXCLUDED.reserved_fees, headroom = EXCLUDED.headroom, level = EXCLUDED.level,
+    reserved_fees = EXCLUDED.reserved_fees, committed_fees = EXCLUDED.committed_fees,
+    headroom = EXCLUDED.headroom, level = EXCLUDED.level,
     halted = EXCLUDED.halted, low_lanes = EXCLUDED.low_lanes, ledger = EXCLUDED.ledger, checked_at = now()
 """
 EMIT_SQL = "SELECT paygate.emit_event(%s, %s)"
@@ -53,8 +72,10 @@ LANES_SQL = "SELECT address FROM paygate.lanes WHERE status <> 'retired' ORDER B
 AUDIT_SQL = "INSERT INTO paygate.audit_log (actor, action, target, details) VALUES ('gas-monitor', %s, 'gas', %s)"
 
 
-def _headroom(fee: XlmBalance, reserved: int) -> int:
-    return (fee.balance - fee.reserve - fee.selling_liabilities - reserved) if fee.exists else -reserved
+def _headroom(fee: XlmBalance, liability: int) -> int:
+    """Spendable XLM beyond what is already promised: `liability` = reserved relay fees + the other
+    live lineages' fees at their cap."""
+    return (fee.balance - fee.reserve - fee.selling_liabilities - liability) if fee.exists else -liability
 
 
 def level_of(headroom: int, warning: int, critical: int) -> str:
@@ -87,7 +108,11 @@ def tick(ctx: TickContext) -> TickResult:
     with ctx.conn.transaction():
         warning, critical, resume, lane_min = ctx.conn.execute(CONFIG_SQL).fetchone()
         reserved = int(ctx.conn.execute(RESERVED_SQL).fetchone()[0])
-        ranked = sorted(answered, key=lambda v: _headroom(v[fee_account], reserved))
+        committed, committed_lineages = ctx.conn.execute(
+            COMMITTED_SQL, {"cap": int(ctx.settings.max_inclusion_fee)}).fetchone()
+        committed = int(committed)
+        liability = reserved + committed
+        ranked = sorted(answered, key=lambda v: _headroom(v[fee_account], liability))
         # ranked[need - 1] below a floor: a majority is below it; ranked[-need] at or above the resume
         # floor: a majority is at or above it (both cannot hold: critical < resume).
         balances, upper = ranked[need - 1], ranked[-need]
@@ -95,7 +120,7 @@ def tick(ctx: TickContext) -> TickResult:
         low_lanes = [{"lane": b.address, "spendable": b.spendable if b.exists else None, "minimum": lane_min,
                       "exists": b.exists}
                      for b in (balances[lane] for lane in lanes) if not b.exists or b.spendable < lane_min]
-        headroom = _headroom(fee, reserved)
+        headroom = _headroom(fee, liability)
         level = level_of(headroom, warning, critical)
         previous = ctx.conn.execute(PREVIOUS_SQL).fetchone()
         previous_level = previous[0] if previous else "ok"
@@ -107,15 +132,17 @@ def tick(ctx: TickContext) -> TickResult:
             ctx.log.warning("gas monitor waiting: %s", waiting, extra={"msgid": "gas.readers_behind"})
             return TickResult(processed=0, details={"level": previous_level, "halted": halted, "waiting": waiting})
         facts: dict[str, Any] = {"fee_account": fee_account, "balance": fee.balance, "reserve": fee.reserve,
-                                 "reserved_fees": reserved, "headroom": headroom, "warning_floor": warning,
-                                 "critical_floor": critical, "resume_floor": resume, "ledger": fee.ledger}
+                                 "reserved_fees": reserved, "committed_fees": committed,
+                                 "committed_lineages": int(committed_lineages), "headroom": headroom,
+                                 "warning_floor": warning, "critical_floor": critical, "resume_floor": resume,
+                                 "ledger": fee.ledger}
         action = None
         if level == "critical" and not halted:
             reason = (f"fee account headroom {headroom} stroops is below the critical floor {critical}"
                       + ("" if fee.exists else " (the fee account does not exist on chain)"))
             if ctx.conn.execute(SET_HALT_SQL, (reason,)).fetchone() is not None:
                 action, halted = "halt", True
-        elif halted and _headroom(upper[fee_account], reserved) >= resume \
+        elif halted and _headroom(upper[fee_account], liability) >= resume \
                 and ctx.conn.execute(CLEAR_HALT_SQL).fetchone() is not None:
             action, halted = "resume", False
         if action is not None:
@@ -126,8 +153,8 @@ def tick(ctx: TickContext) -> TickResult:
             ctx.conn.execute(EMIT_SQL, (f"gas.{level}", Jsonb({**facts, "previous_level": previous_level})))
         ctx.conn.execute(SAVE_STATE_SQL, {
             "fee_account": fee_account, "balance": fee.balance, "reserve": fee.reserve, "reserved": reserved,
-            "headroom": headroom, "level": level, "halted": halted, "low_lanes": Jsonb(low_lanes),
-            "ledger": fee.ledger})
+            "committed": committed, "headroom": headroom, "level": level, "halted": halted,
+            "low_lanes": Jsonb(low_lanes), "ledger": fee.ledger})
     if level != "ok":
         ctx.log.warning("fee account %s headroom %s stroops is %s (warning floor %s, critical %s, resume %s)%s",
                         fee_account, headroom, level, warning, critical, resume,
