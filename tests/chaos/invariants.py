@@ -105,12 +105,15 @@ def _lineages_of(conn: psycopg.Connection, entitlements: list[str]) -> str:
 
 
 def _hash_map(conn: psycopg.Connection) -> dict[str, dict[str, Any]]:
-    """Every transaction hash of ours (inner and fee-bump outer) -> its lineage."""
+    """Every transaction hash of ours (inner and fee-bump outer, the outers a replacement replaced
+    too: any of them may be the one that landed) -> its lineage."""
     found = {}
     for row in _rows(conn, "SELECT id, entitlement, state, encode(inner_hash, 'hex') AS inner, "
-                           "encode(outer_hash, 'hex') AS outer FROM paygate.lineages WHERE inner_hash IS NOT NULL"):
-        found[row["inner"]] = row
-        found[row["outer"]] = row
+                           "encode(outer_hash, 'hex') AS outer, coalesce((SELECT array_agg(encode(e.outer_hash, "
+                           "'hex')) FROM paygate.lineage_envelopes e WHERE e.lineage_id = l.id), '{}') AS replaced "
+                           "FROM paygate.lineages l WHERE inner_hash IS NOT NULL"):
+        for tx_hash in (row["inner"], row["outer"], *row.pop("replaced")):
+            found[tx_hash] = row
     return found
 
 

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,19 @@ WORKER_PLAN: list[tuple[str, int, str]] = [
 ]
 LANES = 6
 USERS = 6
+# The fee market (docs/architecture.md §4 "Fees and the fee market"): a ledger holds as many Soroban
+# transactions as paygate has lanes, so without a surge nothing of ours waits, and a surge dealt
+# around that size really competes. A short fee-stats window lets getFeeStats (and paygate's bids)
+# follow a surge within a ledger and forget it a few ledgers after it ends.
+CAPACITY = LANES
+FEE_STATS_WINDOW = 5
+DEVNET_ARGS = ["--ledger-max-soroban-txs", str(CAPACITY), "--fee-stats-window-soroban", str(FEE_STATS_WINDOW)]
+LEDGER_SECONDS = 1
+# Surges bid 10x-30x the base fee; the cap sits between, so a surge below it is outbid by a
+# replacement and one above it parks its lineages fee-capped. A floor bid (200) is replaced at
+# min(cap, 10 x 200): the cap must be at least 2000 for a replacement to happen at all.
+SURGE_RATES = (1_000, 3_000)
+MAX_INCLUSION_FEE = 2_500
 DEPOSIT_AMOUNTS = (20_000_000, 30_000_000)
 WEBHOOK_SECRET = "whsec_soak_0123456789abcdef"
 
@@ -110,8 +124,9 @@ class World:
         workers' RPC URL does not change. Queued transactions are lost, as a real node's mempool is."""
         self.devnet.stop()
         time.sleep(down_for)
-        handle = start_devnet(self.tmp / "devnet", seed="soak", lanes=LANES, users=USERS, ledger_interval="1s",
-                              state=self.state_file, extra_args=["--port", str(self.port)])
+        handle = start_devnet(self.tmp / "devnet", seed="soak", lanes=LANES, users=USERS,
+                              ledger_interval=f"{LEDGER_SECONDS}s", state=self.state_file,
+                              extra_args=[*DEVNET_ARGS, "--port", str(self.port)])
         assert handle.url == self.devnet.url, (handle.url, self.devnet.url)
         self.devnet = self.chain.devnet = handle
         self.devnet_restarts += 1
@@ -140,8 +155,8 @@ def build_world(tmp: Path) -> World:
         with psycopg.connect(dsn, autocommit=True) as conn:
             migrate(conn)
         state_file = tmp / "devnet-state.json"
-        devnet = start_devnet(tmp / "devnet", seed="soak", lanes=LANES, users=USERS, ledger_interval="1s",
-                              state=state_file)
+        devnet = start_devnet(tmp / "devnet", seed="soak", lanes=LANES, users=USERS,
+                              ledger_interval=f"{LEDGER_SECONDS}s", state=state_file, extra_args=DEVNET_ARGS)
         chain = charge_chain(devnet, dsn, tmp / "keys")
         chain.environ.update(
             PAYGATE_WEBHOOK_ALLOW_HOSTS="127.0.0.1/32",
@@ -151,6 +166,8 @@ def build_world(tmp: Path) -> World:
             PAYGATE_WEBHOOK_MAX_ATTEMPTS="50",  # the receiver always answers 200: only chaos fails attempts
             PAYGATE_RECOVERY_GRACE="15s",  # the default 180 s is longer than the soak
             PAYGATE_INSTANCE_ID="soak",
+            PAYGATE_MAX_INCLUSION_FEE=str(MAX_INCLUSION_FEE),
+            PAYGATE_FEE_STATS_CACHE="1s",  # the default 5 s is five of the soak's ledgers: a surge is short
         )
         receiver = Receiver().start()
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -301,16 +318,42 @@ class Supervisor:
 @dataclass
 class FaultMonkey:
     """Deals every devnet fault kind from a shuffled deck (so each one is played before any repeats),
-    alternating with "all clear": faults toggle on and off for the whole chaos phase."""
+    alternating with "all clear": faults toggle on and off for the whole chaos phase. A surge is
+    not cleared with the rest: it runs out its ledgers under the faults dealt after it."""
 
     rng: random.Random
+    # Scales how long a fault stays on and "all clear" lasts: a short soak's chaos phase must still
+    # deal the whole deck (test_soak.py asks every kind to have been on).
+    pace: float = 1.0
+    # Whether a surge would compete with something now (paygate has transactions in flight): a
+    # surge dealt to an idle journal proves nothing, so it waits for the next turn while it can.
+    surge_ready: Callable[[], bool] = lambda: True
     deck: list[str] = field(default_factory=list)
     set_counts: Counter = field(default_factory=Counter)
     clears: int = 0
     active: bool = False
+    surges: list[dict[str, int]] = field(default_factory=list)  # the params of each surge dealt
+    kind: str | None = None  # the fault dealt last
+
+    def _surge(self) -> dict[str, int]:
+        """Alternately above and below the cap. Above it first (a short soak deals one surge), with
+        phantoms filling every ledger (a free slot would let paygate's own bids set the surge price):
+        the lineages bidding the floor when it starts are replaced at the cap, which still loses, and
+        then park fee-capped (five ledgers at least: two before the replacement, two more before
+        parking). Below it, phantoms around the capacity: replacements outbid it and land during it."""
+        low, high = SURGE_RATES
+        if len(self.surges) % 2:
+            rate, txs = self.rng.randint(low, MAX_INCLUSION_FEE - 100), self.rng.randint(CAPACITY - 1, CAPACITY + 2)
+        else:
+            rate, txs = self.rng.randint(MAX_INCLUSION_FEE + 100, high), self.rng.randint(CAPACITY, CAPACITY + 2)
+        surge = {"rate": rate, "txs": txs, "ledgers": self.rng.randint(5, 10)}
+        self.surges.append(surge)
+        return surge
 
     def params(self, kind: str) -> dict[str, Any]:
         r = self.rng
+        if kind == "surge":
+            return self._surge()
         return {
             "http_503": {"count": r.randint(1, 6)},
             "http_504": {"count": r.randint(1, 6)},
@@ -326,7 +369,8 @@ class FaultMonkey:
 
     def toggle(self, devnet: DevnetHandle) -> str:
         if self.active:
-            devnet.clear_faults()
+            if self.kind != "surge":
+                devnet.rpc("devnet_clearFaults", {"kind": self.kind})
             self.active = False
             self.clears += 1
             return "clear"
@@ -334,10 +378,28 @@ class FaultMonkey:
             self.deck = sorted(FAULT_KINDS)
             self.rng.shuffle(self.deck)
         kind = self.deck.pop()
-        devnet.set_fault(kind, **self.params(kind))
+        if kind == "surge" and self.deck and not self.surge_ready():
+            self.deck.insert(len(self.deck) - 1, kind)  # the turn after next
+            kind = self.deck.pop()
+        params = self.params(kind)
+        devnet.set_fault(kind, **params)
         self.set_counts[kind] += 1
-        self.active = True
+        self.active, self.kind = True, kind
         return kind
+
+    def next_toggle_in(self) -> float:
+        """Seconds until the next toggle: a fault stays on for a while, "all clear" briefly."""
+        return self.pace * (self.rng.uniform(1.5, 4.0) if self.active else self.rng.uniform(0.5, 2.0))
+
+
+def in_flight(dsn: str) -> bool:
+    """paygate has a transaction sent and not yet resolved (a surge now would compete with it)."""
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=3) as conn:
+            return bool(conn.execute("SELECT EXISTS (SELECT 1 FROM paygate.lineages WHERE state = 'sent')"
+                                     ).fetchone()[0])
+    except psycopg.OperationalError:
+        return False  # Postgres is restarting: nothing is known to be in flight
 
 
 # ----- the load generator (the API service's admissions) ----------------------------------------------
@@ -531,6 +593,56 @@ SELECT (SELECT status FROM paygate.relays WHERE idempotency_key = %(relay)s),
        (SELECT status FROM paygate.bot_jobs WHERE job_key = %(close)s)
 """
 FUNDED_SQL = "SELECT address FROM paygate.accounts WHERE cached_balance >= %s ORDER BY address"
+
+
+@dataclass
+class FeeWatch:
+    """Samples the journal while the soak runs: which lineages were ever fee-capped (the mark is
+    cleared once the market falls below a lineage's bid, so the end state alone undercounts) and
+    the replacement envelopes journaled so far."""
+
+    dsn: str
+    capped: set[int] = field(default_factory=set)
+    replacements: int = 0
+    samples: int = 0
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="soak-fees", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self.thread is not None:
+            self.thread.join(30)
+        self.sample()  # and once more at the end, over whatever the last seconds capped
+
+    def sample(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=3) as conn:
+                self.capped.update(r[0] for r in conn.execute(
+                    "SELECT id FROM paygate.lineages WHERE fee_capped_at IS NOT NULL"))
+                self.replacements = max(self.replacements, int(conn.execute(
+                    "SELECT count(*) FROM paygate.lineage_envelopes").fetchone()[0]))
+                self.samples += 1
+        except psycopg.OperationalError:
+            pass  # Postgres is restarting: the next sample sees what this one missed, if it is still marked
+
+    def _run(self) -> None:
+        while not self.stop_event.wait(1.0):
+            self.sample()
+
+
+def log_msgids(logs: Path, prefix: str) -> dict[str, int]:
+    """How often the workers logged each msgid starting with `prefix` (their stderr is JSON lines):
+    what the fee market did, as the workers saw it."""
+    seen: Counter = Counter()
+    for path in sorted(logs.glob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if f'"msgid": "{prefix}' in line:
+                seen[line.split('"msgid": "', 1)[1].split('"', 1)[0]] += 1
+    return dict(sorted(seen.items()))
 
 
 def open_work(dsn: str) -> dict[str, int]:

@@ -1,7 +1,9 @@
 """a chaos soak. Every worker running in looping processes, a load generator admitting
 deposits, one-off charges, subscriptions, relays and bot jobs, a loopback webhook receiver; random
-SIGKILLs every few seconds, every devnet fault switched on and off at random, one Postgres restart
-and one devnet restart (from its state file) mid-run. Then quiescence and the question users ask:
+SIGKILLs every few seconds, every devnet fault switched on and off at random (competing fee-market
+surges among them, on a devnet whose ledgers hold only as many Soroban transactions as paygate has
+lanes, with a fee cap that some surges exceed), one Postgres restart and one devnet restart (from its
+state file) mid-run. Then quiescence and the question users ask:
 did every unit of money end exactly once?
 
 `make test` runs it for PAYGATE_SOAK_SECONDS (default 150: chaos, then quiesce); `make soak
@@ -22,10 +24,13 @@ from tests.chaos.soak import (
     FAULT_KINDS,
     AdminLedger,
     FaultMonkey,
+    FeeWatch,
     LoadGenerator,
     Supervisor,
     build_world,
     final_observer,
+    in_flight,
+    log_msgids,
     open_work,
     soak_seconds,
     soak_seed,
@@ -68,12 +73,16 @@ def test_every_unit_of_money_ends_exactly_once_under_chaos(tmp_path: Path) -> No
     rng = random.Random(seed)
     world = build_world(tmp_path)
     supervisor = Supervisor(world.chain.environ, tmp_path / "logs", random.Random(rng.random()))
-    faults = FaultMonkey(random.Random(rng.random()))
+    # Eleven fault kinds at about 4 s each fill a 60 s chaos phase: a shorter phase deals them faster.
+    faults = FaultMonkey(random.Random(rng.random()), pace=min(1.0, chaos_seconds / 80),
+                         surge_ready=lambda: in_flight(world.dsn))
     load = LoadGenerator(world.dsn, AdminLedger(world.devnet.proc, world.devnet.genesis, world.devnet.log_path),
                          random.Random(rng.random()))
+    fees = FeeWatch(world.dsn)
     stats: dict = {}
     try:
         load.start()
+        fees.start()
         started = time.monotonic()
         next_kill = started + rng.uniform(2, 4)
         next_fault = started + rng.uniform(1, 3)
@@ -86,7 +95,7 @@ def test_every_unit_of_money_ends_exactly_once_under_chaos(tmp_path: Path) -> No
                 next_kill = now + rng.uniform(1.5, 4.0)
             if now >= next_fault:
                 faults.toggle(world.devnet)
-                next_fault = now + (rng.uniform(1.5, 4.0) if faults.active else rng.uniform(0.5, 2.0))  # on, then off
+                next_fault = now + faults.next_toggle_in()  # on, then off
             if not world.pg_restarts and now >= pg_restart_at:
                 world.restart_postgres(rng.uniform(1.0, 3.0))
             if not world.devnet_restarts and now >= devnet_restart_at:
@@ -107,10 +116,12 @@ def test_every_unit_of_money_ends_exactly_once_under_chaos(tmp_path: Path) -> No
             quiet = quiet + 1 if not any(open_now.values()) else 0
         quiesce_seconds = time.monotonic() - chaos_ended
         supervisor.stop()
+        fees.stop()
         observer_code = final_observer(world)
         findings = check_all(world.chain, world.dsn, world.receiver)
     finally:
         load.stop()
+        fees.stop_event.set()
         supervisor.kill_all()
         world.close()
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -121,6 +132,10 @@ def test_every_unit_of_money_ends_exactly_once_under_chaos(tmp_path: Path) -> No
         "SIGKILLs sent / seen": f"{supervisor.kills} / {supervisor.kills_confirmed}",
         "faults set": dict(sorted(faults.set_counts.items())),
         "fault clears": faults.clears,
+        "surges dealt (rate/op, phantoms, ledgers)": [(s["rate"], s["txs"], s["ledgers"]) for s in faults.surges],
+        "replacement envelopes journaled": fees.replacements,
+        "lineages ever fee-capped": f"{len(fees.capped)} (sampled {fees.samples}x)",
+        "fee market log lines (msgid)": log_msgids(tmp_path / "logs", "fees."),
         "postgres / devnet restarts": f"{world.pg_restarts} / {world.devnet_restarts}",
         "admitted": dict(load.admitted),
         "refused at admission": dict(load.refused),
@@ -162,3 +177,5 @@ def test_every_unit_of_money_ends_exactly_once_under_chaos(tmp_path: Path) -> No
     check(counts["relays"].get("applied", 0) > 0, "relays applied")
     check(counts["bot_jobs"].get("applied", 0) > 0, "bot jobs applied")
     check(counts["webhook_outbox"].get("delivered", 0) > 0, "webhooks delivered")
+    check(faults.set_counts["surge"] > 0, "a fee-market surge was dealt")
+    check(fees.replacements > 0, "a starving lineage got a replacement fee bump")
