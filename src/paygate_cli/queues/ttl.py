@@ -19,10 +19,10 @@ TODAY = "(now() AT TIME ZONE 'UTC')::date"
 # An account has money on it while its cached balance is positive, a charge admitted against it is
 # not settled yet (the chain still holds what the cache already debited), or a deposit of it is in
 # flight (its transfer may have landed ahead of the credit). `{account}`: the SQL naming the address.
-MONEY_ON = """(EXISTS (SELECT 1 FROM paygate.accounts a WHERE a.address = {account} AND a.cached_balance > 0)
-     OR EXISTS (SELECT 1 FROM paygate.charges c WHERE c.account = {account} AND c.status = 'authorized')
-     OR EXISTS (SELECT 1 FROM paygate.deposits d WHERE d.account = {account} AND d.status = 'pending'
-                AND d.deposit_lineage_id IS NOT NULL))"""
+MONEY_ON = """(EXISTS (SELECT 1 FROM paygate.accounts m WHERE m.address = {account} AND m.cached_balance > 0)
+     OR EXISTS (SELECT 1 FROM paygate.charges mc WHERE mc.account = {account} AND mc.status = 'authorized')
+     OR EXISTS (SELECT 1 FROM paygate.deposits md WHERE md.account = {account} AND md.status = 'pending'
+                AND md.deposit_lineage_id IS NOT NULL))"""
 
 # The entries the keeper keeps alive now: the contract's own (instance, code, its USDC balance: the
 # current ones, %(fixed)s, whatever the contract id was before) and the balance entry of every
@@ -125,16 +125,14 @@ RETURNING kind, account, key_xdr
 
 # Jobs in flight first (their lineages are driven whatever the batch), then restores (a money path
 # may wait on one), then extends by urgency (the soonest expiry among their keys). `urgency` comes
-# back so the tick keeps that order (UPDATE … RETURNING has none of its own). Lapsed leases (grace 0)
-# are the worker's own to take again; recovery takes only those lapsed for longer than its grace.
+# back so the tick keeps that order (UPDATE … RETURNING has none of its own). A lapsed lease is the
+# keeper's own to take again (a single writer: what a killed tick left, its next one drives).
 CLAIM_SQL = f"""
 WITH claimable AS (
     SELECT j.ctid, j.id,
            (SELECT min(e.live_until) FROM paygate.ttl_entries e WHERE e.key_hash = ANY(j.key_hashes)) AS urgency
     FROM paygate.ttl_jobs j
-    WHERE j.status = 'pending'
-      AND ((j.lease_expires_at IS NULL AND NOT %(lapsed_only)s)
-           OR j.lease_expires_at < now() - make_interval(secs => %(grace)s))
+    WHERE j.status = 'pending' AND (j.lease_expires_at IS NULL OR j.lease_expires_at < now())
       AND (j.lineage_id IS NOT NULL OR NOT %(draining)s)
     ORDER BY j.lineage_id IS NULL, j.kind <> 'restore', urgency NULLS FIRST, j.id
     LIMIT %(batch)s
