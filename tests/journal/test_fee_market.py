@@ -22,7 +22,9 @@ from paygate_cli.chain.contracts import rebump
 from paygate_cli.chain.rpc import fee_stats_of
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.journal.fee_market import (
+    ENVELOPE_OPS,
     Capped,
+    Price,
     bid_for,
     cap_for,
     floor_rate,
@@ -61,13 +63,27 @@ def test_the_bid_is_the_price_clamped_between_the_floor_and_the_cap() -> None:
 
 def test_a_starving_lineage_needs_a_replacement_only_as_the_rules_say() -> None:
     due = {"bid_rate": 200, "bid_ledger": 10, "rebump_after_ledgers": 2, "insufficient_fee": False}
-    assert not needs_replacement(**due, latest_ledger=11, price=5_000)  # one ledger: not yet
-    assert needs_replacement(**due, latest_ledger=12, price=5_000)  # two ledgers, the market above its bid
-    assert needs_replacement(**due, latest_ledger=12, price=200)  # a tie loses: competing demand came first
-    assert not needs_replacement(**due, latest_ledger=40, price=199)  # the market below its bid: just wait
-    assert needs_replacement(**due, latest_ledger=12, price=None)  # no price known: as if above
+    assert not needs_replacement(**due, latest_ledger=11, figure=5_000)  # one ledger: not yet
+    assert needs_replacement(**due, latest_ledger=12, figure=5_000)  # two ledgers, the market's figure above its bid
+    assert needs_replacement(**due, latest_ledger=12, figure=200)  # a tie loses: competing demand came first
+    assert not needs_replacement(**due, latest_ledger=40, figure=199)  # the figure below its bid: just wait
+    assert needs_replacement(**due, latest_ledger=12, figure=None)  # no price known: as if above
     # Refused for its fee by a full queue: at once, whatever its age or the price.
-    assert needs_replacement(**{**due, "insufficient_fee": True}, latest_ledger=10, price=100)
+    assert needs_replacement(**{**due, "insufficient_fee": True}, latest_ledger=10, figure=100)
+
+
+def test_the_figure_is_a_whole_transactions_inclusion_fee_and_a_new_bid_is_half_of_it_per_operation() -> None:
+    # stellar-rpc counts a Soroban transaction's whole inclusion fee: a fee bump of one call (what paygate
+    # sends: ENVELOPE_OPS operations) charged 1000 per operation shows 2000; bidding 1000 per operation
+    # matches it, where bidding the figure per operation would double paygate's own price each round.
+    assert ENVELOPE_OPS == 2
+    assert Price(2000, "p90", 1, "h").rate == 1000 and Price(2001, "p90", 1, "h").rate == 1001
+    # A starving lineage reads it the other way (one-operation calls bidding 2000 each may be ahead):
+    # the replacement outbids the figure itself, at least 10x its bid.
+    assert replacement_for(bid_rate=1000, market_bid=2001, cap_rate=100_000, replacements=0,
+                           max_replacements=3) == 10_000
+    assert replacement_for(bid_rate=100, market_bid=2001, cap_rate=100_000, replacements=0,
+                           max_replacements=3) == 2001
 
 
 def test_a_replacement_bids_ten_times_or_the_market_up_to_the_cap_else_it_is_capped() -> None:
@@ -293,10 +309,11 @@ def test_new_envelopes_bid_the_markets_percentile_and_a_stats_outage_falls_back_
     pending = _deposit(chain, db)
     _tick(chain)
     (deposit,) = _lineages(db)
-    # p90 of the charged rates (the one ledger's surge price), read once and remembered (host only).
+    # p90 of the charged inclusion fees (the phantoms' surge price, one operation each), read once and
+    # remembered (host only); a new envelope reads the figure as a fee bump's: half of it per operation.
     assert _market(db) == ("p90", 700, chain.devnet.url.split("//")[1])
     assert (deposit["bid_rate"], deposit["fee_ops"], deposit["cap_rate"], deposit["bid_ledger"]) == (
-        700, 2, 100_000, deposit["signed_at_ledger"])
+        350, 2, 100_000, deposit["signed_at_ledger"])
     assert deposit["resource_fee"] > 0
     chain.devnet.close_ledger()
     # getFeeStats fails from now on: the remembered price stands (never lower, never free).
@@ -304,7 +321,7 @@ def test_new_envelopes_bid_the_markets_percentile_and_a_stats_outage_falls_back_
     result = _tick(chain)
     assert "fees.stats_unavailable" in result.err
     credit = _lineages(db)[1]
-    assert credit["purpose"] == "credit" and credit["bid_rate"] == 700 and _market(db)[1] == 700
+    assert credit["purpose"] == "credit" and credit["bid_rate"] == 350 and _market(db)[1] == 700
     chain.devnet.close_ledger()
     _tick(chain)
     assert db.execute("SELECT status FROM paygate.deposits WHERE id = %s", (pending,)).fetchone()[0] == "settled"

@@ -1,13 +1,22 @@
 """The fee market as a tick sees it (docs/architecture.md §4 "Fees and the fee market").
 
 Every new envelope bids the market: the configured percentile (`fee_percentile`) of getFeeStats'
-sorobanInclusionFee (the inclusion fee charged per operation over the node's recent ledgers),
-clamped between the floor (max(fee_bump_base_fee, base_fee)) and the unit's cap (cap_rate:
+sorobanInclusionFee, clamped between the floor (max(fee_bump_base_fee, base_fee)) and the unit's cap (cap_rate:
 max_inclusion_fee, and for a relay what its fee reservation leaves per operation). The price is read
 at most once per tick and reused for `fee_stats_cache` seconds within the process (a
 `run-tick --every` loop keeps it across ticks); each read is remembered in paygate.fee_market, and a
 failed read falls back to the remembered price (never a lower one, never "free"). With nothing
 remembered the bid is the cap.
+
+What the figure means: stellar-rpc counts each Soroban transaction's WHOLE charged inclusion fee,
+not per operation, so a fee bump of a one-operation call (every envelope paygate sends) shows twice
+its rate, a plain call its rate. A new envelope reads the figure as a fee bump's: it bids
+figure / 2 per operation (ENVELOPE_OPS), so its own transaction's inclusion fee matches the figure.
+Read the other way (bid the figure per operation), paygate's own fee bumps in the window double the
+next bids, and once its own transactions are the lowest included (it competes with itself) each
+round doubles what it pays, up to the cap. A starving lineage reads the figure the pessimistic way
+(the competition may be one-operation calls bidding the figure per operation) and outbids it by one
+stroop: a replacement bids max(10 x its bid, figure + 1).
 
 A sent lineage that starves (not included `rebump_after_ledgers` ledgers after its envelope was
 journaled while the market is at or above its bid: ties lose, competing demand arrives first; or
@@ -38,6 +47,8 @@ if TYPE_CHECKING:
 # The network's replace-by-fee rule: a fee bump replaces a queued one of the same inner
 # transaction only at >= 10x its rate.
 REPLACE_BY_FEE = 10
+# Operations every paygate envelope pays its bid for: one Soroban operation and its fee bump.
+ENVELOPE_OPS = 2
 # A send answer that says the bid is too low for the queue (a replacement is due at once).
 INSUFFICIENT_FEE = "txINSUFFICIENT_FEE"
 
@@ -57,13 +68,18 @@ READ_SQL = "SELECT percentile, price, ledger, endpoint, read_at FROM paygate.fee
 
 @dataclass(frozen=True)
 class Price:
-    """A market price (stroops per operation) and where it came from."""
+    """A market price and where it came from. `figure`: the percentile as getFeeStats gave it (a
+    Soroban transaction's whole inclusion fee); `rate`: what a new envelope bids per operation."""
 
-    rate: int
+    figure: int
     percentile: str
     ledger: int
     endpoint: str  # host only
     remembered: bool = False  # read from paygate.fee_market after a failed getFeeStats
+
+    @property
+    def rate(self) -> int:
+        return -(-self.figure // ENVELOPE_OPS)
 
 
 @dataclass(frozen=True)
@@ -90,21 +106,23 @@ def bid_for(price: int | None, *, floor: int, cap: int) -> int:
     return min(cap, max(floor, price))
 
 
-def needs_replacement(*, bid_rate: int, bid_ledger: int, latest_ledger: int, price: int | None,
+def needs_replacement(*, bid_rate: int, bid_ledger: int, latest_ledger: int, figure: int | None,
                       rebump_after_ledgers: int, insufficient_fee: bool) -> bool:
     """Whether a sent, not included lineage starves: its last send was refused for its fee, or it
-    waited `rebump_after_ledgers` ledgers since its envelope was journaled while the market is at
-    or above its bid (ties lose; no price known counts as above)."""
+    waited `rebump_after_ledgers` ledgers since its envelope was journaled while the market's figure
+    is at or above its bid (read pessimistically: one-operation calls bidding the figure per
+    operation may be ahead of it; ties lose; no price known counts as above)."""
     if insufficient_fee:
         return True
     if latest_ledger - bid_ledger < max(1, rebump_after_ledgers):
         return False
-    return price is None or price >= bid_rate
+    return figure is None or figure >= bid_rate
 
 
 def replacement_for(*, bid_rate: int, cap_rate: int, replacements: int, market_bid: int,
                     max_replacements: int) -> int | Capped:
-    """The rate of a starving lineage's replacement, or Capped with the rate it would need."""
+    """The rate of a starving lineage's replacement, or Capped with the rate it would need.
+    `market_bid`: what outbids the market read pessimistically (the figure + 1, at least the floor)."""
     wanted = max(REPLACE_BY_FEE * bid_rate, market_bid)
     rate = min(cap_rate, wanted)
     if rate >= REPLACE_BY_FEE * bid_rate and replacements < max_replacements:
@@ -172,6 +190,16 @@ class FeeMarket:
         price = self.price()
         return None if price is None else price.rate
 
+    def figure(self) -> int | None:
+        price = self.price()
+        return None if price is None else price.figure
+
+    def outbid(self) -> int:
+        """What a starving lineage's replacement bids at least: one stroop over the figure read per
+        operation (the cap: no price known)."""
+        figure = self.figure()
+        return int(self.settings.max_inclusion_fee) if figure is None else max(floor_rate(self.settings), figure + 1)
+
     def bid(self, cap_rate: int) -> int:
         return bid_for(self.rate(), floor=floor_rate(self.settings), cap=cap_rate)
 
@@ -182,11 +210,11 @@ class FeeMarket:
             return None
         settings = self.settings
         if not needs_replacement(bid_rate=lineage.bid_rate, bid_ledger=lineage.bid_ledger, latest_ledger=latest_ledger,
-                                 price=self.rate(), rebump_after_ledgers=int(settings.rebump_after_ledgers),
+                                 figure=self.figure(), rebump_after_ledgers=int(settings.rebump_after_ledgers),
                                  insufficient_fee=insufficient_fee):
             return None
         return replacement_for(bid_rate=lineage.bid_rate, cap_rate=lineage.cap_rate,
-                               replacements=lineage.replacements, market_bid=self.bid(lineage.cap_rate),
+                               replacements=lineage.replacements, market_bid=self.outbid(),
                                max_replacements=int(settings.max_replacements))
 
     def _remember(self, stats: FeeStats) -> Price:
@@ -195,7 +223,7 @@ class FeeMarket:
         from paygate_cli.journal.lineage import one_statement
 
         one_statement(self.conn, UPSERT_SQL, {
-            "percentile": self.percentile, "price": price.rate, "max_fee": dist.percentile("max"),
+            "percentile": self.percentile, "price": price.figure, "max_fee": dist.percentile("max"),
             "transactions": dist.transaction_count, "ledgers": dist.ledger_count, "ledger": stats.latest_ledger,
             "endpoint": stats.endpoint})
         return price

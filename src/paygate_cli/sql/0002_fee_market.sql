@@ -54,7 +54,7 @@ CREATE INDEX lineage_envelopes_outer_hash ON paygate.lineage_envelopes (outer_ha
 CREATE TABLE paygate.fee_market (
     singleton    boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     percentile   text NOT NULL CHECK (percentile ~ '^(p[0-9]{2}|max|mode)$'),
-    price        bigint NOT NULL CHECK (price >= 0),  -- that percentile of sorobanInclusionFee (stroops/op)
+    price        bigint NOT NULL CHECK (price >= 0),  -- that percentile of sorobanInclusionFee as given: a Soroban tx's whole inclusion fee
     max_fee      bigint NOT NULL CHECK (max_fee >= 0),  -- the distribution's max
     transactions integer NOT NULL CHECK (transactions >= 0),
     ledgers      integer NOT NULL CHECK (ledgers >= 0),
