@@ -272,10 +272,14 @@ def test_every_unit_lands_during_the_surge_bidding_the_market(devnet: DevnetHand
     lineages = path_lineages(db, path, ctx)
     assert lineages and {x["state"] for x in lineages} == {"applied"}, [(x["id"], x["state"]) for x in lineages]
     for x in lineages:
-        # Landed while the surge lasted, having bid what getFeeStats said: the surge's rate (not the
-        # floor, not the cap), or a replacement 10x the bid before it, never above the cap.
+        # Landed while the surge lasted, having bid what getFeeStats said: half the surge's figure per
+        # operation (the figure read as a fee bump's whole inclusion fee: journal/fee_market.py), or a
+        # replacement at max(10x the bid before it, the figure + 1), never above the cap.
         assert first <= x["ledger"] <= last, (x["id"], x["ledger"], first, last)
-        assert x["bid_rate"] == min(DEFAULT_CAP, SURGE_RATE * 10 ** x["replacements"]), x
+        expected = SURGE_RATE // 2
+        for _ in range(x["replacements"]):
+            expected = max(10 * expected, SURGE_RATE + 1)
+        assert x["bid_rate"] == min(DEFAULT_CAP, expected), x
         assert x["cap_rate"] == DEFAULT_CAP, x
         assert x["fee_capped_at"] is None
     market = fee_market_row(db)
