@@ -10,7 +10,8 @@ relays, bot jobs), each phase for all of them at once:
                                      check its authority, encrypt
     send_prepared (one commit)    -> anchor every envelope under its row's lease, then broadcast each
     drive_all (a later tick)      -> abandon an unanchored lineage, or resolve() a signed/sent one;
-                                     foreign sequence use fences the lane (resolve does it)
+                                     foreign sequence use fences the lane (resolve does it); a sent one
+                                     the chain has not included is re-bid (the fee market, below)
     sweep                         -> drive the live lineages no row drives any more, so every lineage
                                      reaches a terminal state whoever settled its row
     stall_reason                  -> why queued work cannot move (no lanes, all fenced, a lane leak)
@@ -80,9 +81,16 @@ Chain reads already in hand are not repeated within a tick: a lane's sequence co
 probe that just resolved the lane's previous lineage, the latest ledger from any answer of the last
 few seconds (see _latest for why an older one is always the safe side).
 
+The fee market (docs/architecture.md §4 "Fees and the fee market"; journal/fee_market.py decides):
+prepare bids the market's price (read at most once a tick) within the unit's cap (max_inclusion_fee,
+and a job's `max_fee`), and the anchor records the bid; after resolve leaves a lineage sent, a
+signing engine (never the take-over one) journals a replacement fee bump around the same inner
+bytes and then broadcasts it, or marks the lineage fee-capped (stall_reason reports it).
+
 Crash points (PAYGATE_CRASH_AT), with `job.crash` as prefix: `.after_allocate`, `.after_sign`
 (prepare), `.after_anchor`, `.after_broadcast` (send_prepared, per unit), `.before_resolve`,
-`.after_resolve` (drive_all)."""
+`.after_rebump_journal`, `.after_rebump_broadcast` (a replacement, in drive_all), `.after_resolve`
+(drive_all); a lineage no row holds (sweep) uses the prefix `journal.sweep`."""
 
 from __future__ import annotations
 
@@ -865,7 +873,7 @@ class Engine:
                 self.ctx.log.warning(
                     "lineage %s is fee-capped: it needs %s stroops per operation, its cap is %s (market %s %s, "
                     "%s replacements of %s); it waits, resending the same bytes", lineage.id, decision.required,
-                    decision.cap, self.market.percentile, price.rate if price else "unknown", lineage.replacements,
+                    decision.cap, self.market.percentile, price.figure if price else "unknown", lineage.replacements,
                     self.ctx.settings.max_replacements,
                     extra={"msgid": "fees.capped", "lineage_id": lineage.id, "fee_required": decision.required,
                            "cap_rate": decision.cap})
@@ -975,10 +983,10 @@ class Engine:
             return None
         price = self.market.price()
         units = f"{count} unit{'s' if count != 1 else ''} fee-capped: market {self.market.percentile}"
-        if price is not None and cap is not None and price.rate <= cap:
+        if price is not None and cap is not None and price.figure <= cap:
             # The market is under the cap, but a replacement must bid 10x: that is over it.
-            return f"{units} {price.rate}, a replacement needs {required} > cap {cap}"
-        return f"{units} {price.rate if price else 'unknown'} > cap {cap}"
+            return f"{units} {price.figure}, a replacement needs {required} > cap {cap}"
+        return f"{units} {price.figure if price else 'unknown'} > cap {cap}"
 
 
 class SigningRefused(RuntimeError):
