@@ -271,19 +271,22 @@ def test_every_unit_lands_during_the_surge_bidding_the_market(devnet: DevnetHand
         raise AssertionError(f"{name}: not done; lineages {states_of(db, path, ctx)}")
     lineages = path_lineages(db, path, ctx)
     assert lineages and {x["state"] for x in lineages} == {"applied"}, [(x["id"], x["state"]) for x in lineages]
+    market = fee_market_row(db)
+    # The figure getFeeStats gave: the surge's rate at least (our own fee bumps, charged what the surge
+    # asked of them, show twice their rate there and nudge it up while they are the lowest included).
+    assert market is not None and market["percentile"] == "p90" and market["price"] >= SURGE_RATE, market
+    lowest, highest = SURGE_RATE // 2 + 1, -(-market["price"] // 2) + 1
     for x in lineages:
-        # Landed while the surge lasted, having bid what getFeeStats said: half the surge's figure per
-        # operation (the figure read as a fee bump's whole inclusion fee: journal/fee_market.py), or a
+        # Landed while the surge lasted, having bid what getFeeStats said: half the figure per operation
+        # + 1 (the figure read as a fee bump's whole inclusion fee: journal/fee_market.py), or a
         # replacement at max(10x the bid before it, the figure + 1), never above the cap.
         assert first <= x["ledger"] <= last, (x["id"], x["ledger"], first, last)
-        expected = SURGE_RATE // 2
-        for _ in range(x["replacements"]):
-            expected = max(10 * expected, SURGE_RATE + 1)
-        assert x["bid_rate"] == min(DEFAULT_CAP, expected), x
-        assert x["cap_rate"] == DEFAULT_CAP, x
+        if x["replacements"] == 0:
+            assert lowest <= x["bid_rate"] <= highest, (x, lowest, highest)
+        else:
+            assert x["bid_rate"] >= min(DEFAULT_CAP, max(10 * lowest, SURGE_RATE + 1)), x
+        assert x["bid_rate"] <= DEFAULT_CAP and x["cap_rate"] == DEFAULT_CAP, x
         assert x["fee_capped_at"] is None
-    market = fee_market_row(db)
-    assert market is not None and (market["percentile"], market["price"]) == ("p90", SURGE_RATE), market
     assert_fees_are_the_chains(chain, lineages)
     path.settled(chain, db, ctx, units)
 

@@ -11,7 +11,8 @@ remembered the bid is the cap.
 What the figure means: stellar-rpc counts each Soroban transaction's WHOLE charged inclusion fee,
 not per operation, so a fee bump of a one-operation call (every envelope paygate sends) shows twice
 its rate, a plain call its rate. A new envelope reads the figure as a fee bump's: it bids
-figure / 2 per operation (ENVELOPE_OPS), so its own transaction's inclusion fee matches the figure.
+figure / 2 + 1 per operation (ENVELOPE_OPS; ties lose), so its own transaction's inclusion fee just
+outbids the figure's.
 Read the other way (bid the figure per operation), paygate's own fee bumps in the window double the
 next bids, and once its own transactions are the lowest included (it competes with itself) each
 round doubles what it pays, up to the cap. A starving lineage reads the figure the pessimistic way
@@ -79,7 +80,9 @@ class Price:
 
     @property
     def rate(self) -> int:
-        return -(-self.figure // ENVELOPE_OPS)
+        """What a new envelope bids per operation: one stroop over the figure read as a fee bump's
+        (a tie loses: the competition that set the figure was queued first)."""
+        return -(-self.figure // ENVELOPE_OPS) + 1
 
 
 @dataclass(frozen=True)
