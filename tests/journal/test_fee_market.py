@@ -65,9 +65,14 @@ def test_a_starving_lineage_needs_a_replacement_only_as_the_rules_say() -> None:
     due = {"bid_rate": 200, "bid_ledger": 10, "rebump_after_ledgers": 2, "insufficient_fee": False}
     assert not needs_replacement(**due, latest_ledger=11, figure=5_000)  # one ledger: not yet
     assert needs_replacement(**due, latest_ledger=12, figure=5_000)  # two ledgers, the market's figure above its bid
-    assert needs_replacement(**due, latest_ledger=12, figure=200)  # a tie loses: competing demand came first
-    assert not needs_replacement(**due, latest_ledger=40, figure=199)  # the figure below its bid: just wait
+    tied = {**due, "bid_rate": 2_000}
+    assert needs_replacement(**tied, latest_ledger=12, figure=2_000)  # a tie loses: competing demand came first
+    assert not needs_replacement(**tied, latest_ledger=40, figure=1_999)  # the figure below its bid: just wait
     assert needs_replacement(**due, latest_ledger=12, figure=None)  # no price known: as if above
+    # A quiet market (every transaction charged the base fee: a fee bump shows 200) outbid nobody, even
+    # at a tie with the bid: a late lineage there lost a send or met a lagging node; a resend does it.
+    assert not needs_replacement(**due, latest_ledger=40, figure=200)
+    assert needs_replacement(**due, latest_ledger=12, figure=201)
     # Refused for its fee by a full queue: at once, whatever its age or the price.
     assert needs_replacement(**{**due, "insufficient_fee": True}, latest_ledger=10, figure=100)
 

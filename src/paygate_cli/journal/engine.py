@@ -550,6 +550,7 @@ class Engine:
             return Expired(why)
         # The market's bid under the global cap (one price a tick, no RPC per unit); a job's own fee
         # bound lowers it once the simulation tells the resource fee (build_signed).
+        self.market.seen_ledger(latest.sequence)
         bid = self.market.bid(int(settings.max_inclusion_fee))
         while True:
             try:
@@ -860,6 +861,7 @@ class Engine:
         latest = self._seen_latest[0] if self._seen_latest is not None else None
         if latest is None:
             return
+        self.market.seen_ledger(latest)
         decision = self.market.replacement(lineage, latest_ledger=latest,
                                            insufficient_fee=resolution.resent_code == INSUFFICIENT_FEE)
         if decision is None:

@@ -110,16 +110,18 @@ def bid_for(price: int | None, *, floor: int, cap: int) -> int:
 
 
 def needs_replacement(*, bid_rate: int, bid_ledger: int, latest_ledger: int, figure: int | None,
-                      rebump_after_ledgers: int, insufficient_fee: bool) -> bool:
+                      rebump_after_ledgers: int, insufficient_fee: bool, base_fee: int = 100) -> bool:
     """Whether a sent, not included lineage starves: its last send was refused for its fee, or it
     waited `rebump_after_ledgers` ledgers since its envelope was journaled while the market's figure
-    is at or above its bid (read pessimistically: one-operation calls bidding the figure per
-    operation may be ahead of it; ties lose; no price known counts as above)."""
+    shows a surge (above what a fee bump charged the base fee shows: a quiet market's figures never
+    are, whatever was bid) at or above its bid (read pessimistically: one-operation calls bidding the
+    figure per operation may be ahead of it; ties lose). No price known counts as a surge. A lineage
+    late in a quiet market was not outbid (a lost send, a lagging node): resending handles it."""
     if insufficient_fee:
         return True
     if latest_ledger - bid_ledger < max(1, rebump_after_ledgers):
         return False
-    return figure is None or figure >= bid_rate
+    return figure is None or (figure > ENVELOPE_OPS * base_fee and figure >= bid_rate)
 
 
 def replacement_for(*, bid_rate: int, cap_rate: int, replacements: int, market_bid: int,
@@ -149,8 +151,10 @@ _CACHE: dict[tuple[tuple[str, ...], str], tuple[Price, float]] = {}
 
 
 class FeeMarket:
-    """The market for one tick: `price()` read at most once (cached `fee_stats_cache` seconds across
-    the process's ticks), `bid()` and `replacement()` from it."""
+    """The market for one tick: `price()` read at most once per ledger (the figures change only when a
+    ledger closes), and an answer reused across the process's ticks for `fee_stats_cache` seconds
+    unless a newer ledger than its own has been seen (`seen_ledger`); `bid()` and `replacement()`
+    from it."""
 
     def __init__(self, conn: psycopg.Connection, chain: ChainClient, settings: Any,
                  log: logging.Logger | None = None) -> None:
@@ -159,7 +163,13 @@ class FeeMarket:
         self.settings = settings
         self.log = log
         self._price: Price | None = None
-        self._read = False  # price() ran this tick (its answer, None included, stands for the tick)
+        self._seen = 0  # the newest ledger the engine has seen this tick
+        self._read_for: int | None = None  # the seen ledger price() last answered for (None included)
+
+    def seen_ledger(self, sequence: int) -> None:
+        """A ledger the engine saw close: an answer about an older one is stale (whatever its age in
+        seconds: ledgers close every ~5 s, a backlog of ticks can span several)."""
+        self._seen = max(self._seen, int(sequence))
 
     @property
     def percentile(self) -> str:
@@ -167,12 +177,13 @@ class FeeMarket:
 
     def price(self) -> Price | None:
         """The market price, or None when it was never read (and cannot be now)."""
-        if self._read:
+        if self._read_for == self._seen:
             return self._price
-        self._read = True
+        self._read_for = self._seen
         key = (tuple(self.chain.read_urls), self.percentile)
         cached = _CACHE.get(key)
-        if cached is not None and time.monotonic() - cached[1] < float(self.settings.fee_stats_cache):
+        if cached is not None and cached[0].ledger >= self._seen \
+                and time.monotonic() - cached[1] < float(self.settings.fee_stats_cache):
             self._price = cached[0]
             return self._price
         try:
@@ -214,6 +225,7 @@ class FeeMarket:
         settings = self.settings
         if not needs_replacement(bid_rate=lineage.bid_rate, bid_ledger=lineage.bid_ledger, latest_ledger=latest_ledger,
                                  figure=self.figure(), rebump_after_ledgers=int(settings.rebump_after_ledgers),
+                                 base_fee=int(settings.base_fee),
                                  insufficient_fee=insufficient_fee):
             return None
         return replacement_for(bid_rate=lineage.bid_rate, cap_rate=lineage.cap_rate,
