@@ -28,6 +28,20 @@ class SimulationFailed(PaygateError):
     msgid = "chain.simulation_failed"
 
 
+class RestoreRequired(SimulationFailed):
+    """The simulation answered with a restorePreamble: archived entries the call needs do not fit one
+    transaction with it (auto-restore through ext v1 would pass a per-transaction limit), so a
+    RestoreFootprint of `keys_xdr` must land first. Nothing is signed (docs/architecture.md §4 "State
+    archival (TTL)")."""
+
+    msgid = "chain.restore_required"
+
+    def __init__(self, message: str, *, keys_xdr: list[str], min_resource_fee: int) -> None:
+        super().__init__(message)
+        self.keys_xdr = keys_xdr  # base64 LedgerKey XDR: the preamble's read-write footprint
+        self.min_resource_fee = min_resource_fee
+
+
 @dataclass(frozen=True)
 class DepositAuth:
     entry_xdr: str
@@ -159,6 +173,25 @@ class Invocation:
     auth: list[xdr.SorobanAuthorizationEntry]
 
 
+@dataclass(frozen=True)
+class FootprintCall:
+    """An ExtendFootprintTTL (`kind` "extend": `keys_xdr` read-only, to `extend_to` ledgers ahead) or a
+    RestoreFootprint (`kind` "restore": `keys_xdr` read-write). Built by chain/ttl.py; build_signed
+    takes it where it takes an Invocation. It carries no authorisation."""
+
+    kind: str
+    keys_xdr: tuple[str, ...]
+    extend_to: int | None = None
+
+    @property
+    def function(self) -> str:  # what messages name it by, as an invocation's function
+        return "ExtendFootprintTTL" if self.kind == "extend" else "RestoreFootprint"
+
+    @property
+    def auth(self) -> list[xdr.SorobanAuthorizationEntry]:
+        return []
+
+
 def sac_transfer(usdc: str, source: str, destination: str, amount: int,
                  auth: xdr.SorobanAuthorizationEntry) -> Invocation:
     return Invocation(usdc, "transfer", [_address_val(source), _address_val(destination),
@@ -198,11 +231,17 @@ def bid_bound(max_total_fee: int | None, resource_fee: int, fee_ops: int) -> int
     return (max_total_fee - resource_fee) // fee_ops
 
 
-def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq: int, call: Invocation,
-                 max_time: int, base_fee: int, bid_rate: int, max_total_fee: int | None = None,
-                 max_ledger: int | None = None) -> SignedTransaction:
-    """Build the invocation from `lane` at `seq`, simulate (enforce mode when the call carries auth),
-    assemble, sign, fee-bump. No database transaction may be open: the guard in ChainClient checks.
+def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq: int,
+                 call: Invocation | FootprintCall, max_time: int, base_fee: int, bid_rate: int,
+                 max_total_fee: int | None = None, max_ledger: int | None = None) -> SignedTransaction:
+    """Build the invocation (or footprint operation) from `lane` at `seq`, simulate (enforce mode when
+    the call carries auth), assemble, sign, fee-bump. No database transaction may be open: the guard
+    in ChainClient checks.
+
+    The simulation's SorobanTransactionData is spliced in exactly as given: when the call touches an
+    archived entry, its ext v1 (archivedSorobanEntries) restores it on the way and the rent is in the
+    resource fee. When the restore does not fit the call's transaction, the simulation answers with a
+    restorePreamble instead: RestoreRequired, nothing signed.
 
     `base_fee` is the inner transaction's rate, `bid_rate` the fee bump's (the market's bid,
     journal/fee_market.py). `max_total_fee`: the most the whole fee may be (a relay's reservation):
@@ -220,15 +259,27 @@ def build_signed(chain: ChainClient, *, lane: Keypair, fee_account: Keypair, seq
     for the simulation, and assembly splices the simulation's answer into those bytes
     (assembled_bytes); hash, signature and fee bump reuse them."""
     network_id = _network_id(chain.passphrase)
-    tx = invoke_transaction(lane.public_key, seq, call, max_time=max_time, base_fee=base_fee, max_ledger=max_ledger)
-    unsigned_bytes = tx.to_xdr_bytes()
+    footprint = isinstance(call, FootprintCall)
+    if isinstance(call, FootprintCall):
+        tx = footprint_transaction(lane.public_key, seq, call, max_time=max_time, base_fee=base_fee,
+                                   max_ledger=max_ledger)
+        unsigned_bytes = tx.to_xdr_bytes()
+        # Simulated with the footprint to extend or restore (stellar-rpc requires it); assembly then
+        # puts the simulation's narrowed transactionData in its place.
+        simulated = unsigned_bytes[:-len(_EXT_V0)] + _EXT_SOROBAN + footprint_data(call).to_xdr_bytes()
+    else:
+        tx = invoke_transaction(lane.public_key, seq, call, max_time=max_time, base_fee=base_fee,
+                                max_ledger=max_ledger)
+        simulated = unsigned_bytes = tx.to_xdr_bytes()
     # The unsigned envelope: ENVELOPE_TYPE_TX | tx | an empty signature array.
-    simulation = chain.simulate(base64.b64encode(_TX_TYPE + unsigned_bytes + _NO_SIGNATURES).decode())
+    simulation = chain.simulate(base64.b64encode(_TX_TYPE + simulated + _NO_SIGNATURES).decode())
     if simulation.error:
         raise SimulationFailed(f"simulation of {call.function} failed: {simulation.error}"[:500])
+    if getattr(simulation, "restore_preamble", None) is not None:
+        raise _restore_required(call.function, simulation.restore_preamble)
     try:
         tx_bytes, inner_fee, resource_fee = assembled_bytes(unsigned_bytes, simulation, source=lane.public_key,
-                                                            carries_auth=bool(call.auth))
+                                                            carries_auth=bool(call.auth), footprint=footprint)
     except MalformedAnswer as exc:
         # The RPC node is outside paygate: an answer that does not hold together says nothing about
         # the call. Nothing is signed or journaled; the unit is retried later (never made terminal).
@@ -286,16 +337,58 @@ def rebump(envelope_xdr: str, fee_account: Keypair, bid_rate: int, passphrase: s
     return Rebumped(new_xdr, inner_hash, outer_hash, fee, bid_rate)
 
 
+def _restore_required(function: str, preamble: Any) -> RestoreRequired | Unavailable:
+    """RestoreRequired naming the preamble's entries (its read-write footprint), or Unavailable for a
+    preamble that does not decode (the node is outside paygate: nothing is decided on it)."""
+    try:
+        data = xdr.SorobanTransactionData.from_xdr(preamble.transaction_data)
+        keys = [k.to_xdr() for k in data.resources.footprint.read_write]
+        fee = int(preamble.min_resource_fee)
+    except Exception as exc:  # any decode failure of foreign bytes
+        return Unavailable(f"simulateTransaction of {function}: its restorePreamble does not decode "
+                           f"({type(exc).__name__})", msgid="rpc.malformed")
+    if not keys:
+        return Unavailable(f"simulateTransaction of {function}: a restorePreamble with nothing to restore",
+                           msgid="rpc.malformed")
+    return RestoreRequired(f"simulation of {function}: {len(keys)} archived ledger entr"
+                           f"{'y' if len(keys) == 1 else 'ies'} must be restored first (restorePreamble, "
+                           f"resource fee {fee})", keys_xdr=keys, min_resource_fee=fee)
+
+
+def footprint_data(call: FootprintCall) -> xdr.SorobanTransactionData:
+    """The transactionData a footprint operation is simulated with: its keys, nothing else declared."""
+    keys = [xdr.LedgerKey.from_xdr(k) for k in call.keys_xdr]
+    read_only, read_write = (keys, []) if call.kind == "extend" else ([], keys)
+    return xdr.SorobanTransactionData(
+        ext=xdr.SorobanTransactionDataExt(0),
+        resources=xdr.SorobanResources(footprint=xdr.LedgerFootprint(read_only=read_only, read_write=read_write),
+                                       instructions=xdr.Uint32(0), disk_read_bytes=xdr.Uint32(0),
+                                       write_bytes=xdr.Uint32(0)),
+        resource_fee=xdr.Int64(0))
+
+
+def footprint_transaction(source: str, seq: int, call: FootprintCall, *, max_time: int, base_fee: int,
+                          max_ledger: int | None = None) -> xdr.Transaction:
+    """The unsigned one-operation ExtendFootprintTTL / RestoreFootprint transaction, ext v0 (the
+    simulation's transactionData is added by assembly), with invoke_transaction's bounds."""
+    if call.kind == "extend":
+        assert call.extend_to is not None
+        body = xdr.OperationBody(type=xdr.OperationType.EXTEND_FOOTPRINT_TTL,
+                                 extend_footprint_ttl_op=xdr.ExtendFootprintTTLOp(
+                                     ext=xdr.ExtensionPoint(0), extend_to=xdr.Uint32(call.extend_to)))
+    elif call.kind == "restore":
+        body = xdr.OperationBody(type=xdr.OperationType.RESTORE_FOOTPRINT,
+                                 restore_footprint_op=xdr.RestoreFootprintOp(ext=xdr.ExtensionPoint(0)))
+    else:
+        raise ValueError(f"unknown footprint operation {call.kind!r}")
+    return _one_operation(source, seq, xdr.Operation(source_account=None, body=body), max_time=max_time,
+                          base_fee=base_fee, max_ledger=max_ledger)
+
+
 def invoke_transaction(source: str, seq: int, call: Invocation, *, max_time: int, base_fee: int,
                        max_ledger: int | None = None) -> xdr.Transaction:
     """The unsigned transaction TransactionBuilder(Account(source, seq - 1)) builds for this one
     contract call with time bounds (0, max_time) and, when bounded, ledger bounds (0, max_ledger + 1)."""
-    from stellar_sdk.ledger_bounds import LedgerBounds
-    from stellar_sdk.preconditions import Preconditions
-    from stellar_sdk.time_bounds import TimeBounds
-
-    preconditions = Preconditions(time_bounds=TimeBounds(0, max_time),
-                                  ledger_bounds=None if max_ledger is None else LedgerBounds(0, max_ledger + 1))
     operation = xdr.Operation(source_account=None, body=xdr.OperationBody(
         type=xdr.OperationType.INVOKE_HOST_FUNCTION,
         invoke_host_function_op=xdr.InvokeHostFunctionOp(
@@ -305,12 +398,24 @@ def invoke_transaction(source: str, seq: int, call: Invocation, *, max_time: int
                                                        function_name=xdr.SCSymbol(call.function.encode()),
                                                        args=list(call.args))),
             auth=list(call.auth))))
+    return _one_operation(source, seq, operation, max_time=max_time, base_fee=base_fee, max_ledger=max_ledger)
+
+
+def _one_operation(source: str, seq: int, operation: xdr.Operation, *, max_time: int, base_fee: int,
+                   max_ledger: int | None) -> xdr.Transaction:
+    from stellar_sdk.ledger_bounds import LedgerBounds
+    from stellar_sdk.preconditions import Preconditions
+    from stellar_sdk.time_bounds import TimeBounds
+
+    preconditions = Preconditions(time_bounds=TimeBounds(0, max_time),
+                                  ledger_bounds=None if max_ledger is None else LedgerBounds(0, max_ledger + 1))
     return xdr.Transaction(source_account=_muxed(source), fee=xdr.Uint32(base_fee),
                            seq_num=xdr.SequenceNumber(xdr.Int64(seq)), cond=preconditions.to_xdr_object(),
                            memo=_NO_MEMO, operations=[operation], ext=xdr.TransactionExt(0))
 
 
-def assembled_bytes(unsigned: bytes, simulation: Any, *, source: str, carries_auth: bool) -> tuple[bytes, int, int]:
+def assembled_bytes(unsigned: bytes, simulation: Any, *, source: str, carries_auth: bool,
+                    footprint: bool = False) -> tuple[bytes, int, int]:
     """What prepare_transaction's assembly makes of a packed one-operation invocation, spliced from its
     bytes instead of decoded and packed again: the fee (right after the source account) raised by
     the minimum resource fee; the simulation's auth entries, when the call carries none, in place of
@@ -321,8 +426,10 @@ def assembled_bytes(unsigned: bytes, simulation: Any, *, source: str, carries_au
     The answer is checked first, as the SDK's assembly checks it (and more, since its bytes are
     spliced unseen): exactly one result, transactionData that decodes as SorobanTransactionData,
     a minimum resource fee that is a fee, recorded auth entries that decode. Anything else is
-    MalformedAnswer."""
-    data, resource_fee, min_resource_fee, recorded = _checked_simulation(simulation, splice_auth=not carries_auth)
+    MalformedAnswer. `footprint`: an ExtendFootprintTTL / RestoreFootprint, whose answer carries no
+    result and no auth (the SDK's assembly takes only its transactionData and fee too)."""
+    data, resource_fee, min_resource_fee, recorded = _checked_simulation(simulation, splice_auth=not carries_auth,
+                                                                         footprint=footprint)
     fee_at = len(_muxed_bytes(source))
     fee = _U32.unpack(unsigned[fee_at:fee_at + 4])[0] + min_resource_fee
     if fee > 0xFFFFFFFF:
@@ -334,10 +441,13 @@ def assembled_bytes(unsigned: bytes, simulation: Any, *, source: str, carries_au
     return b"".join([unsigned[:fee_at], _U32.pack(fee), body, _EXT_SOROBAN, data]), fee, resource_fee
 
 
-def _checked_simulation(simulation: Any, *, splice_auth: bool) -> tuple[bytes, int, int, list[bytes]]:
+def _checked_simulation(simulation: Any, *, splice_auth: bool, footprint: bool = False
+                        ) -> tuple[bytes, int, int, list[bytes]]:
     """(transactionData bytes, their resource fee, the minimum resource fee, the recorded auth
     entries' bytes when they are to be spliced in) from a simulation answer, or MalformedAnswer."""
     results = simulation.results
+    if footprint:
+        results, splice_auth = [None], False  # a footprint operation returns nothing and records no auth
     if not isinstance(results, list) or len(results) != 1:
         count = len(results) if isinstance(results, list) else 0
         raise MalformedAnswer(f"simulation returned {count} results for one invocation")
