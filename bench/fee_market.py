@@ -32,7 +32,7 @@ Targets (reported, not asserted): under the surge, p99 within the floor + 3 ledg
 allows it; fees within 1.1x of what the surge price required.
 
     .venv/bin/python bench/fee_market.py [--units 32] [--per-ledger 4] [--lanes 16] [--capacity 10]
-                                         [--phantoms 8] [--rate 2000]
+                                         [--phantoms 8] [--rate 2000] [--rebump-after 2]
 """
 
 from __future__ import annotations
@@ -274,6 +274,8 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=10, help="Soroban transactions a ledger holds")
     parser.add_argument("--phantoms", type=int, default=8, help="the surge's competing transactions per ledger")
     parser.add_argument("--rate", type=int, default=2000, help="the surge's bid, stroops per operation")
+    parser.add_argument("--rebump-after", type=int, default=2,
+                        help="PAYGATE_REBUMP_AFTER_LEDGERS (2, the default: a starving envelope's wait)")
     args = parser.parse_args()
     with chain_world("pgfm-", args.lanes) as (devnet, (chain, db)):
         devnet.rpc("devnet_setLimits", {"ledgerMaxSorobanTxs": args.capacity})
@@ -283,7 +285,9 @@ def main() -> None:
             PAYGATE_FEE_STATS_CACHE="0s",  # a tick a ledger here: each tick reads the market afresh
             PAYGATE_SETTLEMENT_BATCHES_PER_TICK=str(args.lanes),
             PAYGATE_LOG_LEVEL="warning",
+            PAYGATE_REBUMP_AFTER_LEDGERS=str(args.rebump_after),
         )
+        print(f"  rebump_after_ledgers {args.rebump_after}")
         bench = Bench(chain, db, args)
         prepare(bench)
         runs: dict[tuple[str, bool], Run] = {}

@@ -77,13 +77,12 @@ def test_a_starving_lineage_needs_a_replacement_only_as_the_rules_say() -> None:
     assert needs_replacement(**{**due, "insufficient_fee": True}, latest_ledger=10, figure=100)
 
 
-def test_the_figure_is_a_whole_transactions_inclusion_fee_and_a_new_bid_just_outbids_half_of_it() -> None:
+def test_the_figure_is_a_whole_transactions_inclusion_fee_and_a_new_bid_just_outbids_it_per_operation() -> None:
     # stellar-rpc counts a Soroban transaction's whole inclusion fee: a fee bump of one call (what paygate
-    # sends: ENVELOPE_OPS operations) charged 1000 per operation shows 2000; bidding 1001 per operation
-    # outbids it, where bidding the figure per operation would double paygate's own price each round.
+    # sends: ENVELOPE_OPS operations) charged 1000 per operation shows 2000, a plain call at 2000 too.
+    # The figure cannot say which: a new bid outbids the plain reading by one stroop (a tie loses).
     assert ENVELOPE_OPS == 2
-    # One stroop over it: a tie loses (whatever set the figure was queued first).
-    assert Price(2000, "p90", 1, "h").rate == 1001 and Price(2001, "p90", 1, "h").rate == 1002
+    assert Price(2000, "p90", 1, "h").rate == 2001 and Price(2001, "p90", 1, "h").rate == 2002
     # A starving lineage reads it the other way (one-operation calls bidding 2000 each may be ahead):
     # the replacement outbids the figure itself, at least 10x its bid.
     assert replacement_for(bid_rate=1000, market_bid=2001, cap_rate=100_000, replacements=0,
@@ -316,10 +315,10 @@ def test_new_envelopes_bid_the_markets_percentile_and_a_stats_outage_falls_back_
     _tick(chain)
     (deposit,) = _lineages(db)
     # p90 of the charged inclusion fees (the phantoms' surge price, one operation each), read once and
-    # remembered (host only); a new envelope reads the figure as a fee bump's: half of it per operation, +1.
+    # remembered (host only); a new envelope outbids it per operation by one stroop.
     assert _market(db) == ("p90", 700, chain.devnet.url.split("//")[1])
     assert (deposit["bid_rate"], deposit["fee_ops"], deposit["cap_rate"], deposit["bid_ledger"]) == (
-        351, 2, 100_000, deposit["signed_at_ledger"])
+        701, 2, 100_000, deposit["signed_at_ledger"])
     assert deposit["resource_fee"] > 0
     chain.devnet.close_ledger()
     # getFeeStats fails from now on: the remembered price stands (never lower, never free).
@@ -327,7 +326,7 @@ def test_new_envelopes_bid_the_markets_percentile_and_a_stats_outage_falls_back_
     result = _tick(chain)
     assert "fees.stats_unavailable" in result.err
     credit = _lineages(db)[1]
-    assert credit["purpose"] == "credit" and credit["bid_rate"] == 351 and _market(db)[1] == 700
+    assert credit["purpose"] == "credit" and credit["bid_rate"] == 701 and _market(db)[1] == 700
     chain.devnet.close_ledger()
     _tick(chain)
     assert db.execute("SELECT status FROM paygate.deposits WHERE id = %s", (pending,)).fetchone()[0] == "settled"

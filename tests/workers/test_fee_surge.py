@@ -275,10 +275,10 @@ def test_every_unit_lands_during_the_surge_bidding_the_market(devnet: DevnetHand
     # The figure getFeeStats gave: the surge's rate at least (our own fee bumps, charged what the surge
     # asked of them, show twice their rate there and nudge it up while they are the lowest included).
     assert market is not None and market["percentile"] == "p90" and market["price"] >= SURGE_RATE, market
-    lowest, highest = SURGE_RATE // 2 + 1, -(-market["price"] // 2) + 1
+    lowest, highest = SURGE_RATE + 1, market["price"] + 1
     for x in lineages:
-        # Landed while the surge lasted, having bid what getFeeStats said: half the figure per operation
-        # + 1 (the figure read as a fee bump's whole inclusion fee: journal/fee_market.py), or a
+        # Landed while the surge lasted, having bid what getFeeStats said: one stroop over the figure per
+        # operation (journal/fee_market.py), or a
         # replacement at max(10x the bid before it, the figure + 1), never above the cap.
         assert first <= x["ledger"] <= last, (x["id"], x["ledger"], first, last)
         if x["replacements"] == 0:

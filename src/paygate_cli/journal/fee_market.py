@@ -10,14 +10,17 @@ remembered the bid is the cap.
 
 What the figure means: stellar-rpc counts each Soroban transaction's WHOLE charged inclusion fee,
 not per operation, so a fee bump of a one-operation call (every envelope paygate sends) shows twice
-its rate, a plain call its rate. A new envelope reads the figure as a fee bump's: it bids
-figure / 2 + 1 per operation (ENVELOPE_OPS; ties lose), so its own transaction's inclusion fee just
-outbids the figure's.
-Read the other way (bid the figure per operation), paygate's own fee bumps in the window double the
-next bids, and once its own transactions are the lowest included (it competes with itself) each
-round doubles what it pays, up to the cap. A starving lineage reads the figure the pessimistic way
-(the competition may be one-operation calls bidding the figure per operation) and outbids it by one
-stroop: a replacement bids max(10 x its bid, figure + 1).
+its rate, a plain one-operation call its rate. The figure cannot say which it was, so paygate reads it
+the way that never loses to the competition: as a plain call's rate, and bids one stroop over it per
+operation (ties lose: whatever set the figure was queued first). An included transaction pays the
+surge price (the lowest included rate), not its bid, so the over-reading costs nothing while someone
+else's transaction is the lowest included. Read the other way (figure / 2 per operation), every new
+envelope loses to one-operation competition and starves until a replacement, measured at +4 to +7
+ledgers for a deposit in bench/fee_market.py. The one case the over-reading costs: when paygate's own
+transactions alone overflow a ledger (more in flight than the network's per-ledger Soroban capacity,
+~100 on mainnet: keep lanes well below it), each round's lowest included is its own, whose echo in
+the figure is twice its rate, and the price climbs to the cap (docs/architecture.md §4).
+A replacement bids max(10 x its bid, figure + 1).
 
 A sent lineage that starves (not included `rebump_after_ledgers` ledgers after its envelope was
 journaled while the market is at or above its bid: ties lose, competing demand arrives first; or
@@ -80,9 +83,9 @@ class Price:
 
     @property
     def rate(self) -> int:
-        """What a new envelope bids per operation: one stroop over the figure read as a fee bump's
-        (a tie loses: the competition that set the figure was queued first)."""
-        return -(-self.figure // ENVELOPE_OPS) + 1
+        """What a new envelope bids per operation: one stroop over the figure read as a plain call's
+        rate (a tie loses: the competition that set the figure was queued first)."""
+        return self.figure + 1
 
 
 @dataclass(frozen=True)
@@ -201,8 +204,12 @@ class FeeMarket:
         return self._price
 
     def rate(self) -> int | None:
+        """The market's bid per operation; a quiet market's (no figure above what a fee bump charged
+        the base fee shows: nobody was outbid) is the floor, not one stroop over its own echo."""
         price = self.price()
-        return None if price is None else price.rate
+        if price is None:
+            return None
+        return floor_rate(self.settings) if price.figure <= ENVELOPE_OPS * int(self.settings.base_fee) else price.rate
 
     def figure(self) -> int | None:
         price = self.price()
