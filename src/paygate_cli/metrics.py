@@ -125,6 +125,12 @@ STATE_HELP = {
     "paygate_fee_bid_stroops": "Highest current bid (stroops/op) of a live signed lineage of a path; absent when none",
     "paygate_fee_cap_stroops": "PAYGATE_MAX_INCLUSION_FEE: the highest bid (stroops/op) any envelope may make",
 }
+    "paygate_ttl_nearest_expiry_ledgers": "Ledgers until the nearest expiry of a ledger entry the TTL keeper keeps "
+                                          "alive (as last read); absent when none was read live",
+    "paygate_ttl_entries": "Ledger entries the TTL keeper keeps alive, by state as last read (0: none)",
+    "paygate_ttl_rent_spent_stroops": "Rent (extend and restore fees) the TTL keeper paid today (UTC)",
+    "paygate_ttl_left_unextended": "Due entries the TTL keeper's daily rent budget left unextended today",
+    "paygate_ttl_threshold_ledgers": "PAYGATE_TTL_THRESHOLD in ledgers: the keeper extends an entry expiring sooner",
 
 
 @dataclass
@@ -137,6 +143,8 @@ class StateMetrics:
     fee: dict | None = None  # state.fee_market_state(); None: not read (no fee gauges at all)
     fee_cap: int | None = None  # settings.max_inclusion_fee of the writing worker
 
+    ttl: dict | None = None  # state.ttl_state(); None: not read (no TTL gauges at all)
+    ttl_threshold: int | None = None  # settings.ttl_threshold in ledgers, of the writing worker
 
 def state_is_stale(directory: str, now: float) -> bool:
     try:
@@ -168,6 +176,8 @@ def write_state_textfile(directory: str, state: StateMetrics) -> str:
     if state.fee is not None:
         _fee_gauges(registry, state)
     _ensure_directory(directory)
+    if state.ttl is not None:
+        _ttl_gauges(registry, state)
     path = os.path.join(directory, STATE_FILE)
     write_to_textfile(path, registry)
     return path
@@ -199,3 +209,26 @@ def _fee_gauges(registry: CollectorRegistry, state: StateMetrics) -> None:
         Gauge("paygate_fee_cap_stroops", STATE_HELP["paygate_fee_cap_stroops"], ["paygate_instance"],
               registry=registry).labels(state.instance).set(state.fee_cap)
 
+
+def _ttl_gauges(registry: CollectorRegistry, state: StateMetrics) -> None:
+    """The TTL keeper's gauges. Every entry state has a count, 0 included; the nearest expiry is left
+    out when no kept entry was read live (never 0: that would read as "expiring now")."""
+    from prometheus_client import Gauge
+
+    ttl = state.ttl or {}
+    entries = Gauge("paygate_ttl_entries", STATE_HELP["paygate_ttl_entries"], ["state", "paygate_instance"],
+                    registry=registry)
+    for name, count in ttl.get("entries", {}).items():
+        entries.labels(name, state.instance).set(count)
+    nearest = ttl.get("nearest")
+    if nearest is not None and nearest.get("ledgers_left") is not None:
+        Gauge("paygate_ttl_nearest_expiry_ledgers", STATE_HELP["paygate_ttl_nearest_expiry_ledgers"],
+              ["paygate_instance"], registry=registry).labels(state.instance).set(nearest["ledgers_left"])
+    rent = ttl.get("rent", {})
+    Gauge("paygate_ttl_rent_spent_stroops", STATE_HELP["paygate_ttl_rent_spent_stroops"], ["paygate_instance"],
+          registry=registry).labels(state.instance).set(rent.get("spent", 0))
+    Gauge("paygate_ttl_left_unextended", STATE_HELP["paygate_ttl_left_unextended"], ["paygate_instance"],
+          registry=registry).labels(state.instance).set(rent.get("left_unextended", 0))
+    if state.ttl_threshold is not None:
+        Gauge("paygate_ttl_threshold_ledgers", STATE_HELP["paygate_ttl_threshold_ledgers"], ["paygate_instance"],
+              registry=registry).labels(state.instance).set(state.ttl_threshold)

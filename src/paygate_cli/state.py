@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from paygate_cli.queues import bot_jobs, charges, deposits, relays, subscriptions, webhooks
+from paygate_cli.queues import bot_jobs, charges, deposits, relays, subscriptions, ttl, webhooks
 
 if TYPE_CHECKING:
     import psycopg
@@ -29,6 +29,7 @@ QUEUE_SQL: dict[str, str] = {
     **webhooks.DEPTH_ROWS,
     **relays.DEPTH_ROWS,
     **bot_jobs.DEPTH_ROWS,
+    **ttl.DEPTH_ROWS,
     "idempotency.expired": """
         SELECT count(*), extract(epoch FROM now() - min(expires_at))::float8
         FROM paygate.idempotency_keys WHERE expires_at < now()""",
@@ -154,3 +155,33 @@ def fee_market_state(conn: psycopg.Connection) -> dict[str, Any]:
                       "highest_bid": bid, "units": units})
     return {"market": market, "paths": paths}
 
+
+# --- state archival: the TTL keeper (workers/ttl.py, docs/architecture.md §6 "TTL keeper") --------
+TTL_STATES = ("unread", "live", "archived", "absent", "needs_human")
+
+
+def ttl_state(conn: psycopg.Connection, limit: int = 50) -> dict[str, Any]:
+    """What the keeper keeps alive as last read: entries per state (kept ones, and every one asking a
+    human), the nearest expiry of a kept live entry (in ledgers past the newest ledger a read saw),
+    today's rent and what the budget left unextended, the open jobs (who asked, the lineage in
+    flight) and the entries that need a human, each with its key."""
+    counts, latest, kind, account, key, live_until, spent, transactions, left = conn.execute(
+        ttl.TTL_SUMMARY_SQL).fetchone()
+    nearest = None
+    if live_until is not None:
+        nearest = {"kind": kind, "account": account, "key_xdr": key, "live_until": live_until,
+                   "ledgers_left": live_until - latest if latest is not None else None}
+    jobs = [dict(zip(("id", "kind", "status", "keys", "requested_by", "attempts", "rent_estimate", "lineage_id",
+                      "lineage_state", "reason", "age_s"), row, strict=True))
+            for row in conn.execute(ttl.TTL_JOBS_SQL, {"limit": limit})]
+    for job in jobs:
+        job["age_s"] = round(job["age_s"], 1)
+    needs_human = [dict(zip(("kind", "account", "key_xdr", "reason", "age_s"), row, strict=True))
+                   for row in conn.execute(ttl.TTL_NEEDS_HUMAN_SQL, {"limit": limit})]
+    for entry in needs_human:
+        entry["age_s"] = round(entry["age_s"], 1)
+    return {"entries": {state: int((counts or {}).get(state, 0)) for state in TTL_STATES},
+            "latest_ledger": latest, "nearest": nearest,
+            "rent": {"spent": int(spent or 0), "transactions": int(transactions or 0),
+                     "left_unextended": int(left or 0)},
+            "jobs": jobs, "needs_human": needs_human}

@@ -27,6 +27,8 @@ SECTIONS: dict[str, list[str]] = {
     "quarantined_events": ["event_id", "ledger", "kind", "quarantine_reason", "observed_at"],
     "stuck": ["queue", "count", "oldest"],
     "findings": ["id", "kind", "subject", "summary", "first_seen", "seen_count", "resolved_at"],
+    # Ledger entries the TTL keeper keeps alive that are archived or need a human (their key in --json).
+    "ttl_entries": ["kind", "account", "state", "live_until", "read_ledger", "reason"],
 }
 # Columns holding USDC units (the token's 7-decimal units): a person also reads them in USDC.
 USDC_COLUMNS = frozenset({"chain_balance", "cached_balance", "drift", "in_flight", "lagging", "unexplained"})
@@ -132,8 +134,9 @@ def reconcile_report_command(
                                                              "for grep/awk.")] = False,
 ) -> int:
     """Totals and per-account drift by regime, unresolved lineages, quarantined events, stuck rows,
-    lane gaps, open findings. Exit 3 on any unexplained drift (or lane gap), 1 when an account was
-    never checked by the reconciler, 0 otherwise (also for a database with no accounts).
+    lane gaps, open findings, archived ledger entries. Exit 3 on any unexplained drift (or lane gap,
+    or a kept ledger entry that needs a human), 1 when an account was never checked by the
+    reconciler or a kept entry is archived, 0 otherwise (also for a database with no accounts).
 
     Example: `paygate reconcile-report --since 24h --format markdown --out drift.md`"""
     from paygate_cli.ops.reconcile import report
@@ -156,7 +159,10 @@ def reconcile_report_command(
     # A lane gap is a nonce gap (the exit-code contract's other "needs a human" of this report). An
     # account the reconciler never checked is not known to be right: 1 (not verified yet), never 0.
     never = document["accounts_never_checked"]
-    if document["unexplained"] or document["lane_gaps"]:
+    # An archived entry the keeper keeps alive holds money no transaction moves until it is
+    # restored (1: not verified yet); one a restore could not bring back needs a human (3).
+    archived = len(document["ttl_entries"]) - document["ttl_needs_human"]
+    if document["unexplained"] or document["lane_gaps"] or document["ttl_needs_human"]:
         code = ExitCode.NEEDS_HUMAN
     else:
         code = ExitCode.FAILED if never else ExitCode.OK
@@ -172,6 +178,12 @@ def reconcile_report_command(
         headline = "no unexplained drift"
     if document["lane_gaps"]:
         headline += f"; LANE GAPS: {len(document['lane_gaps'])} lane(s) used outside the journal"
+    if document["ttl_entries"]:
+        if headline == "no unexplained drift":
+            headline = "no unexplained drift in the balances checked"  # never "no drift" over archived entries
+        parts = [f"{n} {what}" for n, what in ((document["ttl_needs_human"], "need a human"),
+                                              (archived, "archived, a restore due")) if n]
+        headline += f"; LEDGER ENTRIES paygate keeps alive: {', '.join(parts)} (runbooks/contract-ttl.md)"
     if fmt == "json":
         text = to_json({"reconcile_report": document}) + "\n"
     elif fmt == "csv":

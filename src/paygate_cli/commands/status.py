@@ -27,7 +27,8 @@ from paygate_cli.output import Mode, asset_amount, duration_text, emit
 
 def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: PlainFlag = False) -> int:
     """Readiness: DB, schema, RPC and network, halts, lock holders, queue depths, each worker's liveness,
-    gas, and the fee market (the last price read, the cap, fee-capped units per path; each unit with --wide).
+    gas, the fee market (the last price read, the cap, fee-capped units per path; each unit with --wide), and
+    state archival (the nearest expiry of what the TTL keeper keeps alive, rent, restores waiting).
 
     Example: `paygate status --json | jq .status.problems` (exit 1 when not ready)."""
     env = get_env(ctx)
@@ -69,6 +70,8 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
                      + (f", {len(g['low_lanes'])} lane(s) low" if g["low_lanes"] else "")})
     if "fee_market" in report:
         rows += _fee_market_rows(report["fee_market"], wide=env.wide)
+    if "ttl" in report:
+        rows += _ttl_rows(report["ttl"], wide=env.wide)
     rows += [{"check": f"rpc:{e['role']}", "value": e["status"],
               "detail": f"{e['url']} " + (f"ledger {e['latest_ledger']} lag {e.get('lag_ledgers', 0)}"
                                           if e.get("latest_ledger") is not None else "no ledger")}
@@ -136,6 +139,43 @@ def _fee_market_rows(fee: dict[str, Any], *, wide: bool) -> list[dict[str, objec
 
 
 def _rate(stroops: object) -> str:
+def _ttl_rows(ttl: dict[str, Any], *, wide: bool) -> list[dict[str, object]]:
+    """State archival: the nearest expiry (what, whose, in ledgers and days), entries per state,
+    today's rent against the budget, the restores money waits on (who asked), each entry asking a
+    human with its key; every open job with --wide (its --json has them always)."""
+    nearest, entries, rent = ttl["nearest"], ttl["entries"], ttl["rent"]
+    threshold = f"threshold {ttl['threshold_ledgers']} ledgers" if ttl.get("threshold_ledgers") else "threshold ?"
+    if nearest is None:
+        rows: list[dict[str, object]] = [{"check": "ttl:nearest", "value": "none read",
+                                          "detail": f"no kept ledger entry read live yet; {threshold}"}]
+    else:
+        whose = f" of {nearest['account']}" if nearest["account"] else ""
+        days = f" (~{nearest['days_left']} days)" if nearest.get("days_left") is not None else ""
+        rows = [{"check": "ttl:nearest", "value": f"{nearest['ledgers_left']} ledgers",
+                 "detail": f"{nearest['kind']}{whose} live until ledger {nearest['live_until']}{days}; {threshold}"}]
+    rows.append({"check": "ttl:entries", "value": f"{entries['live']} live",
+                 "detail": ", ".join(f"{n} {state}" for state, n in entries.items() if state != "live")})
+    budget = _xlm(ttl["rent_budget"]) if ttl.get("rent_budget") is not None else "unknown"
+    rows.append({"check": "ttl:rent", "value": _xlm(rent["spent"]),
+                 "detail": f"today (UTC) in {rent['transactions']} transaction(s), budget {budget}"
+                           + (f"; {rent['left_unextended']} entries left unextended" if rent["left_unextended"]
+                              else "")})
+    for job in ttl["jobs"]:
+        if not (wide or job["kind"] == "restore" or job["status"] == "needs_human"):
+            continue
+        rows.append({"check": f"ttl_job:{job['id']}", "value": f"{job['kind']} {job['status']}",
+                     "detail": f"{job['keys']} key(s), asked by {job['requested_by']} {ago(job['age_s'])}, "
+                               f"{job['attempts']} attempt(s)"
+                               + (f", lineage {job['lineage_id']} {job['lineage_state']}" if job["lineage_id"] else "")
+                               + (f": {job['reason']}" if job["reason"] else "")})
+    extends = sum(1 for job in ttl["jobs"] if job["kind"] == "extend" and job["status"] == "pending")
+    if extends and not wide:
+        rows.append({"check": "ttl_jobs:extend", "value": extends, "detail": "open extend jobs (--wide: each)"})
+    rows += [{"check": f"ttl_needs_human:{entry['kind']}", "value": entry["account"] or entry["kind"],
+              "detail": entry["reason"]} for entry in ttl["needs_human"]]
+    return rows
+
+
     """A bid rate: stroops per operation, with its XLM value."""
     return "unknown" if stroops is None else f"{_xlm(stroops)}/op"
 

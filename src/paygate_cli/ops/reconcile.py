@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from paygate_cli.errors import UsageError
+from paygate_cli.queues.ttl import UNKEPT_ENTRIES_SQL
 
 if TYPE_CHECKING:
     import psycopg
@@ -119,6 +120,10 @@ def _report(conn: psycopg.Connection, *, since: Any, account: str | None, older_
              for q, n, oldest in conn.execute(STUCK_SQL, params) if n]
     unresolved = _rows(conn, UNRESOLVED_SQL, params)
     quarantined = _rows(conn, QUARANTINED_SQL, params)
+    # The entries the TTL keeper keeps alive that it cannot vouch for: read archived (a restore is
+    # due) or asking a human. An account's balance entry archived is money no transaction moves
+    # until it is restored: never reported as "no drift".
+    ttl_entries = _rows(conn, UNKEPT_ENTRIES_SQL, params)
     unchecked = int(conn.execute(UNCHECKED_SQL, params).fetchone()[0])
     accounts = int(conn.execute(ACCOUNTS_SQL, params).fetchone()[0])
     open_findings = [f for f in findings if f["resolved_at"] is None]
@@ -137,5 +142,7 @@ def _report(conn: psycopg.Connection, *, since: Any, account: str | None, older_
         "quarantined_events": quarantined,
         "stuck": stuck,
         "lane_gaps": [f for f in open_findings if f["kind"] == "lane_gap"],
+        "ttl_entries": ttl_entries,
+        "ttl_needs_human": sum(1 for e in ttl_entries if e["state"] == "needs_human"),
         "findings": findings,
     }
