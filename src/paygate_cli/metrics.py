@@ -124,13 +124,13 @@ STATE_HELP = {
                                       "never read",
     "paygate_fee_bid_stroops": "Highest current bid (stroops/op) of a live signed lineage of a path; absent when none",
     "paygate_fee_cap_stroops": "PAYGATE_MAX_INCLUSION_FEE: the highest bid (stroops/op) any envelope may make",
-}
     "paygate_ttl_nearest_expiry_ledgers": "Ledgers until the nearest expiry of a ledger entry the TTL keeper keeps "
                                           "alive (as last read); absent when none was read live",
     "paygate_ttl_entries": "Ledger entries the TTL keeper keeps alive, by state as last read (0: none)",
     "paygate_ttl_rent_spent_stroops": "Rent (extend and restore fees) the TTL keeper paid today (UTC)",
     "paygate_ttl_left_unextended": "Due entries the TTL keeper's daily rent budget left unextended today",
     "paygate_ttl_threshold_ledgers": "PAYGATE_TTL_THRESHOLD in ledgers: the keeper extends an entry expiring sooner",
+}
 
 
 @dataclass
@@ -142,9 +142,9 @@ class StateMetrics:
     written: float
     fee: dict | None = None  # state.fee_market_state(); None: not read (no fee gauges at all)
     fee_cap: int | None = None  # settings.max_inclusion_fee of the writing worker
-
     ttl: dict | None = None  # state.ttl_state(); None: not read (no TTL gauges at all)
     ttl_threshold: int | None = None  # settings.ttl_threshold in ledgers, of the writing worker
+
 
 def state_is_stale(directory: str, now: float) -> bool:
     try:
@@ -175,9 +175,9 @@ def write_state_textfile(directory: str, state: StateMetrics) -> str:
           registry=registry).labels(state.instance).set(state.written)
     if state.fee is not None:
         _fee_gauges(registry, state)
-    _ensure_directory(directory)
     if state.ttl is not None:
         _ttl_gauges(registry, state)
+    _ensure_directory(directory)
     path = os.path.join(directory, STATE_FILE)
     write_to_textfile(path, registry)
     return path

@@ -165,7 +165,7 @@ def reconcile_report_command(
     if document["unexplained"] or document["lane_gaps"] or document["ttl_needs_human"]:
         code = ExitCode.NEEDS_HUMAN
     else:
-        code = ExitCode.FAILED if never else ExitCode.OK
+        code = ExitCode.FAILED if never or archived else ExitCode.OK
     if document["unexplained"]:
         headline = f"UNEXPLAINED DRIFT: {document['unexplained']} item(s) need a human"
         headline += f"; {never} account(s) never checked" if never else ""

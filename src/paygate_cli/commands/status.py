@@ -138,7 +138,6 @@ def _fee_market_rows(fee: dict[str, Any], *, wide: bool) -> list[dict[str, objec
     return rows
 
 
-def _rate(stroops: object) -> str:
 def _ttl_rows(ttl: dict[str, Any], *, wide: bool) -> list[dict[str, object]]:
     """State archival: the nearest expiry (what, whose, in ledgers and days), entries per state,
     today's rent against the budget, the restores money waits on (who asked), each entry asking a
@@ -176,6 +175,7 @@ def _ttl_rows(ttl: dict[str, Any], *, wide: bool) -> list[dict[str, object]]:
     return rows
 
 
+def _rate(stroops: object) -> str:
     """A bid rate: stroops per operation, with its XLM value."""
     return "unknown" if stroops is None else f"{_xlm(stroops)}/op"
 
