@@ -20,7 +20,9 @@ ledgers for a deposit in bench/fee_market.py. The one case the over-reading cost
 transactions alone overflow a ledger (more in flight than the network's per-ledger Soroban capacity,
 ~100 on mainnet: keep lanes well below it), each round's lowest included is its own, whose echo in
 the figure is twice its rate, and the price climbs to the cap (docs/architecture.md §4).
-A replacement bids max(10 x its bid, figure + 1).
+A lineage that starves reads the window's highest figure instead (the percentile of a window of quiet
+ledgers lags a surge's onset by many ledgers; the max shows it after one): it needs a replacement once
+that is at or above its bid, and the replacement bids max(10 x its bid, highest + 1).
 
 A sent lineage that starves (not included `rebump_after_ledgers` ledgers after its envelope was
 journaled while the market is at or above its bid: ties lose, competing demand arrives first; or
@@ -67,7 +69,7 @@ SET percentile = EXCLUDED.percentile, price = EXCLUDED.price, max_fee = EXCLUDED
     endpoint = EXCLUDED.endpoint, read_at = EXCLUDED.read_at
 RETURNING set_config('synchronous_commit', 'off', true)
 """
-READ_SQL = "SELECT percentile, price, ledger, endpoint, read_at FROM paygate.fee_market WHERE singleton"
+READ_SQL = "SELECT percentile, price, ledger, endpoint, read_at, max_fee FROM paygate.fee_market WHERE singleton"
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,9 @@ class Price:
     ledger: int
     endpoint: str  # host only
     remembered: bool = False  # read from paygate.fee_market after a failed getFeeStats
+    # The distribution's max: what a lineage that demonstrably starved must outbid. The percentile
+    # of a window full of quiet ledgers lags a surge's onset by many ledgers; the max shows it after one.
+    highest: int = 0
 
     @property
     def rate(self) -> int:
@@ -215,11 +220,16 @@ class FeeMarket:
         price = self.price()
         return None if price is None else price.figure
 
+    def highest(self) -> int | None:
+        """The highest figure of the window (what a starving lineage reads), or None (no price known)."""
+        price = self.price()
+        return None if price is None else max(price.highest, price.figure)
+
     def outbid(self) -> int:
-        """What a starving lineage's replacement bids at least: one stroop over the figure read per
-        operation (the cap: no price known)."""
-        figure = self.figure()
-        return int(self.settings.max_inclusion_fee) if figure is None else max(floor_rate(self.settings), figure + 1)
+        """What a starving lineage's replacement bids at least: one stroop over the window's highest
+        figure per operation (the cap: no price known)."""
+        highest = self.highest()
+        return int(self.settings.max_inclusion_fee) if highest is None else max(floor_rate(self.settings), highest + 1)
 
     def bid(self, cap_rate: int) -> int:
         return bid_for(self.rate(), floor=floor_rate(self.settings), cap=cap_rate)
@@ -231,7 +241,7 @@ class FeeMarket:
             return None
         settings = self.settings
         if not needs_replacement(bid_rate=lineage.bid_rate, bid_ledger=lineage.bid_ledger, latest_ledger=latest_ledger,
-                                 figure=self.figure(), rebump_after_ledgers=int(settings.rebump_after_ledgers),
+                                 figure=self.highest(), rebump_after_ledgers=int(settings.rebump_after_ledgers),
                                  base_fee=int(settings.base_fee),
                                  insufficient_fee=insufficient_fee):
             return None
@@ -241,7 +251,8 @@ class FeeMarket:
 
     def _remember(self, stats: FeeStats) -> Price:
         dist = stats.soroban_inclusion_fee
-        price = Price(dist.percentile(self.percentile), self.percentile, stats.latest_ledger, stats.endpoint)
+        price = Price(dist.percentile(self.percentile), self.percentile, stats.latest_ledger, stats.endpoint,
+                      highest=dist.percentile("max"))
         from paygate_cli.journal.lineage import one_statement
 
         one_statement(self.conn, UPSERT_SQL, {
@@ -254,5 +265,5 @@ class FeeMarket:
         row = self.conn.execute(READ_SQL).fetchone()
         if row is None:
             return None
-        percentile, rate, ledger, endpoint, _read_at = row
-        return Price(int(rate), str(percentile), int(ledger), str(endpoint), remembered=True)
+        percentile, rate, ledger, endpoint, _read_at, _highest = row
+        return Price(int(rate), str(percentile), int(ledger), str(endpoint), remembered=True, highest=int(row[5]))
