@@ -352,7 +352,7 @@ def _restore_required(function: str, preamble: Any) -> RestoreRequired | Unavail
                            msgid="rpc.malformed")
     return RestoreRequired(f"simulation of {function}: {len(keys)} archived ledger entr"
                            f"{'y' if len(keys) == 1 else 'ies'} must be restored first (restorePreamble, "
-                           f"resource fee {fee})", keys_xdr=keys, min_resource_fee=fee)
+                           f"its minimum fee {fee})", keys_xdr=keys, min_resource_fee=fee)
 
 
 def footprint_data(call: FootprintCall) -> xdr.SorobanTransactionData:

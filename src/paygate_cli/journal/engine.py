@@ -20,7 +20,7 @@ API (stable: every worker builds on it)
 ---------------------------------------
 
     from paygate_cli.journal.engine import (Engine, Job, Allocation, Prepared, Sent, LaneFailed, BuildFailed,
-                                            Expired, LeaseLost)
+                                            Expired, RestorePending, LeaseLost)
 
     engine = Engine.for_tick(ctx)          # one per tick, once the tick has work (the heavy imports)
     engine = Engine.for_takeover(ctx)      # recovery, the idle sweep: drives and sweeps, holds no key,
@@ -41,6 +41,11 @@ API (stable: every worker builds on it)
     #                                   authority); lineage abandoned, job.on_abandon ran; the path
     #                                   decides what it means for its rows
     #   Expired(reason)                 latest ledger >= job.max_ledger: the authorisation is dead
+    #   RestorePending(job_id, keys)    the simulation answered a restorePreamble (archived entries that
+    #                                   do not fit the call's transaction) and job.on_build_failure did not
+    #                                   change the job: lineage abandoned, job.on_abandon ran, a restore
+    #                                   requested (ttl_jobs) in the same transaction; the unit is handed
+    #                                   back, never failed, no attempt: try again once the restore lands
     #   raises LeaseLost                the row's lease is gone (someone else has it): nothing more
     #                                   done; no alarm, release what you hold
 
@@ -108,7 +113,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from paygate_cli.chain.authority import Ours, Policy
-    from paygate_cli.chain.contracts import Invocation, SignedTransaction
+    from paygate_cli.chain.contracts import FootprintCall, Invocation, RestoreRequired, SignedTransaction
     from paygate_cli.chain.keys import Signer
     from paygate_cli.chain.rpc import ChainClient, LatestLedger, SendOutcome
     from paygate_cli.context import TickContext
@@ -164,7 +169,7 @@ class Job(Protocol):
         """(row id, lease token) as `req` names them."""
         ...
 
-    def call(self, lane: str) -> Invocation: ...
+    def call(self, lane: str) -> Invocation | FootprintCall: ...
 
     def hold(self, conn: psycopg.Connection) -> bool:
         """Inside the engine's transaction: lock the row(s) and check the lease is still ours."""
@@ -182,9 +187,9 @@ class Job(Protocol):
         ...
 
     def on_build_failure(self, conn: psycopg.Connection, lineage_id: int, exc: Exception) -> bool:
-        """A non-lane build failure (simulation, resource check). Return True when the job changed
-        itself (e.g. a batch split, its rows handed back under `hold`) and should be built again;
-        False to abandon the lineage."""
+        """A non-lane build failure (simulation, resource check, RestoreRequired). Return True when the
+        job changed itself (e.g. a batch split, its rows handed back under `hold`) and should be built
+        again; False to abandon the lineage (after RestoreRequired: RestorePending)."""
         ...
 
     def check(self, signed: SignedTransaction) -> None:
@@ -225,6 +230,16 @@ class BuildFailed:
 @dataclass(frozen=True)
 class Expired:
     reason: str
+
+
+@dataclass(frozen=True)
+class RestorePending:
+    """The unit waits on a restore of archived ledger entries (docs/architecture.md §4 "State archival
+    (TTL)"): `job_id`, the ttl_jobs row the TTL keeper sends (a new one, or an open one holding the
+    keys); `keys`, the entries (base64 LedgerKey XDR)."""
+
+    job_id: int
+    keys: tuple[str, ...]
 
 
 # What drive_all() left a lineage in: its state, or what stopped it alone (raise it for that row).
@@ -276,6 +291,15 @@ TERMINAL_SEND_CODES = {"txBAD_AUTH", "txBAD_AUTH_EXTRA", "txMALFORMED", "txSOROB
 # Simulation failures that are the lane's fault, not the call's: the same call works from another
 # lane. (The billing contract traps with this text when the source is not an allow-listed operator.)
 LANE_FAILURE_MARKERS = ("not an allow-listed operator", "does not exist on chain", "source account")
+
+
+# A restore asked for by a path whose simulation answered a restorePreamble (sql/functions/
+# request_restore.sql: joins an open restore holding those keys, else a new ttl_jobs row). Who asks:
+# the path's crash prefix and the lineage's entitlement (e.g. "settlement:charge_batch:<token>").
+REQUEST_RESTORE_SQL = """
+SELECT paygate.request_restore(%(keys)s::text[], %(path)s || ':' || l.entitlement)
+FROM paygate.lineages l WHERE l.id = %(lineage)s
+"""
 
 
 # How long a latest-ledger answer already in hand is reused instead of read again (prepare).
@@ -499,13 +523,14 @@ class Engine:
 
     # -- prepare, anchor, broadcast --------------------------------------------------------------
 
-    def prepare(self, job: Job, allocation: Allocation) -> Prepared | LaneFailed | BuildFailed | Expired:
+    def prepare(self, job: Job, allocation: Allocation
+                ) -> Prepared | LaneFailed | BuildFailed | Expired | RestorePending:
         """Read the lane's sequence, build + simulate + sign + fee-bump, check, encrypt: everything
         before the anchor, no transaction held, on the lane `allocation` gave (its statement checked
         the lease and read the lane's journal sequence, so neither is read again here). Nothing is
         written for a Prepared until send_prepared()."""
         from paygate_cli.chain.authority import check as check_authority
-        from paygate_cli.chain.contracts import SimulationFailed, build_signed
+        from paygate_cli.chain.contracts import RestoreRequired, SimulationFailed, build_signed
         from paygate_cli.chain.rpc import LaneMissing
 
         settings = self.ctx.settings
@@ -576,6 +601,8 @@ class Engine:
                     raise LeaseLost(f"lineage {lineage_id}: lease lost")
                 again = job.on_build_failure(conn, lineage_id, failure)
             if not again:
+                if isinstance(failure, RestoreRequired):
+                    return self._restore_pending(job, lineage_id, failure)
                 self._abandon(job, lineage_id, str(failure)[:500])
                 return BuildFailed(str(failure)[:500])
         crashpoint(f"{job.crash}.after_sign")
@@ -702,6 +729,25 @@ class Engine:
                 raise LeaseLost(f"lineage {lineage_id}: lease lost")
             lineages.abandon(self.conn, lineage_id, why)
             job.on_abandon(self.conn, lineage_id, why)
+
+    def _restore_pending(self, job: Job, lineage_id: int, exc: RestoreRequired) -> RestorePending:
+        """Archived entries the call needs must be restored first: the lineage is abandoned (never
+        signed: no attempt), the rows handed back (job.on_abandon) and the restore requested in the
+        same transaction, so a unit is never handed back with nobody asked to restore what it waits on."""
+        why = str(exc)[:500]
+        with self.conn.transaction():
+            if not job.hold(self.conn):
+                raise LeaseLost(f"lineage {lineage_id}: lease lost")
+            lineages.abandon(self.conn, lineage_id, why)
+            job.on_abandon(self.conn, lineage_id, why)
+            job_id = int(self.conn.execute(REQUEST_RESTORE_SQL, {"keys": exc.keys_xdr, "path": job.crash,
+                                                                "lineage": lineage_id}).fetchone()[0])
+        self.ctx.log.warning("lineage %s (%s): %d archived ledger entries must be restored first; restore job %s "
+                             "asked for, the unit handed back until it lands", lineage_id, job.crash,
+                             len(exc.keys_xdr), job_id,
+                             extra={"msgid": "journal.restore_pending", "lineage_id": lineage_id,
+                                    "ttl_job_id": job_id})
+        return RestorePending(job_id, tuple(exc.keys_xdr))
 
     def _lane_failed(self, job: Job, lineage_id: int, lane: str, why: str, *, by: str = "paygate:lane_failure",
                      evidence: dict[str, Any] | None = None, finding: bool = False) -> LaneFailed:

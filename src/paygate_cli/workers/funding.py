@@ -546,7 +546,7 @@ def _prepare_and_send(deps: Deps, item: Ready, first: Allocation | LeaseLost | N
     pointer were one statement; relaxed: the anchor's synchronous commit flushes it before any
     send); the anchor and the broadcast follow with the tick's others (tick). A lane that fails for
     a lane reason is fenced and the work moves to another lane at once (allocate_many again)."""
-    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Prepared
+    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Prepared, RestorePending
 
     job, row = item.job, item.job.row
     allocation = first
@@ -572,6 +572,8 @@ def _prepare_and_send(deps: Deps, item: Ready, first: Allocation | LeaseLost | N
         if isinstance(outcome, Expired):
             _finish(deps, row, "expired", outcome.reason + " before it could be used", event="deposit.expired")
             return "expired"
+        if isinstance(outcome, RestorePending):
+            return "restore_pending"  # handed back: built again once the TTL keeper's restore lands
         if isinstance(outcome, BuildFailed):
             if job.purpose == "deposit":
                 _finish(deps, row, "failed", outcome.reason, event="deposit.failed")

@@ -421,7 +421,7 @@ def _prepare(deps: Deps, job: RelayJob, allocation: Allocation | EngineLeaseLost
     lease, the lane, the row's pointer; relaxed, the anchor's synchronous commit flushes it before
     any send): simulate, sign, fee-bump, encrypt. The anchor and the broadcast follow with the
     tick's others (_advance_all)."""
-    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Prepared
+    from paygate_cli.journal.engine import BuildFailed, Expired, LaneFailed, Prepared, RestorePending
 
     row = job.row
     if allocation is None:
@@ -437,6 +437,8 @@ def _prepare(deps: Deps, job: RelayJob, allocation: Allocation | EngineLeaseLost
         return "lane_failed"  # the lane is fenced; the next tick allocates another
     if isinstance(outcome, Expired):
         return _finish(deps, row, "expired", outcome.reason)
+    if isinstance(outcome, RestorePending):
+        return "restore_pending"  # handed back, its reservation kept: built again once the restore lands
     assert isinstance(outcome, BuildFailed)
     return _finish(deps, row, "rejected", f"the call cannot work as signed: {outcome.reason}")
 

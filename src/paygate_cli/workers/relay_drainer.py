@@ -257,7 +257,7 @@ def _release_all(deps: Deps, rows: list[BotJob]) -> None:
 def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
     """Everything the journal and the chain allow for one job now; returns what happened.
     `new_work=False` (recovery) stops before a new lineage: only the one in flight is driven."""
-    from paygate_cli.journal.engine import BuildFailed, LaneFailed, Prepared
+    from paygate_cli.journal.engine import BuildFailed, LaneFailed, Prepared, RestorePending
     from paygate_cli.journal.engine import LeaseLost as EngineLeaseLost
 
     engine = deps.engine
@@ -309,6 +309,8 @@ def advance(deps: Deps, row: BotJob, *, new_work: bool = True) -> str:
         return "sent"
     if isinstance(outcome, LaneFailed):
         return "lane_failed"
+    if isinstance(outcome, RestorePending):
+        return "restore_pending"  # handed back, no attempt: built again once the restore lands
     assert isinstance(outcome, BuildFailed)  # no max_ledger: never Expired
     if outcome.reason.startswith("authority refused"):
         # The call needs someone's authorisation (recorded by the simulation): not permissionless,

@@ -275,9 +275,12 @@ class BatchJob:
 
     def on_build_failure(self, conn: psycopg.Connection, lineage_id: int, exc: Exception) -> bool:
         from paygate_cli.chain.charges import BatchTooLarge, is_resource_failure
+        from paygate_cli.chain.contracts import RestoreRequired
 
         rows = self.rows
-        resource = isinstance(exc, BatchTooLarge) or is_resource_failure(str(exc))
+        # RestoreRequired: the archived entries do not fit this batch's transaction with it; a smaller
+        # batch restores them on the way (ext v1), so the other accounts are not held back by a restore.
+        resource = isinstance(exc, (BatchTooLarge, RestoreRequired)) or is_resource_failure(str(exc))
         if resource and len(rows) > 1:
             keep, drop = rows[: len(rows) // 2], rows[len(rows) // 2:]
             conn.execute(charges.UNCLAIM_SQL, {"lineage": lineage_id, "ids": [r.id for r in drop]})
@@ -300,7 +303,7 @@ def _start_batch(deps: Deps, result: TickResult) -> str:
     """Claim one batch and take it as far as signed (the tick anchors and broadcasts its batches
     together: _send_prepared): prepared | lane_failed | no_free_lane | simulation_failed |
     lease_lost | empty."""
-    from paygate_cli.journal.engine import BuildFailed, LaneFailed, Prepared
+    from paygate_cli.journal.engine import BuildFailed, LaneFailed, Prepared, RestorePending
 
     ctx = deps.ctx
     batch = max(1, min(int(ctx.batch), 100))
@@ -336,6 +339,11 @@ def _start_batch(deps: Deps, result: TickResult) -> str:
     if isinstance(outcome, LaneFailed):
         deps.count("lane_failed")
         return "lane_failed"
+    if isinstance(outcome, RestorePending):
+        # One charge whose entries must be restored first: handed back (on_abandon), no attempt
+        # counted; claimed again once the TTL keeper's restore lands.
+        deps.count("restore_pending")
+        return "restore_pending"
     if isinstance(outcome, BuildFailed):
         deps.ctx.log.error("charge_batch simulation failed, %d charges handed back: %s", len(job.rows),
                            outcome.reason, extra={"msgid": "settlement.simulation_failed", "lineage_id": lineage_id})
