@@ -1,4 +1,4 @@
-"""The scheduler definitions (systemd, cron, Kubernetes, the image) cover all thirteen catalogue
+"""The scheduler definitions (systemd, cron, Kubernetes, the image) cover all fourteen catalogue
 workers at their cadences, give each worker exactly the secrets it needs, parse as run-tick
 command lines (a renamed flag breaks CI), and pass the real validators: `systemd-analyze verify`
 and `security`, and the Kubernetes OpenAPI schemas (kubernetes-validate)."""
@@ -47,7 +47,7 @@ CATALOGUE_CADENCE = {"funding": 2, "settlement": 2, "subscriptions": 60, "relay"
 SIGNING = ["database-url", "fee-secret", "journal-keys", "lane-secrets"]
 RESENDING = ["database-url", "journal-keys"]
 WORKER_SECRETS = {w: ["database-url"] for w in ALL_WORKERS} | {
-    "funding": SIGNING, "settlement": SIGNING, "relay": SIGNING, "relay_drainer": SIGNING,
+    "funding": SIGNING, "settlement": SIGNING, "relay": SIGNING, "relay_drainer": SIGNING, "ttl": SIGNING,
     "recovery": RESENDING}
 SECRET_ENV = {"database-url": "PAYGATE_DATABASE_URL_FILE", "fee-secret": "PAYGATE_FEE_SECRET_FILE",
               "lane-secrets": "PAYGATE_LANE_SECRETS_FILE", "journal-keys": "PAYGATE_JOURNAL_KEYS_FILE"}
@@ -153,7 +153,7 @@ def test_every_worker_has_a_unit_env_file_cronjob_and_crontab_line() -> None:
     assert sorted(c[1] for c in systemd_commands()) == ALL_WORKERS
     assert sorted(c[1] for c in cron_commands()) == ALL_WORKERS
     assert sorted(c[1] for c in k8s_commands()) == ALL_WORKERS
-    assert set(WORKERS) <= set(ALL_WORKERS) and len(ALL_WORKERS) == 13
+    assert set(WORKERS) <= set(ALL_WORKERS) and len(ALL_WORKERS) == 14
 
 
 def test_the_template_alone_runs_a_valid_command_without_its_env_file() -> None:

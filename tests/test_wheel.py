@@ -117,7 +117,7 @@ def test_wheel_installed_in_a_fresh_venv_migrates_and_runs(installed: Path, tmp_
             assert tick.returncode == 0, (worker, tick.returncode, tick.stderr)
             summary = json.loads(tick.stdout)["run_tick"]
             assert (summary["worker"], summary["ticks"]) == (worker, 1), tick.stdout
-        assert sorted(ran) == sorted(RESERVED_WORKER_IDS) and len(ran) == 13, ran
+        assert sorted(ran) == sorted(RESERVED_WORKER_IDS) and len(ran) == 14, ran
     finally:
         devnet.stop()
     assert os.access(venv / "bin" / "paygate", os.X_OK)

@@ -50,7 +50,7 @@ RESENDS_JOURNALED = ("rpc", "journal_keys", "journal_active_key")
 RESERVED_WORKER_IDS: dict[str, int] = {
     "funding": 1, "settlement": 2, "subscriptions": 3, "relay": 4, "observer": 5, "recovery": 6,
     "reconciler": 7, "relay_drainer": 8, "relay_expiry": 9, "gas": 10, "idempotency_sweep": 11,
-    "webhooks": 12, "retention": 13,
+    "webhooks": 12, "retention": 13, "ttl": 14,
 }
 
 
@@ -148,6 +148,11 @@ WORKERS: dict[str, WorkerSpec] = {
         WorkerSpec("retention", cadence=300, batch=5000, single_writer=True, concurrency=1,
                    target="paygate_cli.workers.retention:tick",
                    description="terminal rows older than the retention window -> paygate_archive, in bounded batches"),
+        WorkerSpec("ttl", cadence=60, batch=8, single_writer=True, concurrency=1,
+                   target="paygate_cli.workers.ttl:tick",
+                   description="keeps the contract's entries and funded accounts' balances alive: extend / restore "
+                               "through the engine, within a daily rent budget",
+                   requires=SENDS_TRANSACTIONS, queues=("ttl_jobs.pending",)),
     )
 }
 

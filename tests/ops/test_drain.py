@@ -174,4 +174,4 @@ def test_a_drained_instance_runs_only_the_ticks_that_obey_draining() -> None:
 
     assert {name for name, spec in WORKERS.items() if honours_drain(spec)} == {
         "funding", "settlement", "subscriptions", "webhooks", "idempotency_sweep", "recovery", "reconciler",
-        "relay", "relay_drainer", "retention"}
+        "relay", "relay_drainer", "retention", "ttl"}

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from paygate_cli.catalogue import RESERVED_WORKER_IDS, WORKERS
 from paygate_cli.db.locks import LOCK_NAMESPACE, MIGRATE_KEY, describe_key
 from paygate_cli.db.migrate import schema_state
-from paygate_cli.state import fee_market_state, list_halts, open_findings_summary, queue_depths
+from paygate_cli.state import fee_market_state, list_halts, open_findings_summary, queue_depths, ttl_state
 
 if TYPE_CHECKING:
     import psycopg
@@ -223,6 +223,37 @@ def fee_market(conn: psycopg.Connection, settings: Any = None) -> tuple[dict[str
     return block, problems
 
 
+def ttl(conn: psycopg.Connection, settings: Any = None) -> tuple[dict[str, Any], list[str]]:
+    """The state archival block of `status` (workers/ttl.py, docs/architecture.md §6 "TTL keeper"):
+    the nearest expiry of what the keeper keeps alive (what, whose, in ledgers and days), the entries
+    per state, today's rent against the budget and what it left unextended, the open extend/restore
+    jobs (a restore a money path waits on names who asked), and the entries that need a human, each
+    with its key. Those and the jobs asking a human make `status` not ready; a keeper that left
+    entries unextended says so as its stall."""
+    from paygate_cli.chain.ttl import LEDGER_SECONDS, ledgers
+
+    state = ttl_state(conn)
+    nearest = state["nearest"]
+    if nearest is not None and nearest["ledgers_left"] is not None:
+        nearest["days_left"] = round(nearest["ledgers_left"] * LEDGER_SECONDS / 86400, 1)
+    threshold = getattr(settings, "ttl_threshold", None) if settings is not None else None
+    block: dict[str, Any] = {
+        **state,
+        "threshold_ledgers": ledgers(float(threshold)) if threshold is not None else None,
+        "rent_budget": getattr(settings, "ttl_rent_budget", None) if settings is not None else None,
+        "restores_pending": [j for j in state["jobs"] if j["kind"] == "restore" and j["status"] == "pending"],
+    }
+    problems = []
+    if state["needs_human"]:
+        first, count = state["needs_human"][0], len(state["needs_human"])
+        whose = f" of {first['account']}" if first["account"] else ""
+        problems.append(f"{count} kept ledger entr{'y needs' if count == 1 else 'ies need'} a human (the first: "
+                        f"{first['kind']}{whose}: {first['reason']}; see runbooks/contract-ttl.md)")
+    problems += [f"ttl job {j['id']} ({j['kind']}, asked by {j['requested_by']}) needs a human: {j['reason']}"
+                 for j in state["jobs"] if j["status"] == "needs_human"]
+    return block, problems
+
+
 def rpc_endpoints(settings: Any) -> list[tuple[str, str]]:
     """(role, URL) of the write endpoint and the distinct read endpoints, as the chain client counts
     them; [] without RPC configured."""
@@ -350,6 +381,8 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
         report.update(queues=queue_depths(conn), workers=last_runs(conn), gas=gas(conn))
         report["fee_market"], fee_problems = fee_market(conn, settings)
         problems += fee_problems
+        report["ttl"], ttl_problems = ttl(conn, settings)
+        problems += ttl_problems
         report["cannot_work"] = workers_that_cannot_start(report["workers"])  # liveness() names their problem
     except tolerated as exc:
         # A schema behind this build may lack what these read; the report already says why (not ready).

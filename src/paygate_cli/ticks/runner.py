@@ -272,6 +272,7 @@ def _run_worker(env: Env, spec: WorkerSpec, opts: RunOptions, report: _MetricsRe
     report.directory = opts.metrics_dir
     instance = report.instance = settings.effective_instance_id()
     report.fee_cap = settings.max_inclusion_fee
+    report.ttl_threshold = settings.ttl_threshold
     try:
         preflight(settings, spec)
     except (CannotWork, ConfigError) as exc:
@@ -422,6 +423,7 @@ class _MetricsReport:
     conn: psycopg.Connection | None = None  # the work connection, to read the last success
     last_success: float | None = None
     fee_cap: int | None = None  # max_inclusion_fee, for the state file's paygate_fee_cap_stroops
+    ttl_threshold: float | None = None  # seconds, for the state file's paygate_ttl_threshold_ledgers
 
     def _last_success(self) -> float | None:
         if self.conn is not None and not self.conn.closed:
@@ -446,17 +448,20 @@ class _MetricsReport:
     def _state(self) -> None:
         """The shared state file (queues, halts, findings), at most every STATE_INTERVAL per host."""
         from paygate_cli.metrics import StateMetrics, state_is_stale, write_state_textfile
-        from paygate_cli.state import fee_market_state, list_halts, open_findings_count, queue_depths
+        from paygate_cli.state import fee_market_state, list_halts, open_findings_count, queue_depths, ttl_state
 
         now = time.time()
         if self.conn is None or not self.directory or not state_is_stale(self.directory, now):
             return
         try:
+            from paygate_cli.chain.ttl import ledgers
+
             findings = open_findings_count(self.conn)
             write_state_textfile(self.directory, StateMetrics(
                 instance=self.instance, queues=queue_depths(self.conn),
                 halts=[h["kind"] for h in list_halts(self.conn)], findings_open=findings, written=now,
-                fee=fee_market_state(self.conn), fee_cap=self.fee_cap))
+                fee=fee_market_state(self.conn), fee_cap=self.fee_cap, ttl=ttl_state(self.conn),
+                ttl_threshold=None if self.ttl_threshold is None else ledgers(self.ttl_threshold)))
         except Exception as exc:  # observability must not fail the tick it describes
             log.warning("could not write the state metrics: %s", exc, extra={"msgid": "metrics.state_failed"})
 
