@@ -242,13 +242,48 @@ def _fee_capped(world: World) -> None:
     world.hooks["market-fell"] = market_fell
 
 
+def _contract_ttl(world: World) -> None:
+    """What the TTL keeper records when the billing contract's instance reads archived (one restore
+    queued, as by paygate.request_restore) and an account's balance entry was archived again after
+    its restore (a human is asked, with the key). The keys are the real ones of this devnet."""
+    from stellar_sdk import Address, scval, xdr
+
+    billing, user = world.devnet.genesis["contracts"]["billing"], world.devnet.genesis["users"][2]["public"]
+
+    def data_key(key: xdr.SCVal) -> str:
+        return xdr.LedgerKey(type=xdr.LedgerEntryType.CONTRACT_DATA, contract_data=xdr.LedgerKeyContractData(
+            contract=Address(billing).to_xdr_sc_address(), key=key,
+            durability=xdr.ContractDataDurability.PERSISTENT)).to_xdr()
+
+    instance = data_key(xdr.SCVal(type=xdr.SCValType.SCV_LEDGER_KEY_CONTRACT_INSTANCE))
+    balance = data_key(scval.to_vec([scval.to_symbol("Balance"), scval.to_address(user)]))
+    with world.db() as db:
+        db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 40000000)", (user,))
+        db.execute("INSERT INTO paygate.ttl_entries (key_hash, key_xdr, kind, state, live_until, read_ledger, read_at)"
+                   " VALUES (sha256(decode(%s, 'base64')), %s, 'instance', 'archived', 90, 120, now())",
+                   (instance, instance))
+        db.execute("SELECT paygate.request_restore(ARRAY[%s], 'ttl')", (instance,))
+        db.execute("INSERT INTO paygate.ttl_entries (key_hash, key_xdr, kind, account, state, live_until, read_ledger,"
+                   " read_at, restored_at, reason) VALUES (sha256(decode(%s, 'base64')), %s, 'account_balance', %s,"
+                   " 'needs_human', 100, 120, now(), now() - interval '40 days', 'archived again after its restore: "
+                   "the keeper did not keep it alive; restore it by hand (runbooks/contract-ttl.md), key ' || %s)",
+                   (balance, balance, user, balance))
+
+    def restored(w: World) -> None:  # restored by hand: the keeper's next reads see both live again
+        with w.db() as db:
+            db.execute("UPDATE paygate.ttl_entries SET state = 'live', reason = NULL, live_until = 2000000,"
+                       " restored_at = now()")
+            db.execute("UPDATE paygate.ttl_jobs SET status = 'applied', finished_at = now() WHERE status = 'pending'")
+    world.hooks["restored-by-hand"] = restored
+
+
 SCENARIOS: dict[str, Callable[[World], None]] = {
     "idle": _idle, "running-host": _running_host, "observer-behind-retention": _observer_behind_retention,
     "deposit-needs-human": _deposit_needs_human, "gas-halt": _gas_halt,
     "lanes": _lanes, "restore-lost-a-commit": _restore_lost_a_commit,
     "lane-fenced-chain-ahead": _lane_fenced_chain_ahead,
     "drift": _drift, "dead-webhooks": _dead_webhooks, "rpc-outage": _rpc_outage,
-    "observer-unconfigured": _observer_unconfigured, "fee-capped": _fee_capped,
+    "observer-unconfigured": _observer_unconfigured, "fee-capped": _fee_capped, "contract-ttl": _contract_ttl,
 }
 SHORT_RETENTION = {"observer-behind-retention"}
 
