@@ -9,7 +9,9 @@ time):
 - a restore that does not fit the call's transaction (the simulation answers a restorePreamble): a
   charge batch of many charges splits and every charge settles; a unit that cannot split asks for a
   restore (a ttl_jobs row, joined by the next ask), is handed back with nothing failed, and lands
-  once the restore has.
+  once the restore has;
+- the TTL keeper killed (a real process, PAYGATE_CRASH_AT) in each phase of a restore lineage: the
+  restore lands once, journaled once, its rent counted once.
 
 chain/ttl.py's keys, TTL reads and footprint calls are exercised against the same devnet."""
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,6 +43,7 @@ from paygate_cli.settings import load_settings
 from tests.support.chain_env import ChainEnv, billing_balance, chain_environ
 from tests.support.charges_support import admit_charge, fund, run_until_quiet
 from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.drill_support import crash_tick
 from tests.support.funding import admit
 from tests.support.funding import run_until_quiet as fund_until_quiet
 
@@ -412,3 +416,59 @@ def test_a_unit_whose_restore_does_not_fit_asks_for_one_is_handed_back_and_lands
     result = xdr.TransactionMeta.from_xdr(got["resultMetaXdr"]).v4.soroban_meta.return_value
     assert scval.to_native(result) == [48, 0, 0]  # settled, failed, skipped
     assert billing_balance(chain, user) == DEPOSIT - 48
+
+
+# -- crash drills: the restore lineage's phases (the TTL keeper's tick, a real process) -------------
+
+RESTORE_POINTS = ["ttl.restore.after_allocate", "ttl.restore.after_sign", "ttl.restore.after_anchor",
+                  "ttl.restore.after_broadcast", "ttl.restore.before_resolve", "ttl.restore.after_resolve"]
+
+
+def _keeper(chain: ChainEnv) -> None:
+    wait_for_ttl_leases(chain)
+    result = chain.tick("ttl", "--once")
+    assert result.code in (0, 1), (result.code, result.err[-2000:])
+
+
+def wait_for_ttl_leases(chain: ChainEnv) -> None:
+    """Sleep until no pending ttl job holds a lease (DB time): a killed keeper's claim has lapsed."""
+    with psycopg.connect(chain.dsn, autocommit=True) as conn:
+        left = conn.execute("SELECT coalesce(extract(epoch FROM max(lease_expires_at) - now()), 0)::float8 "
+                            "FROM paygate.ttl_jobs WHERE status = 'pending' AND lease_expires_at > now()"
+                            ).fetchone()[0]
+    if left > 0:
+        time.sleep(left + 0.05)
+
+
+@pytest.mark.parametrize("point", RESTORE_POINTS)
+def test_a_keeper_killed_in_a_restore_phase_lands_it_once(chain: ChainEnv, db: psycopg.Connection,
+                                                          point: str) -> None:
+    chain.environ["PAYGATE_TTL_THRESHOLD"] = "50s"  # 10 ledgers: nothing live is due for an extension
+    advance(chain, PAST_TTL)  # the billing contract's instance and code archived
+    kept = contract_keys(chain)
+    _keeper(chain)  # reads them archived: one restore job
+    (job_id,) = db.execute("SELECT id FROM paygate.ttl_jobs WHERE kind = 'restore' AND status = 'pending'"
+                           ).fetchone()
+    if point.endswith("resolve"):
+        _keeper(chain)  # sent; the next tick resolves it
+        chain.devnet.close_ledger()
+    crash_tick(chain.environ, "ttl", point)
+    for _ in range(6):
+        _keeper(chain)
+        if db.execute("SELECT status FROM paygate.ttl_jobs WHERE id = %s", (job_id,)).fetchone()[0] != "pending":
+            break
+        chain.devnet.close_ledger()
+    status, lineage_id, fee = db.execute("SELECT status, lineage_id, fee_charged FROM paygate.ttl_jobs WHERE id = %s",
+                                         (job_id,)).fetchone()
+    assert status == "applied"
+    # One RestoreFootprint signed and journaled for the job, whatever died where: a lineage killed
+    # before its anchor was abandoned (nothing signed survives it), an anchored one was resent as is.
+    signed = db.execute("SELECT id, state FROM paygate.lineages WHERE purpose = 'restore' AND envelope IS NOT NULL"
+                        ).fetchall()
+    assert signed == [(lineage_id, "applied")]
+    assert lineage_row(db, lineage_id)["fee_charged"] == fee
+    spent, transactions = db.execute("SELECT spent, transactions FROM paygate.ttl_rent").fetchone()
+    assert (spent, transactions) == (fee, 1)  # its rent counted once
+    assert not any(t.archived for t in ttls(chain, kept))
+    assert {state for (state,) in db.execute("SELECT state FROM paygate.ttl_entries WHERE kind IN ('instance', "
+                                             "'code')")} == {"live"}
