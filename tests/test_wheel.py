@@ -143,7 +143,8 @@ print(json.dumps(walk(typer.main.get_command(make_app()), [])))
 # Commands that write, serve or start things: their --help runs from the wheel, and they are run for
 # real elsewhere (migrate and run-tick above, the rest in their own tests against this same code).
 HELP_ONLY = {("demo",), ("devnet", "start"), ("devnet", "fund"), ("devnet", "close"), ("devnet", "fault"),
-             ("dev", "db", "up"), ("dev", "db", "down"), ("dev", "db", "url"), ("migrate",), ("run-tick",),
+             ("devnet", "advance"), ("devnet", "limits"), ("dev", "db", "up"), ("dev", "db", "down"),
+             ("dev", "db", "url"), ("migrate",), ("run-tick",),
              ("halt",), ("resume",), ("undrain",)}
 
 

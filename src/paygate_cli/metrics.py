@@ -118,7 +118,8 @@ STATE_HELP = {
     "paygate_state_timestamp_seconds": "Unix time this state file was written",
     "paygate_fee_capped_units": "Live lineages of a path that are fee-capped: the market asks more than their "
                                 "cap (0: none)",
-    "paygate_fee_market_price_stroops": "The last fee market price read (getFeeStats percentile, stroops/op); "
+    "paygate_fee_market_price_stroops": "The last fee market price read (getFeeStats' percentile of "
+                                        "sorobanInclusionFee: a transaction's whole inclusion fee, stroops); "
                                         "absent when never read",
     "paygate_fee_market_age_seconds": "Age of the last fee market price read when this file was written; absent when "
                                       "never read",

@@ -88,6 +88,16 @@ def _parse_urls(text: str | list[str], name: str) -> list[str]:
     return out
 
 
+# A ledger closes about every 5 s: the one conversion of durations (the TTL settings) into ledgers. Here,
+# not in chain/, so status and an idle tick convert without loading stellar_sdk.
+LEDGER_SECONDS = 5
+
+
+def ledgers(seconds: float) -> int:
+    """A duration in ledgers, rounded down (a threshold or an extension never overshoots)."""
+    return int(seconds // LEDGER_SECONDS)
+
+
 # getFeeStats' FeeDistribution fields a bid may follow.
 FEE_PERCENTILES = ("p10", "p20", "p30", "p40", "p50", "p60", "p70", "p80", "p90", "p95", "p99", "max", "mode")
 
@@ -116,7 +126,7 @@ class Field:
 # "majority" of one node is no quorum at all. These workers act on such decisions (a dead lineage is
 # re-prepared or its work handed back and paid again), so they refuse to start without enough hosts.
 MIN_READ_HOSTS = 3
-MONEY_MOVERS = frozenset({"funding", "settlement", "relay", "relay_drainer", "relay_expiry", "recovery"})
+MONEY_MOVERS = frozenset({"funding", "settlement", "relay", "relay_drainer", "relay_expiry", "recovery", "ttl"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 

@@ -34,7 +34,7 @@ def _rich(rows: list[dict[str, Any]], columns: list[str], lines: list[str], titl
         console.print(line, markup=False, soft_wrap=True)
     table = Table(title=title, show_lines=False)
     for column in columns:
-        table.add_column(column)
+        table.add_column(column, overflow="fold")  # as output.emit asks rich: never an ellipsis
     for row in rows:
         table.add_row(*[output.cell_text(row.get(c)) for c in columns])
     console.print(table)

@@ -76,7 +76,8 @@ def test_the_last_price_read_is_shown_with_its_age_ledger_and_host(dsn: str, db:
         ("read", "p90", 1_500, 4242, "rpc-a.example")
     assert 40 <= fee["age_s"] < 100
     line = next(line for line in run_cli("status", dsn=dsn).out.splitlines() if "fee_market" in line)
-    assert "p90 1500" in line and "1500 stroops (0.00015 XLM)/op" in line
+    # getFeeStats' figure is a whole transaction's inclusion fee, not a rate per operation
+    assert "p90 1500" in line and "1500 stroops (0.00015 XLM) a transaction" in line
     assert "at ledger 4242 from rpc-a.example" in line and "ago" in line
 
 

@@ -20,15 +20,8 @@ from paygate_cli.errors import Unavailable
 if TYPE_CHECKING:
     from paygate_cli.chain.rpc import ChainClient
 
-# A ledger closes about every 5 s: the one conversion of the TTL settings (seconds) into ledgers.
-LEDGER_SECONDS = 5
 # getLedgerEntries answers at most this many keys per request (stellar-rpc's limit).
 MAX_KEYS_PER_READ = 200
-
-
-def ledgers(seconds: float) -> int:
-    """A duration in ledgers, rounded down (a threshold or an extension never overshoots)."""
-    return int(seconds // LEDGER_SECONDS)
 
 
 def _data_key(contract: str, key: xdr.SCVal) -> xdr.LedgerKey:

@@ -121,8 +121,9 @@ def _fee_market_rows(fee: dict[str, Any], *, wide: bool) -> list[dict[str, objec
                                           "detail": f"no getFeeStats price read yet ({fee['percentile']}); {cap}"}]
     else:
         rows = [{"check": "fee_market", "value": f"{fee['percentile']} {fee['price']}",
-                 "detail": f"{_rate(fee['price'])}, read {ago(fee['age_s'])} at ledger {fee['ledger']} from "
-                           f"{fee['endpoint']}; {cap}"}]
+                 # getFeeStats' figure is a Soroban transaction's whole inclusion fee (docs/architecture.md §4)
+                 "detail": f"{_xlm(fee['price'])} a transaction, read {ago(fee['age_s'])} at ledger "
+                           f"{fee['ledger']} from {fee['endpoint']}; {cap}"}]
     for path in fee["paths"]:
         if path["fee_capped"]:
             rows.append({"check": f"fee_capped:{path['path']}", "value": path["fee_capped"],

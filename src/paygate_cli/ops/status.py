@@ -230,7 +230,7 @@ def ttl(conn: psycopg.Connection, settings: Any = None) -> tuple[dict[str, Any],
     jobs (a restore a money path waits on names who asked), and the entries that need a human, each
     with its key. Those and the jobs asking a human make `status` not ready; a keeper that left
     entries unextended says so as its stall."""
-    from paygate_cli.chain.ttl import LEDGER_SECONDS, ledgers
+    from paygate_cli.settings import LEDGER_SECONDS, ledgers
 
     state = ttl_state(conn)
     nearest = state["nearest"]

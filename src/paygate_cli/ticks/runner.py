@@ -454,7 +454,7 @@ class _MetricsReport:
         if self.conn is None or not self.directory or not state_is_stale(self.directory, now):
             return
         try:
-            from paygate_cli.chain.ttl import ledgers
+            from paygate_cli.settings import ledgers
 
             findings = open_findings_count(self.conn)
             write_state_textfile(self.directory, StateMetrics(

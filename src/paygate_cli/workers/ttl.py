@@ -510,7 +510,7 @@ def _deps(ctx: TickContext) -> Deps:
 
 
 def tick(ctx: TickContext) -> TickResult:
-    from paygate_cli.chain.ttl import ledgers
+    from paygate_cli.settings import ledgers
 
     settings = ctx.settings
     claimed_at = time.monotonic()
