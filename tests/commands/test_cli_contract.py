@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -170,12 +171,29 @@ def test_help_does_not_import_stellar_sdk() -> None:
     assert out == ["0", "False"]
 
 
-def test_idle_tick_does_not_import_stellar_sdk(dsn: str) -> None:
+@pytest.mark.parametrize("args", [
+    ["run-tick", "webhooks", "--json"],
+    # the state file (fee market, TTL expiry in ledgers) is written too: still no SDK
+    ["run-tick", "webhooks", "--json", "--metrics-dir", "{tmp}"],
+])
+def test_idle_tick_does_not_import_stellar_sdk(dsn: str, tmp_path: Path, args: list[str]) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     probe = ("import sys\nfrom paygate_cli.__main__ import main\n"
-             "code = main(['run-tick', 'webhooks', '--json'])\n"
+             f"code = main({args!r})\n"
              "print('RESULT', code, 'stellar_sdk' in sys.modules)\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=base_environ(dsn))
     assert proc.stdout.strip().splitlines()[-1].split() == ["RESULT", "0", "False"]
+    if "--metrics-dir" in args:
+        assert (tmp_path / "paygate_state.prom").exists()
+
+
+def test_a_cold_status_does_not_import_stellar_sdk(dsn: str) -> None:
+    probe = ("import sys, io, contextlib\nfrom paygate_cli.__main__ import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    code = main(['status', '--json'])\n"
+             "print('RESULT', code, 'stellar_sdk' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=base_environ(dsn))
+    assert proc.stdout.strip().splitlines()[-1].split()[2] == "False", proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("args", [["--version"], ["workers", "--offline", "--json"]])
