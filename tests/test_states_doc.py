@@ -16,7 +16,7 @@ STATES_DOC = (ROOT / "docs" / "states.md").read_text(encoding="utf-8")
 QUEUE_TABLES = {
     "deposits": "status", "charges": "status", "charge_batches": "outcome", "subscriptions": "status",
     "relays": "status", "bot_jobs": "status", "webhook_outbox": "status", "lineages": "state",
-    "fee_reservations": "status", "lanes": "status",
+    "fee_reservations": "status", "lanes": "status", "ttl_jobs": "status", "ttl_entries": "state",
 }
 
 _DIAGRAM = re.compile(r"```mermaid\n(stateDiagram-v2\n.*?)```", re.DOTALL)
