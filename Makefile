@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/observer.py
 	$(VENV)/bin/python bench/relay.py
 	$(VENV)/bin/python bench/fee_market.py
+	$(VENV)/bin/python bench/ttl.py
 	$(VENV)/bin/python bench/ops_scale.py
 	$(VENV)/bin/python bench/growth.py
 
