@@ -23,6 +23,7 @@ TERMINAL = {
     "relays": {"applied", "failed", "expired", "rejected"},
     "bot_jobs": {"applied", "failed", "dead"},
     "webhook_outbox": {"delivered"},
+    "ttl_jobs": {"applied", "failed"},  # a failed extend is followed by a new job once due
 }
 
 
@@ -369,6 +370,69 @@ def check_balances(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> 
         out.fail("cached balances equal chain balances", f"(account, cached, chain): {mismatched}")
 
 
+def _persistent(contract: str, key: xdr.SCVal) -> xdr.LedgerKey:
+    return xdr.LedgerKey(type=xdr.LedgerEntryType.CONTRACT_DATA, contract_data=xdr.LedgerKeyContractData(
+        contract=Address(contract).to_xdr_sc_address(), key=key, durability=xdr.ContractDataDurability.PERSISTENT))
+
+
+def kept_keys(chain: ChainEnv, conn: psycopg.Connection) -> dict[str, str]:
+    """What paygate keeps alive (docs/architecture.md §4 "State archival (TTL)"), built here from the
+    contracts' layouts, not by paygate: the billing contract's instance and code, its USDC balance in
+    the SAC, and the balance entry of every account with money on it; plus every key ttl_entries
+    holds. -> {key_xdr: what it is}."""
+    billing, usdc = chain.genesis["contracts"]["billing"], chain.genesis["contracts"]["usdc"]
+    keys = {_persistent(billing, xdr.SCVal(type=xdr.SCValType.SCV_LEDGER_KEY_CONTRACT_INSTANCE)).to_xdr(): "instance"}
+    with chain.server() as server:
+        [instance] = server.get_ledger_entries([xdr.LedgerKey.from_xdr(next(iter(keys)))]).entries or [None]
+    if instance is not None:
+        wasm = xdr.LedgerEntryData.from_xdr(instance.xdr).contract_data.val.instance.executable.wasm_hash
+        keys[xdr.LedgerKey(type=xdr.LedgerEntryType.CONTRACT_CODE, contract_code=xdr.LedgerKeyContractCode(
+            hash=wasm)).to_xdr()] = "code"
+
+    def balance(contract: str, holder: str) -> str:
+        return _persistent(contract, scval.to_vec([scval.to_symbol("Balance"), scval.to_address(holder)])).to_xdr()
+
+    keys[balance(usdc, billing)] = "sac_balance"
+    for (address,) in conn.execute("SELECT address FROM paygate.accounts WHERE cached_balance > 0 ORDER BY address"):
+        keys[balance(billing, address)] = f"account_balance {address}"
+    for key, kind, account in conn.execute("SELECT key_xdr, kind, account FROM paygate.ttl_entries"):
+        keys.setdefault(key, f"{kind} {account or ''}".strip())
+    return keys
+
+
+def check_ttl(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> None:
+    """Nothing paygate keeps alive is archived at the end: on chain (liveUntilLedgerSeq 0 or behind
+    the latest ledger) nor in ttl_entries (archived, or asking a human); what the keeper did is
+    counted."""
+    keys = kept_keys(chain, conn)
+    archived, missing = [], []
+    with chain.server() as server:
+        items = list(keys)
+        for start in range(0, len(items), 200):
+            answer = server.get_ledger_entries([xdr.LedgerKey.from_xdr(k) for k in items[start:start + 200]])
+            found = {e.key: e for e in answer.entries or []}
+            for key in items[start:start + 200]:
+                entry = found.get(key)
+                if entry is None:
+                    # never written: a balance entry exists once money moved on chain
+                    if keys[key] in ("instance", "code"):
+                        missing.append(keys[key])
+                elif not entry.live_until_ledger or entry.live_until_ledger < answer.latest_ledger:
+                    archived.append((keys[key], entry.live_until_ledger, answer.latest_ledger))
+    out.counts["kept entries checked on chain"] = len(keys)
+    out.counts["ttl_entries"] = dict(conn.execute("SELECT state, count(*) FROM paygate.ttl_entries GROUP BY 1 "
+                                                  "ORDER BY 1").fetchall())
+    out.counts["ttl jobs applied"] = dict(conn.execute("SELECT kind, count(*) FROM paygate.ttl_jobs "
+                                                       "WHERE status = 'applied' GROUP BY 1 ORDER BY 1").fetchall())
+    if archived or missing:
+        out.fail("nothing paygate keeps alive is archived", f"archived (what, liveUntil, latest): {archived}; "
+                 f"missing: {missing}")
+    bad = _rows(conn, "SELECT kind, account, state, live_until, reason FROM paygate.ttl_entries "
+                      "WHERE state IN ('archived', 'needs_human') ORDER BY kind, account")
+    if bad:
+        out.fail("nothing paygate keeps alive is archived (ttl_entries)", "\n".join(f"    {r}" for r in bad))
+
+
 def check_events(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> None:
     billing = [e for e in chain_events(chain, chain.genesis["contracts"]["billing"])
                if e["topics"][0] in ("credit", "charge", "charge_failed")]
@@ -440,6 +504,7 @@ def check_all(chain: ChainEnv, dsn: str, receiver: Receiver) -> Findings:
         check_landings_and_fees(chain, conn, out)
         check_fee_failures(conn, out)
         check_balances(chain, conn, out)
+        check_ttl(chain, conn, out)
         check_events(chain, conn, out)
         check_webhooks(conn, receiver, out)
         check_findings(conn, out)

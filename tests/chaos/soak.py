@@ -49,6 +49,7 @@ WORKER_PLAN: list[tuple[str, int, str]] = [
     ("funding", 2, "0.5s"), ("settlement", 2, "0.5s"), ("subscriptions", 2, "1s"), ("webhooks", 2, "0.5s"),
     ("recovery", 2, "2s"), ("observer", 1, "0.5s"), ("relay", 1, "0.5s"), ("relay_drainer", 1, "1s"),
     ("relay_expiry", 1, "2s"), ("reconciler", 1, "2s"), ("gas", 1, "3s"), ("idempotency_sweep", 1, "5s"),
+    ("ttl", 1, "2s"),
 ]
 LANES = 6
 USERS = 6
@@ -58,8 +59,22 @@ USERS = 6
 # follow a surge within a ledger and forget it a few ledgers after it ends.
 CAPACITY = LANES
 FEE_STATS_WINDOW = 5
-DEVNET_ARGS = ["--ledger-max-soroban-txs", str(CAPACITY), "--fee-stats-window-soroban", str(FEE_STATS_WINDOW)]
 LEDGER_SECONDS = 1
+# State archival (docs/architecture.md §4 "State archival (TTL)"): a persistent entry lives
+# PERSISTENT_TTL ledgers and the TTL keeper extends whatever expires within TTL_THRESHOLD ledgers: an
+# entry older than ten ledgers is due the moment the keeper reads it live, so it really extends under
+# the chaos (the contract's entries at its first read). An entry it read before it was written (an
+# account's balance entry, registered while its first deposit is in flight) is read again within the
+# hour (workers/ttl.py's rotation), inside PERSISTENT_TTL ledgers of 1 s: it cannot archive unseen,
+# however long the soak. The keeper converts durations at 5 s per ledger (chain/ttl.py), whatever the
+# devnet's ledger time. What it does not keep (the market contract, the SAC's instance) archives only
+# after PERSISTENT_TTL ledgers, past a short soak; a longer one restores them on the way (auto-restore).
+PERSISTENT_TTL = 4_000
+TTL_THRESHOLD = 3_990
+TTL_EXTEND_TO = 5_000
+KEEPER_LEDGER_SECONDS = 5
+DEVNET_ARGS = ["--ledger-max-soroban-txs", str(CAPACITY), "--fee-stats-window-soroban", str(FEE_STATS_WINDOW),
+               "--min-persistent-ttl", str(PERSISTENT_TTL), "--max-entry-ttl", "20000"]  # >= the temporary TTL (17,280)
 # Surges bid 10x-30x the base fee; the cap sits between, so a surge below it is outbid by a
 # replacement and one above it parks its lineages fee-capped. A floor bid (200) is replaced at
 # min(cap, 10 x 200): the cap must be at least 2000 for a replacement to happen at all.
@@ -77,7 +92,8 @@ SELECT (SELECT count(*) FROM paygate.deposits WHERE status = 'pending') AS depos
        (SELECT count(*) FROM paygate.relays WHERE status = 'queued') AS relays,
        (SELECT count(*) FROM paygate.bot_jobs WHERE status = 'queued') AS bot_jobs,
        (SELECT count(*) FROM paygate.fee_reservations WHERE status = 'reserved') AS reservations,
-       (SELECT count(*) FROM paygate.webhook_outbox WHERE status IN ('pending', 'delivering')) AS webhooks
+       (SELECT count(*) FROM paygate.webhook_outbox WHERE status IN ('pending', 'delivering')) AS webhooks,
+       (SELECT count(*) FROM paygate.ttl_jobs WHERE status = 'pending') AS ttl_jobs
 """
 
 
@@ -168,6 +184,8 @@ def build_world(tmp: Path) -> World:
             PAYGATE_INSTANCE_ID="soak",
             PAYGATE_MAX_INCLUSION_FEE=str(MAX_INCLUSION_FEE),
             PAYGATE_FEE_STATS_CACHE="1s",  # the default 5 s is five of the soak's ledgers: a surge is short
+            PAYGATE_TTL_THRESHOLD=f"{TTL_THRESHOLD * KEEPER_LEDGER_SECONDS}s",
+            PAYGATE_TTL_EXTEND_TO=f"{TTL_EXTEND_TO * KEEPER_LEDGER_SECONDS}s",
         )
         receiver = Receiver().start()
         with psycopg.connect(dsn, autocommit=True) as conn:

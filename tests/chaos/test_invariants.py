@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 from stellar_sdk import Keypair, TransactionBuilder, scval, xdr
 from stellar_sdk.soroban_rpc import GetTransactionStatus, SendTransactionStatus
 
-from tests.chaos.invariants import check_all
+from tests.chaos.invariants import Findings, _persistent, check_all, check_ttl
 from tests.support.chain_env import ChainEnv
 from tests.support.charges_support import charge_chain
 from tests.support.devnet_support import DevnetHandle, start_devnet
@@ -115,3 +115,24 @@ def _fee_bumped_call(chain: ChainEnv) -> tuple[bytes, int, int]:
         assert landed.status == GetTransactionStatus.SUCCESS, landed
         result = xdr.TransactionResult.from_xdr(landed.result_xdr)
         return tx.hash(), int(landed.ledger), int(result.fee_charged.int64)
+
+
+def test_planted_archived_kept_entries_are_reported(chain: ChainEnv, db: psycopg.Connection,
+                                                     receiver: Receiver) -> None:
+    assert "nothing paygate keeps alive is archived" not in {
+        v.invariant for v in check_all(chain, chain.dsn, receiver).violations}
+    user = chain.genesis["users"][0]["public"]
+    # A kept entry the keeper saw archived, and (below) the chain past every genesis entry's TTL.
+    key = _persistent(chain.genesis["contracts"]["billing"],
+                      scval.to_vec([scval.to_symbol("Balance"), scval.to_address(user)])).to_xdr()
+    db.execute("INSERT INTO paygate.ttl_entries (key_hash, key_xdr, kind, account, state, read_at) "
+               "VALUES (sha256(decode(%s, 'base64')), %s, 'account_balance', %s, 'archived', now())", (key, key, user))
+    found = {v.invariant: v.detail for v in check_all(chain, chain.dsn, receiver).violations}
+    assert user in found["nothing paygate keeps alive is archived (ttl_entries)"]
+    assert "nothing paygate keeps alive is archived" not in found
+    chain.devnet.rpc("devnet_advance", {"ledgers": 2_073_600 + 10})  # the default persistent TTL, and past it
+    out = Findings()  # this check alone: the others read events from ledger 1, now past retention
+    check_ttl(chain, db, out)
+    found = {v.invariant: v.detail for v in out.violations}
+    assert "'instance', 0" in found["nothing paygate keeps alive is archived"]
+    assert "'code', 0" in found["nothing paygate keeps alive is archived"]

@@ -3,7 +3,8 @@ deposits, one-off charges, subscriptions, relays and bot jobs, a loopback webhoo
 SIGKILLs every few seconds, every devnet fault switched on and off at random (competing fee-market
 surges among them, on a devnet whose ledgers hold only as many Soroban transactions as paygate has
 lanes, with a fee cap that some surges exceed), one Postgres restart and one devnet restart (from its
-state file) mid-run. Then quiescence and the question users ask:
+state file) mid-run, and entries that live a few hundred ledgers, so the TTL keeper really extends.
+Then quiescence and the question users ask:
 did every unit of money end exactly once?
 
 `make test` runs it for PAYGATE_SOAK_SECONDS (default 150: chaos, then quiesce); `make soak
@@ -179,3 +180,4 @@ def test_every_unit_of_money_ends_exactly_once_under_chaos(tmp_path: Path) -> No
     check(counts["webhook_outbox"].get("delivered", 0) > 0, "webhooks delivered")
     check(faults.set_counts["surge"] > 0, "a fee-market surge was dealt")
     check(fees.replacements > 0, "a starving lineage got a replacement fee bump")
+    check(counts["ttl jobs applied"].get("extend", 0) > 0, "the TTL keeper extended kept entries")
