@@ -25,14 +25,8 @@ THRESHOLD = 500  # ledgers: the keeper extends an entry expiring sooner
 EXTEND_TO = 4_000  # ledgers ahead an extension reaches
 LEASE = 2.0  # seconds: a killed keeper's claim lapses quickly (PAYGATE_FUNDING_LEASE is the keeper's)
 
-# Killed before the anchor, the recovery tick abandons the unsigned lineage (the engine unhooks it
-# through on_abandon) and then counts the job's dead-lineage CAS, which no longer matches, as a lost
-# lease: the extend still lands once, but that clean tick exits 1. A keeper defect (workers/ttl.py
-# drive()), kept visible here until it is fixed.
-UNHOOKED = pytest.mark.xfail(strict=True, reason="workers/ttl.py drive(): a lineage abandoned through on_abandon "
-                             "reads as a lost lease (failed=1, exit 1) on the recovery tick")
-POINTS = ["ttl.after_claim", pytest.param("ttl.after_allocate", marks=UNHOOKED),
-          pytest.param("ttl.after_sign", marks=UNHOOKED), "ttl.after_anchor", "ttl.after_broadcast",
+# Killed before the anchor too: the clean tick abandons the unsigned lineage (no attempt) and extends.
+POINTS = ["ttl.after_claim", "ttl.after_allocate", "ttl.after_sign", "ttl.after_anchor", "ttl.after_broadcast",
           "ttl.before_resolve", "ttl.after_resolve"]
 
 

@@ -266,6 +266,12 @@ def drive(deps: Deps, rows: list[TtlJob], result: TickResult) -> list[TtlJob]:
             if state in lineages.LIVE_STATES:
                 deps.count("waiting")
                 continue
+            if state == "abandoned":
+                # Allocated, never anchored (its process died before the commit): the engine abandoned
+                # it and on_abandon already unhooked it from the job. Nothing was signed, so no attempt.
+                row.lineage_id = None
+                again.append(row)
+                continue
             with deps.conn.transaction():
                 got = deps.conn.execute(queue.DEAD_LINEAGE_SQL, {"id": row.id, "token": row.token,
                                                                  "lineage": lineage.id}).fetchone()
