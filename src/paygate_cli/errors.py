@@ -28,7 +28,8 @@ EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "done, including nothing to do",
     ExitCode.FAILED: "ran, and some items failed (the next tick may retry), or a tick stalled; a statement "
                      "that failed on a live connection (a lock or statement timeout, a deadlock); "
-                     "`status`: not ready; `reconcile-report`: an account the reconciler never checked",
+                     "`status`: not ready; `reconcile-report`: an account the reconciler never checked, or a "
+                     "ledger entry the TTL keeper keeps alive read archived",
     ExitCode.USAGE: "usage error: bad flags; a confirmation needed without a TTY (the message names the "
                     "flags to pass: `--yes`, and `--context NAME` for a production context) or declined at the "
                     "prompt (nothing is changed); `--context NAME` that does not match the configured context; "
