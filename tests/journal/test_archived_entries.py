@@ -42,7 +42,7 @@ from paygate_cli.journal.engine import Allocation, Engine, Prepared, RestorePend
 from paygate_cli.settings import load_settings
 from tests.support.chain_env import ChainEnv, billing_balance, chain_environ
 from tests.support.charges_support import admit_charge, fund, run_until_quiet
-from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.devnet_support import DevnetHandle, start_devnet, ttl_args
 from tests.support.drill_support import crash_tick
 from tests.support.funding import admit
 from tests.support.funding import run_until_quiet as fund_until_quiet
@@ -56,8 +56,7 @@ DEPOSIT = 20_000_000
 @pytest.fixture
 def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
     handle = start_devnet(tmp_path / "devnet", lanes=4, users=3,
-                          extra_args=["--min-persistent-ttl", str(MIN_P), "--min-temporary-ttl", "100",
-                                      "--max-entry-ttl", str(MAX_TTL)])
+                          extra_args=ttl_args(MIN_P, MAX_TTL, min_temporary=100))
     yield handle
     handle.stop()
 

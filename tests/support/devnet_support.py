@@ -133,3 +133,9 @@ def start_devnet(tmpdir: Path | str, *, seed: str = "test", lanes: int = 8, user
         line += chunk
     sel.close()
     return DevnetHandle(proc=proc, genesis=json.loads(line.decode()), log_path=log_path)
+
+
+def ttl_args(min_persistent: int, max_entry: int, min_temporary: int | None = None) -> list[str]:
+    """`devnet start` options for short TTLs (entries expire within a test's `devnet advance`)."""
+    args = ["--min-persistent-ttl", str(min_persistent), "--max-entry-ttl", str(max_entry)]
+    return args if min_temporary is None else [*args, "--min-temporary-ttl", str(min_temporary)]

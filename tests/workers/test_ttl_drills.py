@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.chain_env import ChainEnv, chain_environ
 from tests.support.cli import Result
-from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.devnet_support import DevnetHandle, start_devnet, ttl_args
 from tests.support.drill_support import crash_tick
 
 LEDGER_SECONDS = 5  # chain/ttl.py's ledger time: the settings' durations are seconds
@@ -33,7 +33,7 @@ POINTS = ["ttl.after_claim", "ttl.after_allocate", "ttl.after_sign", "ttl.after_
 @pytest.fixture
 def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
     handle = start_devnet(tmp_path / "devnet", lanes=2, users=1,
-                          extra_args=["--min-persistent-ttl", str(MIN_TTL), "--max-entry-ttl", "30000"])
+                          extra_args=ttl_args(MIN_TTL, 30_000))
     yield handle
     handle.stop()
 

@@ -30,7 +30,7 @@ import pytest
 from tests.support.chain_env import ChainEnv, chain_environ
 from tests.support.charges_support import fund
 from tests.support.cli import Result, run_cli
-from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.devnet_support import DevnetHandle, start_devnet, ttl_args
 from tests.support.drill_support import crash_tick
 
 LEDGER_SECONDS = 5  # the keeper's ledger time (chain/ttl.py): durations in the settings are seconds
@@ -44,7 +44,7 @@ DEPOSIT = 20_000_000
 @pytest.fixture
 def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
     handle = start_devnet(tmp_path / "devnet", lanes=3, users=2,
-                          extra_args=["--min-persistent-ttl", str(MIN_TTL), "--max-entry-ttl", str(MAX_TTL)])
+                          extra_args=ttl_args(MIN_TTL, MAX_TTL))
     yield handle
     handle.stop()
 
