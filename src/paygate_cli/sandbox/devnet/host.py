@@ -478,15 +478,22 @@ class ContractHost:
                 out.entry_bytes += size
                 changes.append(rent_change(kb, Entry(e.kind, e.val, cur, e.last_modified), size, size, new_lu))
                 updates.append((kb, Entry(e.kind, e.val, new_lu, e.last_modified)))
-            out.rent_fee = fees.rent_fee(changes, ledger_seq)
-            if max_rent is not None and out.rent_fee > max_rent:
-                out.code = "insufficient_refundable_fee"
-                return out
-            if commit:
-                for kb, e in updates:
-                    self._entries[kb] = e
-                    heapq.heappush(self._ttl_heap, (new_lu, kb))
+            return self._charge_rent(out, changes, updates, new_lu, ledger_seq, max_rent=max_rent, commit=commit)
+
+    def _charge_rent(self, out: FootprintOutcome, changes: list[fees.RentChange], updates: list[tuple[bytes, Entry]],
+                     new_lu: int, ledger_seq: int, *, max_rent: int | None, commit: bool) -> FootprintOutcome:
+        """The rent of an extend or a restore (refundable: above `max_rent` nothing changes), then, when
+        committing, the entries as they now live (a restored one leaves the archive). Under the lock."""
+        out.rent_fee = fees.rent_fee(changes, ledger_seq)
+        if max_rent is not None and out.rent_fee > max_rent:
+            out.code = "insufficient_refundable_fee"
             return out
+        if commit:
+            for kb, e in updates:
+                self._archive.pop(kb, None)
+                self._entries[kb] = e
+                heapq.heappush(self._ttl_heap, (new_lu, kb))
+        return out
 
     def restore_footprint(self, keys: list[xdr.LedgerKey], ledger_seq: int, *, max_read_bytes: int | None = None,
                           max_write_bytes: int | None = None, max_rent: int | None = None, commit: bool = False
@@ -519,16 +526,7 @@ class ContractHost:
                     return out
                 changes.append(rent_change(kb, None, 0, size, new_lu))
                 updates.append((kb, restored))
-            out.rent_fee = fees.rent_fee(changes, ledger_seq)
-            if max_rent is not None and out.rent_fee > max_rent:
-                out.code = "insufficient_refundable_fee"
-                return out
-            if commit:
-                for kb, e in updates:
-                    self._archive.pop(kb, None)
-                    self._entries[kb] = e
-                    heapq.heappush(self._ttl_heap, (new_lu, kb))
-            return out
+            return self._charge_rent(out, changes, updates, new_lu, ledger_seq, max_rent=max_rent, commit=commit)
 
     # --- persistence ----------------------------------------------------------------------------------
 
