@@ -139,3 +139,15 @@ def ttl_args(min_persistent: int, max_entry: int, min_temporary: int | None = No
     """`devnet start` options for short TTLs (entries expire within a test's `devnet advance`)."""
     args = ["--min-persistent-ttl", str(min_persistent), "--max-entry-ttl", str(max_entry)]
     return args if min_temporary is None else [*args, "--min-temporary-ttl", str(min_temporary)]
+
+
+# The short TTLs the state-archival tests share: a new (or restored) persistent entry lives SHORT_TTL
+# ledgers, nothing lives longer than MAX_SHORT_TTL (the SAC's own extensions are clamped to it).
+SHORT_TTL = 1_000
+MAX_SHORT_TTL = 4_000
+
+
+def start_short_ttl_devnet(tmpdir: Path | str, *, lanes: int = 4, users: int = 3) -> DevnetHandle:
+    """A manual devnet whose entries archive within a test's `devnet advance`."""
+    return start_devnet(tmpdir, lanes=lanes, users=users,
+                        extra_args=ttl_args(SHORT_TTL, MAX_SHORT_TTL, min_temporary=100))

@@ -21,19 +21,18 @@ import pytest
 
 from tests.support.chain_env import ChainEnv, billing_balance, chain_environ
 from tests.support.charges_support import admit_charge, fund
-from tests.support.devnet_support import DevnetHandle, start_devnet, ttl_args
+from tests.support.devnet_support import MAX_SHORT_TTL, SHORT_TTL, DevnetHandle, start_short_ttl_devnet
 from tests.support.funding import admit
 from tests.support.relay_support import admit_relay, allow_market
 
-MIN_P = 1_000  # ledgers a new (or restored) persistent entry lives
-MAX_TTL = 4_000  # nothing lives longer (the SAC's own extension of its balances is clamped to it)
+MIN_P = SHORT_TTL  # ledgers a new (or restored) persistent entry lives
+MAX_TTL = MAX_SHORT_TTL  # nothing lives longer
 DEPOSIT = 20_000_000
 
 
 @pytest.fixture
 def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
-    handle = start_devnet(tmp_path / "devnet", lanes=4, users=3,
-                          extra_args=ttl_args(MIN_P, MAX_TTL, min_temporary=100))
+    handle = start_short_ttl_devnet(tmp_path / "devnet")
     yield handle
     handle.stop()
 
