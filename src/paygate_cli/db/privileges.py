@@ -133,6 +133,9 @@ GRANTS: tuple[TableGrant, ...] = (
            "requests a restore (insert)"),
     _grant("paygate.ttl_rent", "SELECT INSERT UPDATE", True,
            "the TTL keeper adds the rent it paid per UTC day (upsert); status shows it"),
+    _grant("paygate.db_identity", "SELECT INSERT UPDATE", True,
+           "every tick compares the database's identity with this row (check_db_identity: the first "
+           "record); a clean recovery pass records the new one after a restore or promotion"),
     _grant("paygate.retention_totals", "SELECT UPDATE", True,
            "retention adds the settled amount it archives (one row, updated in the archiving statement); "
            "the reconciler reads it"),

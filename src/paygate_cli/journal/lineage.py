@@ -19,7 +19,9 @@ SYNC_LANES_SQL = """
 INSERT INTO paygate.lanes (address) SELECT unnest(%s::text[]) ON CONFLICT (address) DO NOTHING
 """
 
-# A free lane: active, one of ours (we hold its key), no live lineage; the least recently used
+# A free lane: active, one of ours (we hold its key), no live lineage, and submissions open (no
+# `restore` halt: after a restore or promotion nothing new is signed until a recovery pass compared
+# the journal with the chain, docs/architecture.md §11); the least recently used
 # one, so no lane is everyone's first choice (a bad lane first in address order would take every
 # allocation). SKIP LOCKED spreads concurrent allocators over lanes; the partial unique index on
 # live lineages is the real guard.
@@ -31,6 +33,7 @@ def free_lane_ctes(*, lanes_param: str = "lanes", only_if: str = "true", limit: 
     return """lane AS (
     SELECT l.address FROM paygate.lanes l
     WHERE """ + only_if + """ AND l.status = 'active' AND l.address = ANY(%(""" + lanes_param + """)s)
+      AND NOT EXISTS (SELECT 1 FROM paygate.halts h WHERE h.kind = 'restore')
       AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
                       WHERE x.lane = l.address AND paygate.lineage_is_live(x.state))
     ORDER BY l.last_allocated_at NULLS FIRST, l.address
@@ -50,6 +53,7 @@ RETURNING id, lane
 # How many of `lanes` are free now (an SQL expression: a path may read it with something of its own).
 FREE_LANES_EXPR = """(SELECT count(*) FROM paygate.lanes l
  WHERE l.status = 'active' AND l.address = ANY(%(lanes)s)
+   AND NOT EXISTS (SELECT 1 FROM paygate.halts h WHERE h.kind = 'restore')
    AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
                    WHERE x.lane = l.address AND paygate.lineage_is_live(x.state)))"""
 FREE_LANES_SQL = "SELECT " + FREE_LANES_EXPR
