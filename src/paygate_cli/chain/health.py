@@ -78,3 +78,30 @@ def get_network_passphrase(url: str, timeout: float) -> str:
     if not isinstance(passphrase, str):
         raise HealthError("getNetwork result has no passphrase")
     return passphrase
+
+
+def quorum_need(hosts: int) -> int:
+    """How many distinct read hosts a decision needs (docs/architecture.md §4, §6): a strict majority.
+    One rule for the chain client's quorum reads and `status`, which shows what they would decide."""
+    return hosts // 2 + 1
+
+
+@dataclass(frozen=True)
+class LedgerQuorum:
+    """The latest ledger a majority of the distinct read hosts have each reached (`ledger`; None when
+    fewer than `need` answered: no decision), and the highest any of them claimed."""
+
+    hosts: int
+    need: int
+    answered: int
+    ledger: int | None
+    highest: int | None
+
+
+def ledger_quorum(heads: list[int], hosts: int) -> LedgerQuorum:
+    """The quorum over each answering read host's latest ledger (`heads`), as
+    ChainClient.latest_ledger_quorum decides it: the `need`-th highest."""
+    need = quorum_need(hosts)
+    ordered = sorted(heads, reverse=True)
+    return LedgerQuorum(hosts, need, len(ordered), ordered[need - 1] if len(ordered) >= need else None,
+                        ordered[0] if ordered else None)

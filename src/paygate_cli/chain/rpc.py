@@ -28,6 +28,7 @@ from paygate_cli.chain.accounts import (
 )
 from paygate_cli.chain.accounts import LaneMissing as LaneMissing  # re-exported: callers catch it from here
 from paygate_cli.chain.accounts import LaneNotVisible as LaneNotVisible
+from paygate_cli.chain.health import quorum_need
 from paygate_cli.db.connect import assert_not_in_transaction
 from paygate_cli.endpoints import endpoint_name, redact_urls
 from paygate_cli.errors import ConfigError, Unavailable
@@ -224,18 +225,19 @@ class ChainClient:
         Unavailable when fewer than a majority answer."""
         self._guard("getLatestLedger")
         heads: list[LatestLedger] = []
-        failed: list[str] = []
+        said: list[str] = []  # what each host said, in order: the evidence when no decision can be taken
         for url, srv in zip(self.read_urls, self.readers, strict=True):
             try:
                 answer = self._retrying("getLatestLedger", lambda srv=srv: srv.get_latest_ledger(), attempts=2)
                 heads.append(LatestLedger(_ledger_number(answer.sequence, "getLatestLedger sequence"),
                                           _timestamp(int(answer.close_time), "getLatestLedger closeTime")))
+                said.append(f"{endpoint_name(url)}: ledger {heads[-1].sequence}")
             except (Unavailable, SorobanRpcErrorResponse, MalformedAnswer, TypeError, ValueError) as exc:
-                failed.append(f"{endpoint_name(url)}: {str(exc)[:120]}")
-        need = len(self.readers) // 2 + 1
+                said.append(f"{endpoint_name(url)}: {str(exc)[:120]}")
+        need = quorum_need(len(self.readers))
         if len(heads) < need:
             raise Unavailable(f"getLatestLedger: {len(heads)} of {len(self.readers)} read hosts answered, a "
-                              f"decision needs {need} ({'; '.join(failed)})"[:500], msgid="rpc.no_quorum")
+                              f"decision needs {need} ({'; '.join(said)})"[:500], msgid="rpc.no_quorum")
         heads.sort(key=lambda h: h.sequence, reverse=True)
         proven = heads[need - 1]
         return QuorumLedger(proven.sequence, proven.close_time, highest=heads[0].sequence,

@@ -76,6 +76,8 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
               "detail": f"{e['url']} " + (f"ledger {e['latest_ledger']} lag {e.get('lag_ledgers', 0)}"
                                           if e.get("latest_ledger") is not None else "no ledger")}
              for e in report.get("rpc", {}).get("endpoints", [])]
+    if report.get("rpc", {}).get("quorum", {}).get("read_hosts"):
+        rows.append(_quorum_row(report["rpc"]["quorum"]))
     rows += [{"check": f"lock:{lock['lock']}", "value": f"{lock['instance'] or '?'} pid {lock['os_pid'] or '?'}",
               "detail": f"slot {lock['slot']}, backend pid {lock['backend_pid']}, held "
                         f"{lock['held_for'] or '(hidden from this role)'}, {lock['application_name']}"}
@@ -105,6 +107,20 @@ def _progress(env: Env, mode: Mode) -> AbstractContextManager[object]:
     what = (f"asking {count} RPC endpoint{'s' if count != 1 else ''} and the database" if count
             else "asking the database")
     return Console(file=env.stderr).status(f"{what}…", spinner="dots")
+
+
+def _quorum_row(quorum: dict[str, Any]) -> dict[str, object]:
+    """What the money movers' quorum read of the latest ledger decides from these answers; when it
+    cannot decide, or a host disagrees with the majority, what each read host said."""
+    counted = f"{quorum['answered']} of {quorum['read_hosts']} read hosts answered, a decision needs {quorum['need']}"
+    if not quorum["decided"]:
+        return {"check": "rpc:quorum", "value": "no decision",
+                "detail": f"{counted}: " + "; ".join(f"{a['url']}: {a['said']}" for a in quorum["answers"])}
+    detail = f"{counted}, highest claimed {quorum['highest']}"
+    if quorum["disagreeing"]:
+        detail += "; disagreeing: " + "; ".join(f"{d['url']} says {d['latest_ledger']} ({d['by_ledgers']} "
+                                                f"{d['side']})" for d in quorum["disagreeing"])
+    return {"check": "rpc:quorum", "value": f"ledger {quorum['ledger']}", "detail": detail}
 
 
 def _target_row(target: dict[str, object]) -> dict[str, object]:

@@ -339,7 +339,51 @@ def rpc_health(settings: Any) -> dict[str, Any]:
             problems.append(f"RPC {endpoint['role']} endpoint {endpoint['url']} is unreachable: {endpoint['error']}")
         elif endpoint["status"] != "healthy":
             problems.append(f"RPC {endpoint['role']} endpoint {endpoint['url']} is {endpoint['status']}")
-    return {"configured": True, "endpoints": endpoints, "problems": problems}
+    quorum, quorum_problems = read_quorum(endpoints)
+    return {"configured": True, "endpoints": endpoints, "quorum": quorum, "problems": problems + quorum_problems}
+
+
+# Read hosts asked at once answer within a ledger or two of each other; one further than this from
+# what a majority reached disagrees with it (a stuck, lying, forked or other network's node).
+DISAGREE_AFTER_LEDGERS = 10
+
+
+def read_quorum(endpoints: list[dict[str, Any]]) -> tuple[dict[str, Any], list[str]]:
+    """What the money movers' quorum read of the latest ledger would decide from these answers
+    (chain/health.py ledger_quorum, the rule ChainClient.latest_ledger_quorum applies): the ledger a
+    majority of the distinct read hosts reached, the highest claimed, what each host said, and which
+    hosts disagree with the majority (further than DISAGREE_AFTER_LEDGERS from it, `ahead` or
+    `behind`). No decision (fewer than a majority answered with a ledger) is a problem naming what
+    each said; a host ahead of the majority is one too (a lagging host only delays decisions: shown).
+    An endpoint on another network counts as no answer (its ledgers are another chain's)."""
+    from paygate_cli.chain.health import ledger_quorum
+
+    reads = [e for e in endpoints if e["role"] == "read"]
+    counted = [e for e in reads if e["status"] not in ("unreachable", "wrong network") and e.get("latest_ledger")]
+    decision = ledger_quorum([e["latest_ledger"] for e in counted], len(reads))
+    said = [{"url": e["url"], "latest_ledger": e.get("latest_ledger") if e in counted else None,
+             "said": (f"ledger {e['latest_ledger']}" if e in counted
+                      else e.get("error") or f"{e['status']} (ledger {e.get('latest_ledger')})")} for e in reads]
+    disagreeing = []
+    for answer in said:
+        if decision.ledger is None or answer["latest_ledger"] is None:
+            continue
+        apart = answer["latest_ledger"] - decision.ledger
+        if abs(apart) > DISAGREE_AFTER_LEDGERS:
+            disagreeing.append({**answer, "side": "ahead" if apart > 0 else "behind", "by_ledgers": abs(apart)})
+    quorum = {"read_hosts": decision.hosts, "need": decision.need, "answered": decision.answered,
+              "decided": decision.ledger is not None, "ledger": decision.ledger, "highest": decision.highest,
+              "answers": said, "disagreeing": disagreeing}
+    problems = []
+    if reads and decision.ledger is None:
+        problems.append(f"RPC read quorum cannot decide the latest ledger: {decision.answered} of {decision.hosts} "
+                        f"read hosts answered, a decision needs {decision.need} ("
+                        + "; ".join(f"{a['url']}: {a['said']}" for a in said) + ")")
+    problems += [f"RPC read endpoint {d['url']} says ledger {d['latest_ledger']}, {d['by_ledgers']} ahead of "
+                 f"ledger {decision.ledger} that {decision.need} of {decision.hosts} read hosts reached (a lying, "
+                 f"forked or misconfigured node; decisions follow the majority)"
+                 for d in disagreeing if d["side"] == "ahead"]
+    return quorum, problems
 
 
 def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
