@@ -31,8 +31,11 @@ def _classify_database_error(env: Env, exc: BaseException) -> tuple[ExitCode, st
         behind = explain_missing_object(env.settings)
         if behind is not None:
             return behind.exit_code, behind.msgid, str(behind)
-    from paygate_cli.db.connect import is_connection_lost
+    from paygate_cli.db.connect import is_connection_lost, is_read_only_error, no_writer_error
 
+    if is_read_only_error(exc):  # a write command on a standby or a read-only database: no writer
+        no_writer = no_writer_error(exc, None)
+        return no_writer.exit_code, no_writer.msgid, str(no_writer)
     if is_connection_lost(exc):
         return ExitCode.UNAVAILABLE, "db.unavailable", f"database unavailable: {exc}".strip()
     if isinstance(exc, psycopg.OperationalError):  # deadlock, timeout: failed, a retry may succeed

@@ -49,8 +49,9 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
              lines=[] if mode is not Mode.HUMAN else ["NOT READY: " + "; ".join(report["problems"]),
                                                       target_line(report["target"])])
         raise
+    database_row = _database_row(report["database"])
     rows = [{"check": "ready", "value": report["ready"], "detail": "; ".join(report["problems"])},
-            _target_row(report["target"]),
+            _target_row(report["target"]), database_row,
             {"check": "schema", "value": report["schema"]["schema_version"],
              "detail": f"expected {report['schema']['expected_version']}"}]
     rows += [{"check": f"halt:{h['kind']}", "value": "set", "detail": f"{h['reason']} (by {h['set_by']})"}
@@ -91,7 +92,8 @@ def status_command(ctx: typer.Context, json_flag: JsonFlag = False, plain_flag: 
                            if w["last_error"] and w["last_finished_outcome"] != "ok" else "")}
              for w in report["workers"]]
     lines = [] if mode is not Mode.HUMAN else [
-        "READY" if report["ready"] else "NOT READY: " + "; ".join(report["problems"]), target_line(report["target"])]
+        "READY" if report["ready"] else "NOT READY: " + "; ".join(report["problems"]), target_line(report["target"]),
+        f"database: {database_row['value']}, {database_row['detail']}"]
     emit(env, mode, {"status": report}, rows=rows, columns=["check", "value", "detail"], lines=lines)
     return ExitCode.OK if report["ready"] else ExitCode.FAILED
 
@@ -121,6 +123,15 @@ def _quorum_row(quorum: dict[str, Any]) -> dict[str, object]:
         detail += "; disagreeing: " + "; ".join(f"{d['url']} says {d['latest_ledger']} ({d['by_ledgers']} "
                                                 f"{d['side']})" for d in quorum["disagreeing"])
     return {"check": "rpc:quorum", "value": f"ledger {quorum['ledger']}", "detail": detail}
+
+
+def _database_row(database: dict[str, Any]) -> dict[str, object]:
+    """Which host and port answered (of a multi-host DSN, the one reached) and whether it is the writer."""
+    role = ("writer" if database["writer"] else "standby in recovery (read-only, no writer)"
+            if database["in_recovery"] else "read-only (no writer)")
+    return {"check": "database", "value": role,
+            "detail": f"host {database['host'] or '(libpq default)'} port {database['port'] or '5432'}, "
+                      f"PostgreSQL {database['server_version']}"}
 
 
 def _target_row(target: dict[str, object]) -> dict[str, object]:

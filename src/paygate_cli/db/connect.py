@@ -58,6 +58,11 @@ _INVALID_SETTING = re.compile(
 _SOCKET_DENIED = re.compile(r'on socket "[^"]*" failed: Permission denied', re.IGNORECASE)
 
 
+# libpq (psycopg, for a multi-host DSN) refusing a host for target_session_attrs=read-write/primary:
+# it answered, but it is a standby or read-only. "No writer", not "unreachable".
+_NOT_A_WRITER = re.compile(r"session is read-only|server is in hot standby mode", re.IGNORECASE)
+
+
 def _is_misconfigured(exc: BaseException) -> bool:
     return bool(_INVALID_SETTING.search(str(exc)) or _SOCKET_DENIED.search(str(exc)))
 
@@ -130,10 +135,12 @@ def describe_target(target: dict[str, Any]) -> str:
     port = target.get("port") or "5432"
     if target.get("service") and not where:
         place = f"service {target['service']}"
+    elif "," in (where or ""):  # a multi-host DSN: every host listed, in libpq's order
+        place = f"hosts {where} ports {port}"
     elif target.get("socket"):
         place = f"socket {where or '(libpq default directory)'} port {port}"
     else:
-        place = f"host {where}:{port}" if "," not in (where or "") else f"hosts {where} ports {port}"
+        place = f"host {where}:{port}"
     line = f"database {target.get('database') or '?'} on {place} as role {target.get('role') or '?'}"
     if target.get("context"):
         line += f", context {target['context']}" + (" (production)" if target.get("production") else "")
@@ -141,11 +148,24 @@ def describe_target(target: dict[str, Any]) -> str:
 
 
 def connect(settings: Settings, purpose: str, *, autocommit: bool = True,
-            attempts: int = 3) -> psycopg.Connection:
+            attempts: int = 3, writer: bool = False) -> psycopg.Connection:
     """Open a connection for `purpose` (shown in pg_stat_activity as paygate:<purpose>).
 
     Connection failures are retried a bounded number of times with jitter, then surface as
-    Unavailable (exit 69). Authentication failures are not retried."""
+    Unavailable (exit 69). Authentication failures are not retried. With `writer`, a connection that
+    reached a standby or a read-only database raises NoWriter (69) instead of being returned: the
+    tick runner asks this, the read-only commands (status, nonce-inspect) do not."""
+    conn = _connect(settings, purpose, autocommit=autocommit, attempts=attempts)
+    if writer:
+        try:
+            require_writer(conn)
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def _connect(settings: Settings, purpose: str, *, autocommit: bool, attempts: int) -> psycopg.Connection:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
@@ -197,7 +217,74 @@ def connect(settings: Settings, purpose: str, *, autocommit: bool = True,
         if _INVALID_SETTING.search(str(exc)):
             raise DatabaseConfigInvalid(f"the database URL has an invalid setting (retrying will not help): "
                                         f"{detail}") from None
+        if _NOT_A_WRITER.search(str(exc)):
+            raise NoWriter(f"no writer: no host of the database URL accepts writes (each answered as a standby "
+                           f"or read-only; a failover not finished yet?): {detail}") from None
         raise Unavailable(f"cannot connect to Postgres: {detail}", msgid="db.unavailable") from None
+
+
+# -- no writer: a hot standby, or a database whose sessions default to read-only ------------------------
+class NoWriter(Unavailable):
+    """The database reached cannot be written (a standby in recovery, default_transaction_read_only):
+    a dependency unavailable (69) until a writer is back (a promotion), never a bug (70)."""
+
+    msgid = "db.no_writer"
+
+
+NO_WRITER_HINT = "with a multi-host DSN add target_session_attrs=read-write, docs/configuration.md"
+
+
+def server_role(conn: psycopg.Connection) -> dict[str, bool]:
+    """Whether the server is in recovery and whether this session defaults to read-only. PG14+ reports
+    both at login (in_hot_standby, default_transaction_read_only: no round trip); older servers are asked."""
+    in_hot_standby = conn.info.parameter_status("in_hot_standby")
+    read_only = conn.info.parameter_status("default_transaction_read_only")
+    if in_hot_standby is None or read_only is None:
+        row = conn.execute("SELECT pg_is_in_recovery(), current_setting('default_transaction_read_only')").fetchone()
+        assert row is not None
+        in_recovery, read_only_text = bool(row[0]), str(row[1])
+    else:
+        in_recovery, read_only_text = in_hot_standby == "on", read_only
+    read_only_on = read_only_text == "on"
+    return {"in_recovery": in_recovery, "read_only": read_only_on, "writer": not (in_recovery or read_only_on)}
+
+
+def _where(conn: psycopg.Connection) -> str:
+    target = connection_target(conn)
+    return f"{target['host'] or '(libpq default socket directory)'} port {target['port'] or '5432'}"
+
+
+def no_writer_reason(conn: psycopg.Connection, role: dict[str, bool] | None = None) -> str | None:
+    """"no writer: the database at host X is a standby in recovery (read-only); …", or None for a writer."""
+    role = role or server_role(conn)
+    if role["writer"]:
+        return None
+    why = ("a standby in recovery (read-only)" if role["in_recovery"]
+           else "read-only (default_transaction_read_only = on)")
+    return f"no writer: the database at host {_where(conn)} is {why}; {NO_WRITER_HINT}"
+
+
+def require_writer(conn: psycopg.Connection) -> None:
+    reason = no_writer_reason(conn)
+    if reason is not None:
+        raise NoWriter(reason)
+
+
+def is_read_only_error(exc: BaseException) -> bool:
+    """A write refused because the session is read-only (SQLSTATE 25006), e.g. a primary demoted or
+    fenced read-only under a running tick: no writer (69), never a bug (70)."""
+    import psycopg
+
+    return isinstance(exc, psycopg.Error) and (
+        exc.sqlstate == "25006" or "in a read-only transaction" in str(exc))
+
+
+def no_writer_error(exc: BaseException, conn: psycopg.Connection | None) -> NoWriter:
+    """The NoWriter for a write refused mid-run, naming the host when the connection still tells."""
+    at = f" at host {_where(conn)}" if conn is not None and not conn.closed else ""
+    first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return NoWriter(f"no writer: the database{at} refused a write ({first_line}): it is read-only (a standby, "
+                    f"a primary demoted, or default_transaction_read_only = on); {NO_WRITER_HINT}")
 
 
 # Server shutting down / crashed / not accepting connections (class 57P0x), and connection errors.

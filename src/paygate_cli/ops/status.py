@@ -7,6 +7,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from paygate_cli.catalogue import RESERVED_WORKER_IDS, WORKERS
+from paygate_cli.db.connect import connection_target, no_writer_reason, server_role
 from paygate_cli.db.locks import LOCK_NAMESPACE, MIGRATE_KEY, describe_key
 from paygate_cli.db.migrate import schema_state
 from paygate_cli.state import fee_market_state, list_halts, open_findings_summary, queue_depths, ttl_state
@@ -395,10 +396,18 @@ def readiness(conn: psycopg.Connection, settings: Any = None) -> dict[str, Any]:
         problems.append(f"schema behind: {len(schema['pending'])} migration(s) pending (run `paygate migrate`)")
     # Reported by the server at login: no round trip (the same text as SHOW server_version).
     server_version = conn.info.parameter_status("server_version") or conn.execute("SHOW server_version").fetchone()[0]
+    # Which host of a (multi-host) DSN answered, and whether it can be written: a standby answers
+    # `status` (it only reads) but no tick can run on it.
+    target, role = connection_target(conn), server_role(conn)
+    no_writer = no_writer_reason(conn, role)
+    if no_writer:
+        problems.append(no_writer)
     report: dict[str, Any] = {
         "ready": False,
         "problems": problems,
-        "database": {"reachable": True, "server_version": server_version,
+        "database": {"reachable": True, "server_version": server_version, "host": target["host"],
+                     "port": target["port"], "writer": role["writer"], "in_recovery": role["in_recovery"],
+                     "read_only": role["read_only"],
                      "note": "advisory locks need a direct or session-pooled connection "
                              "(not PgBouncer transaction pooling)"},
         "schema": schema,

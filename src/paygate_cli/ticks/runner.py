@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from paygate_cli.context import TickContext, TickResult
-from paygate_cli.db.connect import connect, is_connection_lost
+from paygate_cli.db.connect import (
+    connect,
+    connection_target,
+    describe_target,
+    dsn_target,
+    is_connection_lost,
+    is_read_only_error,
+    no_writer_error,
+)
 from paygate_cli.db.locks import acquire_slot, describe_key
 from paygate_cli.db.migrate import require_schema
 from paygate_cli.errors import CannotWork, ConfigError, ExitCode, NeedsHuman, PaygateError, Unavailable, UsageError
@@ -98,6 +106,8 @@ class RunSummary:
     exit_code: int = ExitCode.OK
     stopped_by: str | None = None
     last_details: dict[str, Any] = field(default_factory=dict)
+    # The host and port the run reached (of a multi-host DSN: the one that answered as the writer).
+    database: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
@@ -281,13 +291,15 @@ def _run_worker(env: Env, spec: WorkerSpec, opts: RunOptions, report: _MetricsRe
     if opts.metrics_dir:
         check_metrics_dir(opts.metrics_dir)
     # pg_stat_activity shows the lock's holder by OS pid and instance (status reads it back).
-    lock_conn = connect(settings, f"lock:{spec.name} pid={os.getpid()} @{instance}")
+    # A standby or a read-only database is no writer: 69 before the first write, not 70 at it.
+    lock_conn = connect(settings, f"lock:{spec.name} pid={os.getpid()} @{instance}", writer=True)
     try:
         require_schema(lock_conn)
         key = acquire_slot(lock_conn, spec.lock_keys(), opts.lock_wait, what=f"run-tick {spec.name}")
         slot = report.slot = describe_key(key)[1]
         summary = RunSummary(worker=spec.name, slot=slot)
-        work = connect(settings, f"tick:{spec.name}:{slot}")
+        work = connect(settings, f"tick:{spec.name}:{slot}", writer=True)
+        summary.database = _database_reached(settings, spec, work)
         report.conn = work
         try:
             work.execute(INSTANCE_SEEN_SQL, (instance,))
@@ -299,8 +311,24 @@ def _run_worker(env: Env, spec: WorkerSpec, opts: RunOptions, report: _MetricsRe
         return summary
     except psycopg.OperationalError as exc:
         raise Unavailable(f"lost the database during run-tick {spec.name}: {str(exc).strip()}") from None
+    except psycopg.Error as exc:
+        if is_read_only_error(exc):  # e.g. the heartbeat's write on a primary demoted between ticks
+            raise no_writer_error(exc, lock_conn) from None
+        raise
     finally:
         lock_conn.close()  # closing the session releases the advisory lock
+
+
+def _database_reached(settings: Settings, spec: WorkerSpec, work: psycopg.Connection) -> dict[str, Any]:
+    """Which host and port the run's work connection reached, said once at its start: at info level
+    when the DSN lists several hosts (which one answered is then the news), at debug otherwise."""
+    target = connection_target(work)
+    listed = dsn_target(settings.dsn()).get("host") or ""
+    log.log(20 if "," in listed else 10, "run-tick %s: %s (the writer)", spec.name, describe_target(target),
+            extra={"msgid": "tick.database", "worker": spec.name, "db_host": target["host"],
+                   "db_port": target["port"]})
+    return {"host": target["host"], "port": target["port"], "database": target["database"], "writer": True,
+            "in_recovery": False}
 
 
 def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Connection,
@@ -381,6 +409,10 @@ def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Conne
         result.failed += 1
         log.error(str(exc), extra={"msgid": exc.msgid, "worker": spec.name})
     except Exception as exc:
+        if is_read_only_error(exc):
+            # The database turned read-only under the tick (a primary demoted or fenced): no writer
+            # (69), and no heartbeat can record it; the tick's transaction rolled back.
+            raise no_writer_error(exc, work) from None
         # A bug: record it on the heartbeat row, then let it end the process (exit 70).
         _finish(work, run_id, "error", result, scrub(f"{type(exc).__name__}: {exc}"))
         log.error("tick crashed: %s", scrub("".join(traceback.format_exception_only(exc)).strip()),
