@@ -42,14 +42,17 @@ INSTANCE_SEEN_SQL = """
 INSERT INTO paygate.instances (instance_id) VALUES (%s)
 ON CONFLICT (instance_id) DO UPDATE SET last_seen = now()
 """
-# One round trip: open the heartbeat row and learn whether this instance is drained.
+# One round trip: open the heartbeat row, learn whether this instance is drained, and compare the
+# database's identity with the recorded one (the restore gate, docs/architecture.md §8: a reason when
+# it changed, and the `restore` halt is set in this same transaction).
 HEARTBEAT_START_SQL = """
 WITH run AS (
     INSERT INTO paygate.worker_runs (worker, instance_id, slot, pid) VALUES (%s, %s, %s, %s)
     RETURNING id
 )
 SELECT run.id,
-       EXISTS (SELECT 1 FROM paygate.instances i WHERE i.instance_id = %s AND i.drained_at IS NOT NULL)
+       EXISTS (SELECT 1 FROM paygate.instances i WHERE i.instance_id = %s AND i.drained_at IS NOT NULL),
+       paygate.check_db_identity(%s)
 FROM run
 """
 HEARTBEAT_FINISH_SQL = """
@@ -151,9 +154,24 @@ def _heartbeat_write(conn: psycopg.Connection, sql: str, params: tuple) -> tuple
 
 
 def _heartbeat_start(conn: psycopg.Connection, spec: WorkerSpec, instance: str, slot: int) -> tuple[int, bool]:
-    row = _heartbeat_write(conn, HEARTBEAT_START_SQL, (spec.name, instance, slot, os.getpid(), instance))
+    row = _heartbeat_write(conn, HEARTBEAT_START_SQL, (spec.name, instance, slot, os.getpid(), instance,
+                                                       f"{spec.name}:{instance}"))
     assert row is not None
+    if row[2] is not None:
+        _restore_halt_seen(spec, row[2])
     return int(row[0]), bool(row[1])
+
+
+_RESTORE_LOGGED: set[str] = set()  # reasons already logged by this process: once each, not every tick
+
+
+def _restore_halt_seen(spec: WorkerSpec, reason: str) -> None:
+    """The database changed identity (a restore, a promotion): the restore halt is durable in the
+    database, so the tick goes on (live lineages are still driven); the process says it once."""
+    if reason in _RESTORE_LOGGED:
+        return
+    _RESTORE_LOGGED.add(reason)
+    log.error("restore halt: %s", reason, extra={"msgid": "restore.halt_set", "worker": spec.name})
 
 
 def honours_drain(spec: WorkerSpec) -> bool:
