@@ -119,7 +119,7 @@ def test_the_database_turning_read_only_inside_a_tick_exits_69_not_70(
                       .fetchone() == (1,), "the observer's heartbeat")
             conn.execute("ALTER SYSTEM SET default_transaction_read_only = on")
             conn.execute("SELECT pg_reload_conf()")
-        out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=30)
     finally:
         devnet.clear_faults()
         if proc.poll() is None:
