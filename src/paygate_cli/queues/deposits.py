@@ -189,6 +189,16 @@ FROM settled s
 
 
 SETTLE_SQL = _settle_sql("")
+# The observer's settle of a credit whose deposit hash the row has not recorded (a restore lost the
+# credit's allocation, which records it): first the hash, taken from the applied deposit lineage the
+# row points at, which the credit event names. No lease: the value is the one funding records with
+# its credit (ATTACH_MANY_SQL), and funding's own writes stay guarded by theirs.
+RECORD_DEPOSIT_TX_SQL = """
+UPDATE paygate.deposits p SET deposit_tx = d.inner_hash, updated_at = now()
+FROM paygate.lineages d
+WHERE p.id = %(id)s AND p.status = 'pending' AND p.deposit_tx IS NULL
+  AND d.id = p.deposit_lineage_id AND d.purpose = 'deposit' AND d.state = 'applied' AND d.inner_hash = %(ref)s
+"""
 SETTLE_RELAXED_SQL = _settle_sql(", set_config('synchronous_commit', 'off', true)")
 
 # -- orphans -------------------------------------------------------------------------------------------

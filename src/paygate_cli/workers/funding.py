@@ -354,6 +354,8 @@ def _credit_phase(deps: Deps, row: Deposit) -> str:
                              f"{row.deposit_tx.hex()} applied", msgid="funding.credit_failed")
         if state not in ("expired", "superseded", "abandoned"):
             return "waiting"
+        if state == "abandoned" and _credited_on_chain(deps, row):
+            return "credited_on_chain"  # its earlier credit could not be built: the chain has one already
     if row.pending_failure:
         raise NeedsHuman(f"deposit {row.id}: credit rejected ({row.pending_failure}) after the deposit applied",
                          msgid="funding.credit_rejected")
@@ -365,6 +367,30 @@ def _credit_phase(deps: Deps, row: Deposit) -> str:
         return billing_credit(settings.billing_contract, lane, row.account, row.amount, row.deposit_tx)
 
     return _ready(deps, _job(deps, row, "credit", call_for), row.entitlement_credit)
+
+
+def _credited_on_chain(deps: Deps, row: Deposit) -> bool:
+    """Has the billing contract credited this deposit already? After a restore the database can
+    have lost the credit lineage that did it (journaled after the backup). The row stays pending:
+    the observer settles it from the chain's credit event, which names the deposit hash
+    (workers/observer.py), so it is never settled here on a read nor handed to a human for it."""
+    from paygate_cli.chain.balances import billing_credited
+    from paygate_cli.chain.contracts import SimulationFailed
+    from paygate_cli.chain.keys import fee_account_address
+
+    assert row.deposit_tx is not None
+    settings = deps.ctx.settings
+    try:
+        credited = billing_credited(deps.chain, billing=settings.billing_contract, deposit_tx=row.deposit_tx,
+                                    source=fee_account_address(settings))
+    except SimulationFailed:
+        return False  # the read says nothing: the credit's own failure stands
+    if credited:
+        deps.ctx.log.warning("deposit %s: the billing contract already credited its deposit %s (a credit this "
+                             "database has no lineage for): left pending for the observer to settle from the "
+                             "credit event", row.id, row.deposit_tx.hex(),
+                             extra={"msgid": "funding.credit_already_on_chain", "deposit_id": row.id})
+    return credited
 
 
 def _finished(deps: Deps, lineage_id: int) -> lineages.Lineage:
@@ -578,6 +604,8 @@ def _prepare_and_send(deps: Deps, item: Ready, first: Allocation | LeaseLost | N
             if job.purpose == "deposit":
                 _finish(deps, row, "failed", outcome.reason, event="deposit.failed")
                 return "failed"
+            if _credited_on_chain(deps, row):
+                return "credited_on_chain"
             raise NeedsHuman(f"deposit {row.id}: {outcome.reason}", msgid="funding.credit_simulation_failed")
     return "no_free_lane"
 

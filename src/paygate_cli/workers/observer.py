@@ -13,7 +13,17 @@ Every event is inserted into chain_events first (event id unique): a page read t
 nothing twice. An event that cannot be applied (undecodable, unknown charge id or deposit, account
 or amount differing from the row, a charge already terminal) is stored quarantined with the reason
 and alarmed (error log, exit 3); the cursor moves on regardless (an Anchor Platform lesson: one
-poison event must never stall the stream). A cursor older than the RPC's retention window stops the
+poison event must never stall the stream). One reason can stop being true: a `credit` for a deposit
+the database does not know yet (after a restore the observer can read the chain's credit before
+funding has re-learned the deposit's hash). Each tick first re-examines a bounded batch of those
+whose deposit is known now, through the same apply code as a fresh event: applied, the quarantine
+is lifted (and audited, with the reason it had); still wrong, it keeps a quarantine with the new
+reason. A deposit is known by its recorded `deposit_tx`, or by the applied deposit lineage the row
+points at (the hash funding would record with its credit): the credit event names that hash, the
+chain's own evidence. Every other reason is final: an undecodable event, an account or amount that
+differs from the row, a second event for one charge id, and an unknown charge id too (charge ids
+are random per admission and written before any batch carries them: an id the database does not
+know now is never written later). A cursor older than the RPC's retention window stops the
 observer with exit 3: events in between may be lost and a human must reconcile. A read node behind
 the cursor is not that: the next read endpoint is tried, and when none has caught up the tick ends
 without moving the cursor and says so (details `waiting`, log `observer.readers_behind`)."""
@@ -22,7 +32,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from paygate_cli.context import TickContext, TickResult
 from paygate_cli.crashpoints import crashpoint
@@ -31,10 +41,13 @@ from paygate_cli.queues import charges, deposits
 
 if TYPE_CHECKING:
     import logging
+    from collections.abc import Callable
 
     import psycopg
 
     from paygate_cli.chain.charges import BillingEvent, EventsPage
+
+T = TypeVar("T")
 
 LOAD_CURSOR_SQL = "SELECT cursor, ledger FROM paygate.observer_cursor"
 INSERT_CURSOR_SQL = """
@@ -81,7 +94,56 @@ ON CONFLICT (event_id) DO NOTHING
 # and a deposit's (funding's settle) are the queues': queues/charges.py, queues/deposits.py.
 
 CHARGE_ROW_SQL = "SELECT id, account, amount, status FROM paygate.charges WHERE charge_id = %s"
-DEPOSIT_ROW_SQL = "SELECT id, account, amount, status FROM paygate.deposits WHERE deposit_tx = %s"
+# A credit's deposit: by the hash recorded on the row, else by the applied deposit lineage the row
+# points at whose inner hash the event names (funding's own rule for its credit's deposit hash,
+# queues/deposits.py ATTACH_MANY_SQL; the row records it with its credit's allocation, which a
+# restore can have lost). The second branch runs only when the first finds nothing. The last column:
+# the hash is still to be recorded on the row.
+DEPOSIT_ROW_SQL = """
+(SELECT id, account, amount, status, false FROM paygate.deposits WHERE deposit_tx = %(ref)s LIMIT 1)
+UNION ALL
+(SELECT p.id, p.account, p.amount, p.status, true
+ FROM paygate.lineages d JOIN paygate.deposits p ON p.deposit_lineage_id = d.id
+ WHERE d.inner_hash = %(ref)s AND d.purpose = 'deposit' AND d.state = 'applied' AND p.deposit_tx IS NULL)
+LIMIT 1
+"""
+# The same hash journaled for a deposit whose lineage is not resolved yet: said in the reason, which
+# the re-examination lifts once funding records the receipt.
+UNRESOLVED_DEPOSIT_SQL = """
+SELECT p.id, d.state FROM paygate.lineages d JOIN paygate.deposits p ON p.deposit_lineage_id = d.id
+WHERE d.inner_hash = %s AND d.purpose = 'deposit'
+"""
+
+# Quarantined credits whose deposit was unknown (no row named: applied_to is NULL) and is known now,
+# oldest first; only those are re-examined, so events that stay unknown cost one index probe each
+# and never crowd out the ones that became applicable. The quarantined set is small (each one alarms).
+REEXAMINE_BATCH = 100
+REEXAMINE_SQL = """
+SELECT e.event_id, e.payload->>'account', e.payload->>'amount', e.payload->>'ref', e.quarantine_reason
+FROM paygate.chain_events e
+WHERE e.quarantined AND e.kind = 'credit' AND e.applied_to IS NULL
+  AND (EXISTS (SELECT 1 FROM paygate.deposits p WHERE p.deposit_tx = decode(e.payload->>'ref', 'hex'))
+       OR EXISTS (SELECT 1 FROM paygate.lineages d JOIN paygate.deposits p ON p.deposit_lineage_id = d.id
+                  WHERE d.inner_hash = decode(e.payload->>'ref', 'hex') AND d.purpose = 'deposit'
+                    AND d.state = 'applied'))
+ORDER BY e.ledger, e.event_id
+LIMIT %s
+FOR UPDATE OF e
+"""
+LIFT_QUARANTINE_SQL = """
+UPDATE paygate.chain_events
+SET quarantined = false, quarantine_reason = NULL, applied_to = %(applied_to)s, effect = %(effect)s
+WHERE event_id = %(event_id)s AND quarantined
+"""
+REQUARANTINE_SQL = """
+UPDATE paygate.chain_events SET quarantine_reason = %(reason)s, applied_to = %(applied_to)s
+WHERE event_id = %(event_id)s AND quarantined
+"""
+AUDIT_LIFTED_SQL = """
+INSERT INTO paygate.audit_log (actor, action, target, details)
+VALUES ('observer', 'quarantine_lifted', 'chain_event:' || %(event_id)s,
+        jsonb_build_object('was', %(was)s::text, 'applied_to', %(applied_to)s::text, 'effect', %(effect)s::text))
+"""
 
 
 # Rule 10 (nothing is guessed): a charge whose batch applied in a ledger the observer has already
@@ -113,13 +175,14 @@ class PageStats:
 PAGE_ATTEMPTS = 3
 
 
-def _apply_page_retrying(ctx: TickContext, page: EventsPage, cursor: str | None) -> PageStats:
+def _retrying(ctx: TickContext, apply: Callable[[], T]) -> T:
+    """`apply` in one transaction, again after a deadlock (it committed nothing)."""
     import psycopg
 
     for attempt in range(1, PAGE_ATTEMPTS + 1):
         try:
             with ctx.conn.transaction():
-                return apply_page(ctx.conn, page, cursor, ctx.log)
+                return apply()
         except psycopg.Error as exc:
             if exc.sqlstate not in ("40P01", "40001") or attempt == PAGE_ATTEMPTS:
                 raise
@@ -144,9 +207,15 @@ def tick(ctx: TickContext) -> TickResult:
     from paygate_cli.chain.charges import ReadersBehind, RetentionGap, cursor_ledger, get_events
     from paygate_cli.chain.rpc import ChainClient
 
-    chain = ChainClient(settings, guard_conn=ctx.conn)
     result = TickResult()
     totals: dict[str, Any] = {"pages": 0, "events": 0, "settled": 0, "failed": 0, "credited": 0, "quarantined": 0}
+    # Before the new events: quarantined ones that may apply now (no chain read needed).
+    lifted, requarantined = _retrying(ctx, lambda: reexamine(ctx.conn, ctx.log))
+    if lifted or requarantined:
+        totals["quarantine_lifted"], totals["requarantined"] = lifted, requarantined
+    result.processed += lifted
+    result.needs_human += requarantined
+    chain = ChainClient(settings, guard_conn=ctx.conn)
     limit = max(1, min(int(ctx.batch), 10000))
     try:
         for _ in range(max(1, int(settings.observer_max_pages))):
@@ -168,7 +237,7 @@ def tick(ctx: TickContext) -> TickResult:
                                  f"the RPC's oldest ledger {page.oldest_ledger}; billing events may have been lost",
                                  msgid="observer.retention_gap")
             crashpoint("observer.after_fetch")
-            stats = _apply_page_retrying(ctx, page, cursor)
+            stats = _retrying(ctx, lambda page=page, cursor=cursor: apply_page(ctx.conn, page, cursor, ctx.log))
             crashpoint("observer.after_apply")
             cursor, start_ledger = page.cursor, None
             totals["pages"] += 1
@@ -267,6 +336,32 @@ def apply_page(conn: psycopg.Connection, page: EventsPage, old_cursor: str | Non
     return stats
 
 
+def reexamine(conn: psycopg.Connection, log: logging.Logger, limit: int = REEXAMINE_BATCH) -> tuple[int, int]:
+    """Quarantined credits whose deposit is known now, applied as a fresh event is (_apply_credit);
+    the caller holds the transaction. -> (quarantines lifted, events quarantined again for a reason
+    that is final: the deposit differs from the event, or it is no longer pending)."""
+    from paygate_cli.chain.charges import BillingEvent
+
+    lifted = requarantined = 0
+    stats = PageStats()
+    for event_id, account, amount, ref, was in conn.execute(REEXAMINE_SQL, (limit,)).fetchall():
+        ev = BillingEvent("credit", account, int(amount), bytes.fromhex(ref))
+        applied_to, effect, reason = _apply_credit(conn, stats, ev)
+        if reason is None:
+            conn.execute(LIFT_QUARANTINE_SQL, {"event_id": event_id, "applied_to": applied_to, "effect": effect})
+            conn.execute(AUDIT_LIFTED_SQL, {"event_id": event_id, "was": was, "applied_to": applied_to,
+                                            "effect": effect})
+            lifted += 1
+            log.info("billing event %s: quarantine lifted, %s %s (it was quarantined: %s)", event_id, applied_to,
+                     effect, was, extra={"msgid": "observer.quarantine_lifted", "event_id": event_id})
+        else:
+            conn.execute(REQUARANTINE_SQL, {"event_id": event_id, "reason": reason, "applied_to": applied_to})
+            requarantined += 1
+            log.error("billing event %s quarantined: %s", event_id, reason,
+                      extra={"msgid": "observer.quarantined", "event_id": event_id})
+    return lifted, requarantined
+
+
 def _diagnose_charge(conn: psycopg.Connection, ev: Any) -> str:
     row = conn.execute(CHARGE_ROW_SQL, (ev.ref,)).fetchone()
     if row is None:
@@ -279,14 +374,20 @@ def _diagnose_charge(conn: psycopg.Connection, ev: Any) -> str:
 
 
 def _apply_credit(conn: psycopg.Connection, stats: PageStats, ev: Any) -> tuple[str | None, str | None, str | None]:
-    row = conn.execute(DEPOSIT_ROW_SQL, (ev.ref,)).fetchone()
+    row = conn.execute(DEPOSIT_ROW_SQL, {"ref": ev.ref}).fetchone()
     if row is None:
-        return None, None, f"credit: no deposit with deposit_tx {ev.ref.hex()}"
-    pending_id, account, amount, status = row
+        journaled = conn.execute(UNRESOLVED_DEPOSIT_SQL, (ev.ref,)).fetchone()
+        if journaled is not None:
+            return None, None, (f"credit: no deposit with deposit_tx {ev.ref.hex()} yet (deposit {journaled[0]}'s "
+                                f"transfer has that hash, its lineage is {journaled[1]}): re-examined every tick")
+        return None, None, f"credit: no deposit with deposit_tx {ev.ref.hex()}: re-examined every tick"
+    pending_id, account, amount, status, unrecorded = row
     target = f"deposit:{pending_id}"
     if account != ev.account or int(amount) != ev.amount:
         return target, None, (f"credit: deposit {pending_id} is {amount} for {account}, the event says {ev.amount} "
                               f"for {ev.account} (amount/account mismatch)")
+    if unrecorded and conn.execute(deposits.RECORD_DEPOSIT_TX_SQL, {"id": pending_id, "ref": ev.ref}).rowcount != 1:
+        return target, None, f"credit: deposit {pending_id} is {status} locally but credited on chain"
     won = conn.execute(deposits.SETTLE_SQL, {"ids": [pending_id], "by": "observer", "deposit_txs": [ev.ref]}).fetchone()
     if won is not None:
         stats.credited += 1

@@ -1,0 +1,204 @@
+"""A `credit` event read before the database knew its deposit (after a restore) is re-examined each
+observer tick and applied once the deposit is known: the deposit settles from the chain's credit event,
+the cached balance equals the chain, the quarantine is lifted (audited), never needs_human for the
+ordering. Funding, finding its credit already on chain, leaves the row to the observer. An event that is
+truly bad (a credit for a hash no deposit of ours has) stays quarantined with its reason.
+
+The restore is real: the database is copied (CREATE DATABASE … TEMPLATE, a new database OID, as
+pg_restore into a new database gives) while the deposit's transfer is in flight, paygate carries on
+in the original until the chain has the credit, then runs against the copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from stellar_sdk import Keypair, TransactionBuilder, scval
+
+from tests.support.chain_env import ChainEnv, billing_balance, chain_environ
+from tests.support.cli import Result
+from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.funding import admit, row_of
+from tests.support.pg import PgServer, with_dbname
+
+AMOUNT = 30_000_000
+
+
+@pytest.fixture
+def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
+    handle = start_devnet(tmp_path / "devnet", lanes=3, users=2)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def chain(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> ChainEnv:
+    # paygate signs with lanes 0-1; lane 2 is an operator of the billing contract paygate does not control.
+    environ = chain_environ(devnet, dsn, tmp_path / "keys", lanes=2)
+    environ["PAYGATE_OBSERVER_START_LEDGER"] = "1"
+    return ChainEnv(devnet, dsn, environ)
+
+
+@pytest.fixture
+def restored(pg_server: PgServer, dsn: str) -> Iterator[list[str]]:
+    """Where copies of the test database go (dropped afterwards)."""
+    made: list[str] = []
+    yield made
+    for copy in made:
+        pg_server.drop_database(copy)
+
+
+def copy_database(pg_server: PgServer, dsn: str, made: list[str]) -> str:
+    """The database as it is now, as a new database (the backup a restore brings back)."""
+    source = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    name = f"r_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (source,))
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE {source}")
+    copy = with_dbname(pg_server.admin_dsn, name)
+    made.append(copy)
+    return copy
+
+
+def rogue_credit(chain: ChainEnv, account: str, amount: int, deposit_tx: bytes) -> None:
+    """credit() sent by an operator key outside paygate (lane 2), then a ledger closed."""
+    g = chain.genesis
+    lane = Keypair.from_secret(g["lanes"][2]["secret"])
+    with chain.server() as server:
+        tx = (TransactionBuilder(server.load_account(lane.public_key), g["passphrase"], base_fee=100)
+              .append_invoke_contract_function_op(g["contracts"]["billing"], "credit", [
+                  scval.to_address(lane.public_key), scval.to_address(account), scval.to_int128(amount),
+                  scval.to_bytes(deposit_tx)])
+              .set_timeout(300).build())
+        tx = server.prepare_transaction(tx)
+        tx.sign(lane)
+        assert server.send_transaction(tx).status.value == "PENDING"
+    applied = chain.devnet.close_ledger()["applied"]
+    assert applied and applied[0]["status"] == "SUCCESS", applied
+
+
+def details(result: Result) -> dict:
+    return json.loads(result.out)["run_tick"]["last_details"]
+
+
+def quarantined(conn: psycopg.Connection) -> dict[str, str]:
+    """payload ref -> quarantine reason, of every quarantined event."""
+    return dict(conn.execute("SELECT payload->>'ref', quarantine_reason FROM paygate.chain_events WHERE quarantined"
+                             ).fetchall())
+
+
+def restore_after_the_credit_landed(chain: ChainEnv, pg_server: PgServer, made: list[str]
+                                    ) -> tuple[ChainEnv, int, bytes]:
+    """A deposit whose transfer is sent when the backup is taken; paygate then settles it on chain
+    (transfer and credit) in the original database; the copy is what the restore brings back.
+    -> (paygate on the restored database, the deposit's id, its transfer's hash)."""
+    user = chain.genesis["users"][0]["public"]
+    with psycopg.connect(chain.dsn, autocommit=True) as db:
+        pending_id = admit(chain, db, user=0, amount=AMOUNT)
+    assert chain.tick("observer").code == 0
+    assert chain.tick("funding").code == 0
+    with psycopg.connect(chain.dsn, autocommit=True) as db:
+        assert db.execute("SELECT state FROM paygate.lineages WHERE purpose = 'deposit'").fetchone()[0] == "sent"
+    backup = copy_database(pg_server, chain.dsn, made)
+    for _ in range(6):  # transfer applied, credit sent, credit applied, settled
+        chain.devnet.close_ledger()
+        assert chain.tick("funding").code == 0
+        with psycopg.connect(chain.dsn, autocommit=True) as db:
+            row = row_of(db, pending_id)
+        if row["status"] == "settled":
+            break
+    assert row["status"] == "settled", row
+    assert billing_balance(chain, user) == AMOUNT
+    return ChainEnv(chain.devnet, backup, {**chain.environ, "PAYGATE_DATABASE_URL": backup}), pending_id, \
+        bytes(row["deposit_tx"])
+
+
+def test_a_credit_read_before_its_deposit_was_known_applies_once_it_is(
+        chain: ChainEnv, pg_server: PgServer, restored: list[str]) -> None:
+    after, pending_id, deposit_tx = restore_after_the_credit_landed(chain, pg_server, restored)
+    user = chain.genesis["users"][0]["public"]
+    stranger = os.urandom(32)  # a credit for a hash no deposit of ours ever had: bad for good
+    rogue_credit(chain, chain.genesis["users"][1]["public"], 1_000, stranger)
+    with psycopg.connect(after.dsn, autocommit=True) as db:
+        # What the restore gate sets on a restored database (ticks/runner.py): submissions closed, so
+        # funding drives the in-flight transfer but sends no credit.
+        db.execute("INSERT INTO paygate.halts (kind, reason, set_by) VALUES ('restore', 'restored from a copy', "
+                   "'test') ON CONFLICT (kind) DO NOTHING")
+        assert row_of(db, pending_id)["deposit_tx"] is None
+
+        # The observer reads the credit before funding has re-learned the deposit: quarantined, alarmed.
+        first = after.tick("observer")
+        assert first.code == 3, first.err
+        reasons = quarantined(db)
+        assert "re-examined every tick" in reasons[deposit_tx.hex()]
+        assert "its lineage is sent" in reasons[deposit_tx.hex()]
+        assert "no deposit with deposit_tx" in reasons[stranger.hex()]
+
+        # Funding records the transfer's receipt (applied); the halt keeps it from sending a credit.
+        stalled = after.tick("funding")
+        assert stalled.code == 1, stalled.err
+        assert db.execute("SELECT state FROM paygate.lineages WHERE purpose = 'deposit'").fetchone()[0] == "applied"
+        assert row_of(db, pending_id)["status"] == "pending"
+
+        # The next observer tick re-examines it: the deposit settles from the credit event.
+        second = after.tick("observer")
+        assert second.code == 0, second.err
+        assert details(second)["quarantine_lifted"] == 1
+        row = row_of(db, pending_id)
+        assert (row["status"], row["settled_by"], bytes(row["deposit_tx"])) == ("settled", "observer", deposit_tx)
+        cached = db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s", (user,)).fetchone()[0]
+        assert cached == AMOUNT == billing_balance(chain, user)
+        event = db.execute("SELECT quarantined, quarantine_reason, applied_to, effect FROM paygate.chain_events "
+                           "WHERE payload->>'ref' = %s", (deposit_tx.hex(),)).fetchone()
+        assert event == (False, None, f"deposit:{pending_id}", "credited")
+        was = db.execute("SELECT details->>'was' FROM paygate.audit_log WHERE action = 'quarantine_lifted'"
+                         ).fetchone()[0]
+        assert "no deposit with deposit_tx" in was
+        # The truly bad one stays quarantined with its reason, alarmed once, not again.
+        assert quarantined(db) == {stranger.hex(): reasons[stranger.hex()]}
+        third = after.tick("observer")
+        assert third.code == 0 and "quarantine_lifted" not in details(third), third.err
+        assert quarantined(db) == {stranger.hex(): reasons[stranger.hex()]}
+        # Nothing applied twice: the balance is still the chain's.
+        cached = db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s", (user,)).fetchone()[0]
+        assert cached == AMOUNT
+
+
+def test_funding_finding_its_credit_on_chain_leaves_it_to_the_observer(
+        chain: ChainEnv, pg_server: PgServer, restored: list[str]) -> None:
+    after, pending_id, deposit_tx = restore_after_the_credit_landed(chain, pg_server, restored)
+    user = chain.genesis["users"][0]["public"]
+    with psycopg.connect(after.dsn, autocommit=True) as db:
+        # A clean recovery pass has run (no restore halt; the copy's identity recorded): funding
+        # may send again, and the credit it builds finds the one already on chain.
+        db.execute("DELETE FROM paygate.halts WHERE kind = 'restore'")
+        db.execute("DELETE FROM paygate.db_identity")
+        db.execute("SELECT paygate.check_db_identity('test')")
+        assert after.tick("observer").code == 3  # quarantined: the deposit is not known yet
+        outcomes = {}
+        for _ in range(3):
+            result = after.tick("funding")
+            assert result.code == 0, result.err  # never needs_human (3) for the ordering
+            outcomes.update(details(result))
+            if "credited_on_chain" in outcomes:
+                break
+            after.devnet.close_ledger()
+        assert outcomes.get("credited_on_chain") == 1, outcomes
+        assert "already credited its deposit" in result.err
+        row = row_of(db, pending_id)
+        assert (row["status"], bytes(row["deposit_tx"])) == ("pending", deposit_tx)
+        second = after.tick("observer")
+        assert second.code == 0, second.err
+        assert details(second)["quarantine_lifted"] == 1
+        assert row_of(db, pending_id)["status"] == "settled"
+        cached = db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s", (user,)).fetchone()[0]
+        assert cached == AMOUNT == billing_balance(chain, user)
+        assert not quarantined(db)
+        # Funding's next tick finds nothing left to do for it.
+        assert after.tick("funding").code == 0
+        assert db.execute("SELECT count(*) FROM paygate.deposits WHERE status <> 'settled'").fetchone()[0] == 0
