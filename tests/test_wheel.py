@@ -154,6 +154,7 @@ def _read_only_invocations(devnet_url: str, out_file: Path) -> dict[tuple[str, .
     them) to each, and runs the default, human one too."""
     return {
         ("status",): [[]],
+        ("top",): [["--once"]],
         ("workers",): [[], ["--offline"]],
         ("config", "show"): [[], ["--sources"]],
         ("nonce-inspect",): [[]],

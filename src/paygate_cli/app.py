@@ -60,6 +60,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run-tick": ("run_tick", "register"),
     "migrate": ("migrate", "register"),
     "status": ("status", "register"),
+    "top": ("top", "register"),
     "workers": ("workers", "register"),
     "halt": ("halts", "register"),
     "resume": ("halts", "register"),

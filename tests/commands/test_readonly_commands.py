@@ -1,4 +1,4 @@
-"""The read-only commands (`status`, `reconcile-report`, `nonce-inspect`) run as the read-only
+"""The read-only commands (`status`, `top`, `reconcile-report`, `nonce-inspect`) run as the read-only
 database role from a shell holding none of the fleet's secrets (no lane seeds, fee seed or journal
 keys: unset, or pointing at files this user cannot read). They use none of them, so they print their
 whole document and exit as the facts say; the fleet's readiness comes from its heartbeats (a
@@ -64,6 +64,9 @@ def test_read_only_commands_need_no_secrets(devnet: DevnetHandle, dsn: str, db: 
         assert report["cannot_work"] == []
         assert [e["status"] for e in report["rpc"]["endpoints"]] == ["healthy", "healthy"]
         assert {w["worker"] for w in report["workers"]} >= {"funding", "settlement"}
+
+        top = run_proc("top", "--once", "--json", environ=environ)
+        assert top.code == ExitCode.OK and document(top, "top")["lanes"][0]["lane"] == lane, (name, top.err)
 
         reconcile = run_proc("reconcile-report", "--json", environ=environ)
         assert reconcile.code == ExitCode.OK, (name, reconcile.err)

@@ -133,6 +133,7 @@ COMMAND_EXIT_CODES: dict[str, frozenset[ExitCode]] = {
     "run-tick": _DATABASE | {_E.NEEDS_HUMAN, _E.SKIPPED, _E.SIGTERM},
     "migrate": _DATABASE | {_E.NEEDS_HUMAN},  # 3: an applied migration changed
     "status": _DATABASE,  # 1: not ready
+    "top": _DATABASE,
     "workers": _DATABASE,
     "halt": _DATABASE,
     "resume": _DATABASE,
