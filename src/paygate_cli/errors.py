@@ -36,8 +36,9 @@ EXIT_CODE_MEANINGS: dict[ExitCode, str] = {
                     "`--out FILE` that exists without `--force`; `--batch` over what the worker's path can use",
     ExitCode.NEEDS_HUMAN: "needs a human: unexplained drift, nonce gap, key not retirable, poison data, "
                           "a changed applied migration",
-    ExitCode.UNAVAILABLE: "a dependency (Postgres, RPC) is unavailable after bounded retries; the message "
-                          "names the host and port or socket tried",
+    ExitCode.UNAVAILABLE: "a dependency (Postgres, RPC) is unavailable after bounded retries, or the database "
+                          "reached is no writer (a standby in recovery, read-only); the message names the host and "
+                          "port or socket tried",
     ExitCode.SOFTWARE: "a bug (unexpected exception); `PAYGATE_DEBUG=1` prints the traceback",
     ExitCode.SKIPPED: "skipped: the worker's lock is held, or a `--wait` timed out (said at info level, "
                       "not as an error; systemd `SuccessExitStatus=75`)",
