@@ -65,6 +65,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "halt": ("halts", "register"),
     "resume": ("halts", "register"),
     "nonce-inspect": ("nonce_inspect", "register"),
+    "trace": ("trace", "register"),
     "drain": ("drain", "register"),
     "undrain": ("drain", "register"),
     "key-retire-check": ("key_retire_check", "register"),
