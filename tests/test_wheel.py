@@ -161,6 +161,8 @@ def _read_only_invocations(devnet_url: str, out_file: Path) -> dict[tuple[str, .
         ("workers",): [[], ["--offline"]],
         ("config", "show"): [[], ["--sources"]],
         ("nonce-inspect",): [[]],
+        # the groups an empty database and one devnet can answer (1: one read host, the override set)
+        ("doctor",): [["--only", "config,rpc,journal,clock,metrics"]],
         ("key-retire-check",): [[JOURNAL_KEY_ID]],
         ("reconcile-report",): [[], ["--out", str(out_file)]],
         ("replay",): [[queue, "--all-dead", "--dry-run"] for queue in ("webhooks", "deposits", "relays", "bot_jobs")],

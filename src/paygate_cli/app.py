@@ -71,6 +71,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "key-retire-check": ("key_retire_check", "register"),
     "reconcile-report": ("reconcile_report", "register"),
     "replay": ("replay", "register"),
+    "doctor": ("doctor", "register"),
     "config": ("config", "group"),
     "dev": ("dev", "group"),
     "devnet": ("devnet", "group"),

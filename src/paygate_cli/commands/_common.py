@@ -144,6 +144,7 @@ COMMAND_EXIT_CODES: dict[str, frozenset[ExitCode]] = {
     "key-retire-check": _DATABASE | {_E.NEEDS_HUMAN},
     "reconcile-report": _DATABASE | {_E.NEEDS_HUMAN},
     "replay": _DATABASE,  # 1: a row was refused
+    "doctor": _DATABASE | {_E.NEEDS_HUMAN},  # 1: warnings only; 3/69/78: the worst failed check's kind
     "config": _SETTINGS,
     "dev": _SETTINGS | {_E.UNAVAILABLE},  # 78: no PostgreSQL binaries; 69: the cluster did not start
     "devnet": _SETTINGS | {_E.UNAVAILABLE},  # 69: the port is taken, the devnet is unreachable
