@@ -66,6 +66,19 @@ def test_status_on_the_standby_answers_and_says_there_is_no_writer(pair: Replica
             in human.out)
 
 
+def test_read_only_commands_work_on_the_standby_and_writes_exit_69(pair: ReplicatedPair, devnet: DevnetHandle,
+                                                                    tmp_path: Path) -> None:
+    environ = tick_environ(devnet, pair.standby_dsn(), tmp_path / "keys")
+    inspected = run_cli("nonce-inspect", "--json", environ=environ)
+    assert inspected.code == 0, inspected.err
+    assert json.loads(inspected.out)["needs_human"] is False
+    halted = run_cli("--log-format", "json", "halt", "--reason", "drill", "--yes", environ=environ)
+    assert halted.code == 69, halted.err
+    last = json.loads(halted.err.strip().splitlines()[-1])
+    assert last["msgid"] == "db.no_writer" and "cannot execute INSERT in a read-only transaction" in last["msg"]
+    assert HINT in last["msg"]
+
+
 def test_status_on_the_primary_names_the_writer(pair: ReplicatedPair) -> None:
     result = run_cli("status", "--json", dsn=pair.primary_dsn())
     database = json.loads(result.out)["status"]["database"]

@@ -482,8 +482,10 @@ def _missing_object_errors() -> tuple[type[Exception], ...]:
 def unreachable(error: str) -> dict[str, Any]:
     """The report when the database cannot be reached: still a document (a probe parsing `--json`
     must get one), not ready, with the reason."""
+    # libpq refusing every listed host as read-only is no writer, not an unreachable server.
+    problem = error if error.startswith("no writer:") else f"database unreachable: {error}"
     report: dict[str, Any] = {
-        "ready": False, "problems": [f"database unreachable: {error}"],
+        "ready": False, "problems": [problem],
         "database": {"reachable": False, "error": error},
         "schema": None, "halts": [], "locks": [], "queues": [], "workers": [], "cannot_work": [],
     }
