@@ -228,8 +228,13 @@ class Supervisor:
     environ: dict[str, str]
     logs: Path
     rng: random.Random
+    plan: list[tuple[str, int, str]] = field(default_factory=lambda: list(WORKER_PLAN))
+    # Exit codes a run may also end with, beyond the soak's (the disaster-recovery drills: 3, a
+    # lane fenced ahead of a restored journal asks a human by design).
+    tolerated: set[int] = field(default_factory=set)
     slots: list[Slot] = field(default_factory=list)
     exits: Counter = field(default_factory=Counter)  # (worker, code) -> n
+    runs: list[tuple[str, int, float]] = field(default_factory=list)  # (worker, code, monotonic end), in order
     kills: int = 0
     kills_confirmed: int = 0
     crashes: list[tuple[str, int, str]] = field(default_factory=list)  # (worker, code, stderr tail)
@@ -237,7 +242,7 @@ class Supervisor:
 
     def __post_init__(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
-        for worker, count, every in WORKER_PLAN:
+        for worker, count, every in self.plan:
             for i in range(count):
                 self.slots.append(Slot(worker, i, every, self.logs / f"{worker}-{i}.log"))
 
@@ -253,11 +258,12 @@ class Supervisor:
 
     def _record(self, slot: Slot, code: int) -> None:
         self.exits[(slot.worker, code)] += 1
+        self.runs.append((slot.worker, code, time.monotonic()))
         if code == -signal.SIGKILL and slot.killed:
             self.kills_confirmed += 1
         # -15: our SIGTERM landed after the run loop had ended and restored the default handler (the
         # process was already on its way out, its work done): what systemd calls a clean stop too.
-        expected = {0, 1, 69, 75, 143} | ({-signal.SIGKILL} if slot.killed else set()) | (
+        expected = {0, 1, 69, 75, 143} | self.tolerated | ({-signal.SIGKILL} if slot.killed else set()) | (
             {-signal.SIGTERM} if slot.terminated else set())
         # The reconciler may raise a balance finding while money moves under chaos (exit 3); it is
         # reported, and the test requires every finding to have cleared by the end.
@@ -314,6 +320,28 @@ class Supervisor:
                 self.crashes.append((slot.worker, code, f"did not stop within {timeout:.0f}s of SIGTERM"))
             self._record(slot, code)
             slot.proc = None
+
+    def sigkill_all(self) -> int:
+        """The disaster: every worker process SIGKILLed at once, mid-tick or not, each exit recorded;
+        none restarts until `start_all`. -> how many were running."""
+        live = [s for s in self.slots if s.proc is not None and s.proc.poll() is None]
+        for slot in self.slots:
+            slot.enabled = False
+        for slot in live:
+            assert slot.proc is not None
+            slot.killed = True
+            slot.proc.send_signal(signal.SIGKILL)
+            self.kills += 1
+        for slot in self.slots:
+            if slot.proc is not None:
+                self._record(slot, slot.proc.wait())
+                slot.proc = None
+        return len(live)
+
+    def start_all(self) -> None:
+        """Every slot enabled again: the next poll starts them (cron after the database came back)."""
+        for slot in self.slots:
+            slot.enabled, slot.restart_at = True, 0.0
 
     def kill_all(self) -> None:
         """Teardown after a failure: nothing of ours may outlive the test."""
@@ -437,6 +465,9 @@ class LoadGenerator:
     devnet: AdminLedger
     rng: random.Random
     max_subscriptions: int = 6
+    # How often each kind is admitted once the plan ran out; a kind left out is never admitted.
+    weights: dict[str, int] = field(default_factory=lambda: {"deposit": 2, "charge": 6, "relay": 3, "bot_job": 2,
+                                                             "subscription": 1})
     admitted: Counter = field(default_factory=Counter)
     refused: Counter = field(default_factory=Counter)
     unavailable: Counter = field(default_factory=Counter)
@@ -477,7 +508,8 @@ class LoadGenerator:
         try:
             # The bot's buyers start their cycle (buy, wait out the order's window, close) first: it is
             # long. Then every user deposits: charges, subscriptions and relays need money to flow.
-            self.plan = [("bot_job", user) for user in self.occasional] + [("deposit", user) for user in self.users]
+            bots = [("bot_job", user) for user in self.occasional] if self.weights.get("bot_job") else []
+            self.plan = bots + [("deposit", user) for user in self.users]
             while not self.stop_event.wait(self.rng.uniform(0.25, 0.8)):
                 if self.plan:
                     kind, user = self.plan.pop(0)
@@ -502,8 +534,7 @@ class LoadGenerator:
                 conn.close()
 
     def _pick(self) -> str:
-        return self.rng.choices(["deposit", "charge", "relay", "bot_job", "subscription"],
-                                weights=[2, 6, 3, 2, 1])[0]
+        return self.rng.choices(list(self.weights), weights=list(self.weights.values()))[0]
 
     def _key(self, kind: str) -> str:
         self._n += 1
@@ -663,11 +694,11 @@ def log_msgids(logs: Path, prefix: str) -> dict[str, int]:
     return dict(sorted(seen.items()))
 
 
-def open_work(dsn: str) -> dict[str, int]:
+def open_work(dsn: str, sql: str = OPEN_WORK_SQL) -> dict[str, int]:
     """The open work right now; a database too slow to answer (a loaded CI box) counts as not quiet."""
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=30) as conn:
-            cursor = conn.execute(OPEN_WORK_SQL)
+            cursor = conn.execute(sql)
             return dict(zip([c.name for c in cursor.description], cursor.fetchone(), strict=True))
     except psycopg.OperationalError:
         return {"database unreachable": 1}
