@@ -131,6 +131,12 @@ STATE_HELP = {
     "paygate_ttl_rent_spent_stroops": "Rent (extend and restore fees) the TTL keeper paid today (UTC)",
     "paygate_ttl_left_unextended": "Due entries the TTL keeper's daily rent budget left unextended today",
     "paygate_ttl_threshold_ledgers": "PAYGATE_TTL_THRESHOLD in ledgers: the keeper extends an entry expiring sooner",
+    "paygate_gas_headroom_stroops": "The fee account's headroom as the gas monitor last read it (stroops; "
+                                    "docs/workers.md Gas headroom); absent before its first check",
+    "paygate_gas_balance_stroops": "The fee account's balance as the gas monitor last read it (stroops); absent before "
+                                   "its first check",
+    "paygate_gas_committed_fees_stroops": "What the in-flight lineages could still be charged at their cap (stroops); "
+                                          "absent before the gas monitor's first check",
 }
 
 
@@ -145,6 +151,7 @@ class StateMetrics:
     fee_cap: int | None = None  # settings.max_inclusion_fee of the writing worker
     ttl: dict | None = None  # state.ttl_state(); None: not read (no TTL gauges at all)
     ttl_threshold: int | None = None  # settings.ttl_threshold in ledgers, of the writing worker
+    gas: dict | None = None  # state.gas_state(); None: not read (no gas gauges at all)
 
 
 def state_is_stale(directory: str, now: float) -> bool:
@@ -178,6 +185,12 @@ def write_state_textfile(directory: str, state: StateMetrics) -> str:
         _fee_gauges(registry, state)
     if state.ttl is not None:
         _ttl_gauges(registry, state)
+    if state.gas is not None and state.gas.get("level") is not None:  # never checked: absent, never 0
+        for name, key in (("paygate_gas_headroom_stroops", "headroom"), ("paygate_gas_balance_stroops", "balance"),
+                          ("paygate_gas_committed_fees_stroops", "committed_fees")):
+            if state.gas.get(key) is not None:
+                Gauge(name, STATE_HELP[name], ["paygate_instance"], registry=registry).labels(
+                    state.instance).set(state.gas[key])
     _ensure_directory(directory)
     path = os.path.join(directory, STATE_FILE)
     write_to_textfile(path, registry)

@@ -90,6 +90,22 @@ def open_findings_count(conn: psycopg.Connection) -> int | None:
     return conn.execute(OPEN_FINDINGS_SQL if resolvable else ALL_FINDINGS_SQL).fetchone()[0]
 
 
+# --- the fee account (the gas monitor: workers/gas.py) ---------------------------------------------
+GAS_SQL = """
+SELECT g.level, g.headroom, g.balance, g.reserve, g.reserved_fees, g.committed_fees, g.halted, g.low_lanes,
+       g.checked_at, t.reserved, t.settled, t.released
+FROM paygate.relay_fee_totals t LEFT JOIN paygate.gas_state g ON true
+"""
+
+
+def gas_state(conn: psycopg.Connection) -> dict[str, Any]:
+    """The gas monitor's last reading (its fields None before its first) beside the relay fee totals."""
+    row = conn.execute(GAS_SQL).fetchone()
+    names = ("level", "headroom", "balance", "reserve", "reserved_fees", "committed_fees", "halted", "low_lanes",
+             "checked_at", "fees_reserved", "fees_settled", "fees_released")
+    return dict(zip(names, row, strict=True)) if row else {}
+
+
 # --- the fee market (docs/architecture.md §4 "Fees and the fee market") ---------------------------
 # Which path a lineage belongs to, by its purpose (and, for 'relay', its entitlement: bot jobs ride
 # the relay purpose as 'bot_job:<id>'); the TTL keeper's extends and restores are 'ttl'. Status, the

@@ -11,6 +11,7 @@ from paygate_cli.db.connect import connection_target, no_writer_reason, server_r
 from paygate_cli.db.locks import LOCK_NAMESPACE, MIGRATE_KEY, describe_key
 from paygate_cli.db.migrate import schema_state
 from paygate_cli.state import fee_market_state, list_halts, open_findings_summary, queue_depths, ttl_state
+from paygate_cli.state import gas_state as gas
 
 if TYPE_CHECKING:
     import psycopg
@@ -172,21 +173,6 @@ def workers_that_cannot_start(runs: list[dict[str, Any]]) -> list[dict[str, Any]
     return [{"worker": run["worker"], "error": run["last_error"], "since": run["last_finished"]}
             for run in runs
             if run["last_finished_outcome"] == "error" and (run["last_error"] or "").startswith("cannot start")]
-
-
-# The gas monitor's last reading (workers/gas.py) and the relay fee accumulator.
-GAS_SQL = """
-SELECT g.level, g.headroom, g.balance, g.reserve, g.reserved_fees, g.committed_fees, g.halted, g.low_lanes,
-       g.checked_at, t.reserved, t.settled, t.released
-FROM paygate.relay_fee_totals t LEFT JOIN paygate.gas_state g ON true
-"""
-
-
-def gas(conn: psycopg.Connection) -> dict[str, Any]:
-    row = conn.execute(GAS_SQL).fetchone()
-    names = ("level", "headroom", "balance", "reserve", "reserved_fees", "committed_fees", "halted", "low_lanes",
-             "checked_at", "fees_reserved", "fees_settled", "fees_released")
-    return dict(zip(names, row, strict=True)) if row else {}
 
 
 def fee_market(conn: psycopg.Connection, settings: Any = None) -> tuple[dict[str, Any], list[str]]:

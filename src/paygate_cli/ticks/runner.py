@@ -498,7 +498,14 @@ class _MetricsReport:
     def _state(self) -> None:
         """The shared state file (queues, halts, findings), at most every STATE_INTERVAL per host."""
         from paygate_cli.metrics import StateMetrics, state_is_stale, write_state_textfile
-        from paygate_cli.state import fee_market_state, list_halts, open_findings_count, queue_depths, ttl_state
+        from paygate_cli.state import (
+            fee_market_state,
+            gas_state,
+            list_halts,
+            open_findings_count,
+            queue_depths,
+            ttl_state,
+        )
 
         now = time.time()
         if self.conn is None or not self.directory or not state_is_stale(self.directory, now):
@@ -511,7 +518,8 @@ class _MetricsReport:
                 instance=self.instance, queues=queue_depths(self.conn),
                 halts=[h["kind"] for h in list_halts(self.conn)], findings_open=findings, written=now,
                 fee=fee_market_state(self.conn), fee_cap=self.fee_cap, ttl=ttl_state(self.conn),
-                ttl_threshold=None if self.ttl_threshold is None else ledgers(self.ttl_threshold)))
+                ttl_threshold=None if self.ttl_threshold is None else ledgers(self.ttl_threshold),
+                gas=gas_state(self.conn)))
         except Exception as exc:  # observability must not fail the tick it describes
             log.warning("could not write the state metrics: %s", exc, extra={"msgid": "metrics.state_failed"})
 
