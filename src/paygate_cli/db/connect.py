@@ -218,8 +218,8 @@ def _connect(settings: Settings, purpose: str, *, autocommit: bool, attempts: in
             raise DatabaseConfigInvalid(f"the database URL has an invalid setting (retrying will not help): "
                                         f"{detail}") from None
         if _NOT_A_WRITER.search(str(exc)):
-            raise NoWriter(f"no writer: no host of the database URL accepts writes (each answered as a standby "
-                           f"or read-only; a failover not finished yet?): {detail}") from None
+            raise NoWriter(f"no writer: no host of the database URL accepts writes (those that answered are "
+                           f"standbys or read-only; a failover not finished yet?): {detail}") from None
         raise Unavailable(f"cannot connect to Postgres: {detail}", msgid="db.unavailable") from None
 
 
