@@ -316,6 +316,15 @@ def decode_account_seq(entry_xdr: Any, address: str | None = None) -> int:
 def decode_account(entry_xdr: Any, address: str | None = None) -> tuple[int, tuple[int, int] | None]:
     """decode_account_seq, with the entry's (seqLedger, seqTime) when it carries them (ext v3: the
     ledger and close time at which the sequence number last changed), else None."""
+    owner, seq, seq_at = _decode_account_entry(entry_xdr)
+    if address is not None and owner != account_public_key(address):
+        raise MalformedAnswer(f"ledger entry is the account {account_address(owner)}, not {address}")
+    return seq, seq_at
+
+
+def _decode_account_entry(entry_xdr: Any) -> tuple[bytes, int, tuple[int, int] | None]:
+    """(owner key, seqNum, (seqLedger, seqTime) or None) of an ACCOUNT ledger entry; MalformedAnswer
+    for anything else."""
     try:
         reader = _XdrReader(base64.b64decode(entry_xdr.encode()))  # lenient base64, as the SDK's from_xdr
         entry_type = reader.i32()
@@ -330,11 +339,9 @@ def decode_account(entry_xdr: Any, address: str | None = None) -> tuple[int, tup
         raise
     except Exception as exc:  # any decode failure of foreign bytes: not an account entry
         raise MalformedAnswer(f"ledger entry does not decode ({type(exc).__name__})") from None
-    if address is not None and owner != account_public_key(address):
-        raise MalformedAnswer(f"ledger entry is the account {account_address(owner)}, not {address}")
     if seq < 0:
         raise MalformedAnswer(f"account sequence {seq} is negative")
-    return seq, seq_at
+    return owner, seq, seq_at
 
 
 # -- the read policy ----------------------------------------------------------------------------------
@@ -479,6 +486,51 @@ def read_account_views(address: str, *, readers: list[Endpoint], guard: Callable
     return views
 
 
+# getLedgerEntries takes at most 200 keys a request (Stellar RPC's limit).
+ENTRIES_PER_REQUEST = 200
+
+
+def read_many_account_views(addresses: list[str], *, readers: list[Endpoint], guard: Callable[[str], None]
+                            ) -> dict[str, list[AccountView]]:
+    """read_account_views for many accounts at once: one getLedgerEntries per read endpoint (per 200
+    accounts), each endpoint's answer judged on its own exactly as there. The answer lists the
+    entries it found in any order, so each is matched to its account by the owner it names."""
+    guard("getLedgerEntries")
+    views: dict[str, list[AccountView]] = {address: [] for address in addresses}
+    wanted = {account_public_key(address): address for address in addresses}
+    for start in range(0, len(addresses), ENTRIES_PER_REQUEST):
+        chunk = addresses[start:start + ENTRIES_PER_REQUEST]
+        params = {"keys": [account_key_xdr(address) for address in chunk]}
+        for reader in readers:
+            try:
+                answer = _retrying("getLedgerEntries",
+                                   lambda reader=reader, params=params: entries_answer(
+                                       reader.post("getLedgerEntries", params)), 2)
+            except Unavailable as exc:
+                for address in chunk:
+                    views[address].append(AccountView(reader.url, error=str(exc)[:300]))
+                continue
+            seen: dict[str, AccountView] = {}
+            try:
+                for index, entry in enumerate(answer.entries):
+                    owner, seq, seq_at = _decode_account_entry(entry)
+                    address = wanted.get(owner)
+                    if address not in chunk or address in seen:
+                        raise MalformedAnswer(f"ledger entry {index} is an account this request did not ask for")
+                    modified = answer.last_modified[index] if index < len(answer.last_modified) else None
+                    seen[address] = AccountView(reader.url, seq, seq_at[0] if seq_at else None,
+                                                seq_at[1] if seq_at else None, modified, answer.latest_ledger)
+            except MalformedAnswer as exc:  # one garbled entry: this endpoint's whole answer is unusable
+                for address in chunk:
+                    views[address].append(AccountView(reader.url, latest_ledger=answer.latest_ledger,
+                                                      error=str(exc)[:300]))
+                continue
+            for address in chunk:
+                views[address].append(seen.get(address) or AccountView(reader.url, latest_ledger=answer.latest_ledger,
+                                                                       error="not found"))
+    return views
+
+
 def lane_sequence(settings: Any, address: str, guard: Callable[[str], None]) -> int:
     """read_account_sequence over urllib, for commands that must start cold (no stellar-sdk, no
     requests): the same endpoints as ChainClient (one vote per distinct read host)."""
@@ -491,3 +543,17 @@ def lane_sequence(settings: Any, address: str, guard: Callable[[str], None]) -> 
                                                                           settings.rpc_url)]
     return read_account_sequence(address, write=urllib_endpoint(settings.rpc_url, timeout), readers=readers,
                                  guard=guard)
+
+
+def many_lane_views(settings: Any, addresses: list[str], guard: Callable[[str], None]
+                    ) -> dict[str, list[AccountView]]:
+    """read_many_account_views over urllib (no stellar-sdk: a recovery tick that only compares stays
+    cold), one vote per distinct read host, as ChainClient counts them."""
+    from paygate_cli.settings import distinct_read_urls
+
+    if not settings.rpc_url:
+        raise ConfigError("no Stellar RPC configured: set PAYGATE_RPC_URL")
+    timeout = float(settings.rpc_timeout)
+    readers = [urllib_endpoint(url, timeout) for url in distinct_read_urls(list(settings.rpc_read_urls),
+                                                                          settings.rpc_url)]
+    return read_many_account_views(addresses, readers=readers, guard=guard)

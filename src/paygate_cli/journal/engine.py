@@ -14,7 +14,8 @@ relays, bot jobs), each phase for all of them at once:
                                      the chain has not included is re-bid (the fee market, below)
     sweep                         -> drive the live lineages no row drives any more, so every lineage
                                      reaches a terminal state whoever settled its row
-    stall_reason                  -> why queued work cannot move (no lanes, all fenced, a lane leak)
+    stall_reason                  -> why queued work cannot move (the restore halt, no lanes, all fenced,
+                                     a lane leak)
 
 API (stable: every worker builds on it)
 ---------------------------------------
@@ -330,11 +331,82 @@ LANE_HEALTH_SQL = """
 SELECT count(*) FILTER (WHERE l.status = 'active'),
        count(*) FILTER (WHERE l.status = 'active' AND x.id IS NULL),
        count(*) FILTER (WHERE l.status = 'active' AND x.id IS NOT NULL
-                        AND x.created_at > now() - make_interval(secs => %(grace)s))
+                        AND x.created_at > now() - make_interval(secs => %(grace)s)),
+       (SELECT h.reason FROM paygate.halts h WHERE h.kind = 'restore')
 FROM paygate.lanes l
 LEFT JOIN paygate.lineages x ON x.lane = l.address AND x.state IN ('allocated', 'signed', 'sent')
 WHERE l.address = ANY(%(lanes)s)
 """
+
+
+CHAIN_AHEAD_BY = "paygate:chain_ahead_of_journal"  # who fences a lane the chain used past the journal
+
+
+@dataclass(frozen=True)
+class LaneReading:
+    """A lane's sequence as the distinct read hosts see it, against the journal's last consumed one.
+    `verdict`: "ok" (a majority sees exactly the journal's), "ahead" (a majority sees more: `chain_seq`
+    is the highest sequence a majority vouches for, `view` an answer showing it), "behind" (a
+    majority sees less: a lagging read, or a chain behind the journal) or "unknown" (no majority)."""
+
+    verdict: str
+    chain_seq: int | None
+    view: Any
+    seen: list[dict[str, Any]]  # each host's answer (hosts only, never URLs)
+
+    def views_text(self) -> str:
+        return ", ".join(f"{r['host']}: {r.get('seq') if r.get('seq') is not None else r.get('error')}"
+                         for r in self.seen)
+
+
+def judge_lane_views(views: list[Any], journal_seq: int) -> LaneReading:
+    """The one quorum rule for "is the lane where the journal left it" (the engine before it builds on
+    a lane, the restore gate for every lane: journal/restore_gate.py)."""
+    from paygate_cli.settings import rpc_host
+
+    majority = len(views) // 2 + 1
+    seqs = [v.seq for v in views if v.error is None and v.seq is not None]
+    seen = [{"host": rpc_host(v.endpoint), "seq": v.seq, "latest_ledger": v.latest_ledger,
+             **({"error": v.error[:200]} if v.error else {})} for v in views]
+    ahead = sorted(s for s in seqs if s > journal_seq)
+    if len(ahead) >= majority:
+        chain_seq = ahead[-majority]  # each of a majority reads at least this much
+        return LaneReading("ahead", chain_seq, next(v for v in views if v.seq == chain_seq), seen)
+    if sum(1 for s in seqs if s == journal_seq) >= majority:
+        return LaneReading("ok", journal_seq, None, seen)
+    behind = sorted(s for s in seqs if s < journal_seq)
+    if len(behind) >= majority:
+        return LaneReading("behind", behind[-majority], None, seen)
+    return LaneReading("unknown", None, None, seen)
+
+
+def chain_ahead_evidence(chain: ChainClient, lane: str, journal_seq: int, reading: LaneReading
+                         ) -> tuple[str, dict[str, Any]]:
+    """Why a lane ahead of the journal is fenced, and the evidence: the range, where the account says
+    its sequence last changed (seqLedger/seqTime when the entry carries AccountEntryExtensionV3, else
+    its lastModifiedLedgerSeq as a bound), and the lane's transactions in that one ledger. Earlier
+    transactions of a range longer than one sit in ledgers the account entry does not name; finding
+    them means scanning every ledger since the journal's last use (getTransactions over an unbounded
+    window), which a tick does not do: the runbook's `nonce-inspect` and the lane's account history
+    do it for the human."""
+    view, chain_seq = reading.view, reading.chain_seq
+    assert reading.verdict == "ahead" and chain_seq is not None
+    evidence: dict[str, Any] = {
+        "journal_seq": journal_seq, "chain_seq": chain_seq, "range": [journal_seq + 1, chain_seq],
+        "seq_ledger": view.seq_ledger, "seq_time": view.seq_time, "last_modified_ledger": view.last_modified,
+        "read_endpoints": reading.seen}
+    ledger = view.seq_ledger or view.last_modified
+    if ledger:
+        try:
+            evidence["transactions"] = chain.source_transactions(lane, int(ledger), above=journal_seq,
+                                                                 through=chain_seq)
+            evidence["transactions_ledger"] = int(ledger)
+        except Exception as exc:  # evidence is best effort; the fence is not
+            evidence["transactions_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    why = (f"chain ahead of journal: lane sequence {chain_seq} on chain, the journal's last consumed is "
+           f"{journal_seq}: sequences {journal_seq + 1}..{chain_seq} used by transactions this gateway never "
+           "journaled")
+    return why, evidence
 
 
 class Engine:
@@ -770,62 +842,30 @@ class Engine:
         return LaneFailed(lane, reason)
 
     def _lane_sequence_agrees(self, job: Job, lineage_id: int, lane: str, journal_seq: int) -> LaneFailed | None:
-        """The lane's sequence on each distinct read host against the journal's last consumed one.
-        None: a majority sees exactly the journal's. A majority ahead of it: sequences were used by
-        transactions we never journaled (a key used elsewhere, a database restored or failed over
-        behind the chain); the lane is fenced with the evidence and a finding, and the work moves on.
-        Anything else (behind: a lagging read; no majority) proves nothing: the lane is passed over
-        this time, never fenced for it, and no sequence below the journal's is ever built."""
-        from paygate_cli.settings import rpc_host
-
-        views = self.chain.account_views(lane)
-        majority = len(views) // 2 + 1
-        seqs = [v.seq for v in views if v.error is None and v.seq is not None]
-        ahead = sorted(s for s in seqs if s > journal_seq)
-        seen = [{"host": rpc_host(v.endpoint), "seq": v.seq, "latest_ledger": v.latest_ledger,
-                 **({"error": v.error[:200]} if v.error else {})} for v in views]
-        if len(ahead) >= majority:
-            # The highest sequence a majority vouches for (each of them reads at least this much).
-            chain_seq = ahead[-majority]
-            return self._lane_ahead(job, lineage_id, lane, journal_seq, chain_seq,
-                                    next(v for v in views if v.seq == chain_seq), seen)
-        if sum(1 for s in seqs if s == journal_seq) >= majority:
+        """The lane's sequence on each distinct read host against the journal's last consumed one
+        (judge_lane_views). None: a majority sees exactly the journal's. A majority ahead of it:
+        sequences were used by transactions we never journaled (a key used elsewhere, a database
+        restored or failed over behind the chain); the lane is fenced with the evidence and a finding,
+        and the work moves on. Anything else (behind: a lagging read; no majority) proves nothing: the
+        lane is passed over this time, never fenced for it, and no sequence below the journal's is
+        ever built."""
+        reading = judge_lane_views(self.chain.account_views(lane), journal_seq)
+        if reading.verdict == "ahead":
+            return self._lane_ahead(job, lineage_id, lane, journal_seq, reading)
+        if reading.verdict == "ok":
             return None
-        views_text = ", ".join(f"{r['host']}: {r.get('seq') if r.get('seq') is not None else r.get('error')}"
-                               for r in seen)
         why = (f"lane {lane}: the read endpoints do not show the journal's last consumed sequence {journal_seq} "
-               f"({views_text}): a lagging read proves nothing; passed over this time")[:500]
+               f"({reading.views_text()}): a lagging read proves nothing; passed over this time")[:500]
         self._abandon(job, lineage_id, why)
         self.ctx.log.warning("%s", why, extra={"msgid": "journal.lane_sequence_lagging", "lane": lane,
                                                "lineage_id": lineage_id, "journal_seq": journal_seq})
         return LaneFailed(lane, why, fenced=False)
 
-    def _lane_ahead(self, job: Job, lineage_id: int, lane: str, journal_seq: int, chain_seq: int, view: Any,
-                    seen: list[dict[str, Any]]) -> LaneFailed:
-        """Fence a lane whose chain sequence is ahead of the journal, with the evidence: the range,
-        where the account says its sequence last changed (seqLedger/seqTime when the entry carries
-        AccountEntryExtensionV3, else its lastModifiedLedgerSeq as a bound), and the lane's
-        transactions in that one ledger. Earlier transactions of a range longer than one sit in
-        ledgers the account entry does not name; finding them means scanning every ledger since the
-        journal's last use (getTransactions over an unbounded window), which a tick does not do:
-        the runbook's `nonce-inspect` and the lane's account history do it for the human."""
-        evidence: dict[str, Any] = {
-            "journal_seq": journal_seq, "chain_seq": chain_seq, "range": [journal_seq + 1, chain_seq],
-            "seq_ledger": view.seq_ledger, "seq_time": view.seq_time, "last_modified_ledger": view.last_modified,
-            "read_endpoints": seen}
-        ledger = view.seq_ledger or view.last_modified
-        if ledger:
-            try:
-                evidence["transactions"] = self.chain.source_transactions(lane, int(ledger), above=journal_seq,
-                                                                          through=chain_seq)
-                evidence["transactions_ledger"] = int(ledger)
-            except Exception as exc:  # evidence is best effort; the fence is not
-                evidence["transactions_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        why = (f"chain ahead of journal: lane sequence {chain_seq} on chain, the journal's last consumed is "
-               f"{journal_seq}: sequences {journal_seq + 1}..{chain_seq} used by transactions this gateway never "
-               "journaled")
-        return self._lane_failed(job, lineage_id, lane, why, by="paygate:chain_ahead_of_journal", evidence=evidence,
-                                 finding=True)
+    def _lane_ahead(self, job: Job, lineage_id: int, lane: str, journal_seq: int, reading: LaneReading
+                    ) -> LaneFailed:
+        """Fence a lane whose chain sequence is ahead of the journal, with chain_ahead_evidence."""
+        why, evidence = chain_ahead_evidence(self.chain, lane, journal_seq, reading)
+        return self._lane_failed(job, lineage_id, lane, why, by=CHAIN_AHEAD_BY, evidence=evidence, finding=True)
 
     # -- later ticks -----------------------------------------------------------------------------
 
@@ -1108,7 +1148,11 @@ def stall_reason(conn: psycopg.Connection, settings: Any, lanes: list[str]) -> s
     if not lanes:
         return "no lanes configured"
     grace = 2 * float(settings.tx_validity) + 60
-    active, free, young = conn.execute(LANE_HEALTH_SQL, {"lanes": sorted(lanes), "grace": grace}).fetchone()
+    active, free, young, restore = conn.execute(LANE_HEALTH_SQL, {"lanes": sorted(lanes), "grace": grace}
+                                                ).fetchone()
+    if restore is not None:
+        # No lane is allocated while the restore halt is set (lineage.free_lane_ctes), free or not.
+        return f"submissions closed by the restore halt: {restore}; run `paygate recover-check`"
     if not active:
         return f"every lane is fenced or drained ({len(lanes)} configured)"
     if free or young:
