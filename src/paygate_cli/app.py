@@ -66,6 +66,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "resume": ("halts", "register"),
     "nonce-inspect": ("nonce_inspect", "register"),
     "trace": ("trace", "register"),
+    "recover-check": ("recover_check", "register"),
     "drain": ("drain", "register"),
     "undrain": ("drain", "register"),
     "key-retire-check": ("key_retire_check", "register"),

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from paygate_cli.db.locks import worker_lock_key
-from paygate_cli.errors import CannotWork, UsageError
+from paygate_cli.errors import CannotWork, ConfigError, UsageError
 
 if TYPE_CHECKING:
     from paygate_cli.context import TickContext, TickResult
@@ -187,6 +187,20 @@ RECOVERABLE: tuple[Recoverable, ...] = (
     Recoverable("relays", "relay", "rpc_timeout"),
     Recoverable("bot_jobs", "relay_drainer", "rpc_timeout"),
 )
+
+
+def recovery_grace(settings: Settings) -> float:
+    """The grace window of a take-over (recovery's tick, `recover-check`), or ConfigError (78) when it
+    does not exceed every recovered queue's receipt timeout plus one tick of its worker: a shorter
+    grace could take work from a live worker."""
+    grace = float(settings.recovery_grace)
+    for entry in RECOVERABLE:
+        needed = entry.timeout(settings) + WORKERS[entry.worker].cadence
+        if grace <= needed:
+            raise ConfigError(f"recovery_grace {grace:g}s must exceed the {entry.queue} receipt timeout plus one "
+                              f"{entry.worker} tick ({needed:g}s): a shorter grace could take work from a live "
+                              "worker", msgid="config.recovery_grace")
+    return grace
 
 
 def get_worker(name: str) -> WorkerSpec:

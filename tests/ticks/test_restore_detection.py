@@ -5,8 +5,6 @@ db_identity row), a tick pointed at it. No devnet: the webhooks worker reads no 
 
 from __future__ import annotations
 
-import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,25 +12,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from paygate_cli.sandbox.pg_cluster import find_bindir
 from tests.support.cli import run_cli, run_proc
-from tests.support.pg import PgServer, with_dbname
-
-
-def restored_copy(pg_server: PgServer, dsn: str, tmp_path: Path) -> str:
-    """`dsn`'s database dumped (`pg_dump -Fc`) and restored (`pg_restore`) into a new database, as an
-    operator restoring last night's backup does: the same rows, a new database OID."""
-    dump = tmp_path / f"backup-{uuid.uuid4().hex[:8]}.dump"
-    name = f"r_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0")
-    target = with_dbname(pg_server.admin_dsn, name)
-    for tool, args in (("pg_dump", ["--format=custom", "--no-owner", f"--file={dump}", f"--dbname={dsn}"]),
-                       ("pg_restore", ["--no-owner", "--exit-on-error", f"--dbname={target}", str(dump)])):
-        done = subprocess.run([str(find_bindir() / tool), *args], capture_output=True, text=True, timeout=120,
-                              stdin=subprocess.DEVNULL, check=False)
-        assert done.returncode == 0, done.stderr[-2000:]
-    return target
+from tests.support.pg import PgServer
+from tests.support.pg_restore_copy import oid_of, restored_copy
 
 
 @pytest.fixture
@@ -47,10 +29,6 @@ def restored(pg_server: PgServer) -> Iterator[list[str]]:
 def identity(db: psycopg.Connection) -> tuple[str, int, int, str]:
     return db.execute("SELECT system_identifier, timeline, database_oid, recorded_by FROM paygate.db_identity"
                       ).fetchone()
-
-
-def oid_of(db: psycopg.Connection) -> int:
-    return int(db.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0])
 
 
 def test_a_restored_database_is_halted_by_its_first_tick_and_keeps_the_first_reason(

@@ -139,6 +139,7 @@ COMMAND_EXIT_CODES: dict[str, frozenset[ExitCode]] = {
     "resume": _DATABASE,
     "nonce-inspect": _DATABASE | {_E.NEEDS_HUMAN},
     "trace": _DATABASE | {_E.NEEDS_HUMAN},  # 3: unexplained; 1: the chain unreadable; 2: no such unit
+    "recover-check": _DATABASE | {_E.NEEDS_HUMAN},  # 3: blockers remain, or a lane was fenced
     "drain": _DATABASE | {_E.SKIPPED},  # 75: --wait ran out
     "undrain": _DATABASE,
     "key-retire-check": _DATABASE | {_E.NEEDS_HUMAN},

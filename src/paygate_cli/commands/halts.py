@@ -65,7 +65,8 @@ def halt_command(
 
 def resume_command(ctx: typer.Context, yes: YesFlag = False, dry_run: DryRunFlag = False,
                    json_flag: JsonFlag = False, context: ContextFlag = None) -> int:
-    """Clear the operator halt (the gas halt clears itself when headroom returns).
+    """Clear the operator halt (the gas halt clears itself when headroom returns; the restore halt
+    only by a clean `recover-check`).
 
     Example: `paygate resume --yes`"""
     env = get_env(ctx)
@@ -80,6 +81,9 @@ def resume_command(ctx: typer.Context, yes: YesFlag = False, dry_run: DryRunFlag
         line = "operator halt cleared" if result["resumed"] else "no operator halt was set"
         if result["remaining_halts"]:
             line += "; still set: " + ", ".join(h["kind"] for h in result["remaining_halts"])
+        if any(h["kind"] == "restore" for h in result["remaining_halts"]):
+            line += ("\nthe restore halt remains (submissions closed): it clears only by a clean recovery pass, "
+                     "`paygate recover-check` (docs/architecture.md §8)")
     emit(env, output_mode(json_flag), {"resume": result, "target": target},
          lines=[line, target_line(target)] if dry_run else [line])
     return 0

@@ -72,7 +72,8 @@ def halt(conn: psycopg.Connection, *, reason: str, actor: str, dry_run: bool,
 
 
 def resume(conn: psycopg.Connection, *, actor: str, dry_run: bool) -> dict[str, Any]:
-    """Clears only the operator halt; the gas halt belongs to the gas monitor (its hysteresis)."""
+    """Clears only the operator halt; the gas halt belongs to the gas monitor (its hysteresis), the
+    restore halt to a clean recovery pass (journal/restore_gate.py)."""
     if dry_run:
         current = [h for h in list_halts(conn) if h["kind"] == "operator"]
         return {"would_resume": bool(current), "current": current}

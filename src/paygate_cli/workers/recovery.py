@@ -13,15 +13,18 @@ drives the lineage in flight through the phase engine (journal/engine.py: resolv
 same bytes) and never starts a new transaction. So recovery holds no lane or
 fee seed (least privilege): each routine builds its engine with Engine.for_takeover, which needs
 only the journal keys (to decrypt the bytes it resends) and RPC, and refuses to allocate or sign.
-A deployment gives recovery the database URL, the RPC endpoints and the journal keys, no more."""
+A deployment gives recovery the database URL, the RPC endpoints and the journal keys, no more.
+
+The restore gate (journal/restore_gate.py) runs at the end of the tick: its recovery pass while the
+restore halt is set, else one batched read of the lanes that sets the halt when two or more are
+ahead of the journal at once."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from paygate_cli.catalogue import RECOVERABLE, WORKERS
+from paygate_cli.catalogue import RECOVERABLE, recovery_grace
 from paygate_cli.context import TickContext, TickResult
-from paygate_cli.errors import ConfigError
 from paygate_cli.queues.findings import Finding, clear_findings, record_findings
 
 HONOURS_DRAIN = True  # a drained instance takes nothing over
@@ -59,23 +62,10 @@ OPEN_STUCK_SQL = "SELECT subject FROM paygate.findings WHERE kind = 'stuck' AND 
 STUCK_LIMIT = 100
 
 
-def check_grace(settings: Any) -> float:
-    """The grace window, or ConfigError (78) when it does not exceed every recovered queue's receipt
-    timeout plus one tick of its worker."""
-    grace = float(settings.recovery_grace)
-    for entry in RECOVERABLE:
-        needed = entry.timeout(settings) + WORKERS[entry.worker].cadence
-        if grace <= needed:
-            raise ConfigError(f"recovery_grace {grace:g}s must exceed the {entry.queue} receipt timeout plus one "
-                              f"{entry.worker} tick ({needed:g}s): a shorter grace could take work from a live "
-                              "worker", msgid="config.recovery_grace")
-    return grace
-
-
 def tick(ctx: TickContext) -> TickResult:
     if ctx.draining:
         return TickResult(details={"draining": True})
-    grace = check_grace(ctx.settings)
+    grace = recovery_grace(ctx.settings)
     details: dict[str, Any] = {}
     processed = 0
     fenced = 0
@@ -91,7 +81,47 @@ def tick(ctx: TickContext) -> TickResult:
         details[entry.queue] = outcomes
         processed += taken
     new = _stuck_findings(ctx, details)
-    return TickResult(processed=processed, needs_human=new + fenced, details=details)
+    gate_fenced, stalled = _restore_gate(ctx, details)
+    return TickResult(processed=processed, needs_human=new + fenced + gate_fenced, details=details, stalled=stalled)
+
+
+def _restore_gate(ctx: TickContext, details: dict[str, Any]) -> tuple[int, str | None]:
+    """The restore gate (docs/architecture.md §8), after this tick's take-overs drove what they could:
+    while the restore halt is set, the recovery pass (lanes fenced, and the reason the halt stays:
+    exit 1 until it clears); while none is set, only the cheap check that sets it when two or more
+    lanes are ahead of the journal at once (one batched read)."""
+    from paygate_cli.errors import Unavailable
+    from paygate_cli.journal import restore_gate
+
+    actor = f"recovery:{ctx.instance_id}"
+    if restore_gate.restore_halt(ctx.conn) is None:
+        try:
+            ahead = restore_gate.lanes_ahead_halt(ctx.conn, ctx.settings, actor=actor, log=ctx.log)
+        except Unavailable as exc:  # a check not made is no verdict; the money paths read lanes themselves
+            ctx.log.debug("restore gate: lanes not compared: %s", exc, extra={"msgid": "restore.lanes_unread"})
+            return 0, None
+        if not ahead:
+            return 0, None
+    clients: list[Any] = []
+
+    def chain_of() -> Any:
+        if not clients:
+            from paygate_cli.chain.rpc import ChainClient
+
+            clients.append(ChainClient(ctx.settings, guard_conn=ctx.conn))
+        return clients[0]
+
+    try:
+        result = restore_gate.run_pass(ctx.conn, ctx.settings, chain_of, actor=actor, dry_run=False, log=ctx.log)
+    finally:
+        for client in clients:
+            client.close()
+    blockers = result.blockers()
+    details["restore_gate"] = {**result.summary(), "blockers": blockers[:20]}
+    if result.cleared:
+        return result.fenced_now, None
+    why = result.kept_because or f"{len(blockers)} blocker(s): " + "; ".join(blockers[:5])
+    return result.fenced_now, f"the restore halt stays: {why}"
 
 
 def _stuck_findings(ctx: TickContext, details: dict[str, Any]) -> int:
