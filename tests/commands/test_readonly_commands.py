@@ -1,5 +1,5 @@
-"""The read-only commands (`status`, `top`, `reconcile-report`, `nonce-inspect`) run as the read-only
-database role from a shell holding none of the fleet's secrets (no lane seeds, fee seed or journal
+"""The read-only commands (`status`, `top`, `reconcile-report`, `nonce-inspect`, `trace`) run as the
+read-only database role from a shell holding none of the fleet's secrets (no lane seeds, fee seed or journal
 keys: unset, or pointing at files this user cannot read). They use none of them, so they print their
 whole document and exit as the facts say; the fleet's readiness comes from its heartbeats (a
 worker's "cannot start" record), not from what the operator's shell holds."""
@@ -88,6 +88,10 @@ def test_read_only_commands_need_no_secrets(devnet: DevnetHandle, dsn: str, db: 
         assert inspected.code == ExitCode.OK, (name, inspected.err)
         auth = document(inspected, "deposit")["authorisation"]
         assert (auth["nonce"], auth["consumed_on_chain"], auth["expired"]) == (nonce_value, False, False)
+        traced = run_proc("trace", "deposit", str(credit), "--json", environ=shells[name])
+        assert traced.code == ExitCode.OK, (name, traced.err)
+        assert document(traced, "verdict")["regime"] == "in_flight"  # admitted, not claimed: nothing on chain
+        assert document(traced, "authorisation")["consumed_on_chain"] is False
 
 
 def test_status_takes_cannot_start_from_the_heartbeats(devnet: DevnetHandle, dsn: str,
