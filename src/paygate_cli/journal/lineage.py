@@ -21,7 +21,7 @@ INSERT INTO paygate.lanes (address) SELECT unnest(%s::text[]) ON CONFLICT (addre
 
 # A free lane: active, one of ours (we hold its key), no live lineage, and submissions open (no
 # `restore` halt: after a restore or promotion nothing new is signed until a recovery pass compared
-# the journal with the chain, docs/architecture.md §11); the least recently used
+# the journal with the chain, docs/architecture.md §8); the least recently used
 # one, so no lane is everyone's first choice (a bad lane first in address order would take every
 # allocation). SKIP LOCKED spreads concurrent allocators over lanes; the partial unique index on
 # live lineages is the real guard.

@@ -1,4 +1,4 @@
--- The restore gate (docs/architecture.md §11 "Disaster recovery"): after a restore from backup or a
+-- The restore gate (docs/architecture.md §8 "Disaster recovery"): after a restore from backup or a
 -- promotion, the database may be behind the chain. A tick that sees the database's identity change
 -- closes submissions with a durable `restore` halt, which only a clean recovery pass clears.
 
