@@ -129,12 +129,12 @@ def _deposit_needs_human(world: World) -> None:
     assert result.code == 3, result.err
 
 
-def _settled_deposit(world: World) -> None:
+def _settled_deposit(world: World, user: int = 1, key: str = "runbook-ok") -> None:
     """A deposit that went all the way through: lanes and lineages exist for the journal checks."""
-    user = world.devnet.genesis["users"][1]
-    entry, nonce, expiration = sign_deposit(world.devnet, user["secret"], 5_000_000)
+    user_keys = world.devnet.genesis["users"][user]
+    entry, nonce, expiration = sign_deposit(world.devnet, user_keys["secret"], 5_000_000)
     with world.db() as db:
-        pending = admit_deposit(db, user["public"], 5_000_000, entry, nonce, expiration, "runbook-ok")
+        pending = admit_deposit(db, user_keys["public"], 5_000_000, entry, nonce, expiration, key)
         for _ in range(20):
             assert world.chain().tick("funding", "--once").code in (0, 1)
             if db.execute("SELECT status FROM paygate.deposits WHERE id = %s", (pending,)).fetchone()[0] \
@@ -146,13 +146,26 @@ def _settled_deposit(world: World) -> None:
 
 
 def _restore_lost_a_commit(world: World) -> None:
-    """A restore that lost the journal row of a transaction which did reach the chain looks like
-    this: the lane's sequence on chain is ahead of everything the journal holds for it."""
+    """A real restore that lost commits: a deposit settles (its ticks record the database's
+    identity), `pg_dump -Fc` is taken, a second deposit settles (its transfer and credit land on
+    chain: the commits the backup will not have), and the dump is restored over the database
+    (a new database under the same name: the identity the dump carried no longer matches). The
+    lanes the second deposit used are ahead of the restored journal on chain."""
+    from tests.support.pg_backup import restore_over, take_dump
+
     _settled_deposit(world)
+    dump = take_dump(world.dsn, Path(world.environ["PAYGATE_JOURNAL_KEYS_FILE"]).parent / "backup.dump")
+    _settled_deposit(world, user=0, key="runbook-after-backup")
+    restore_over(world.dsn, dump.path)
+    world.chain().tick("webhooks", "--once")  # the first tick on the restored database sees it
     with world.db() as db:
-        lane = db.execute("SELECT lane FROM paygate.lineages ORDER BY id DESC LIMIT 1").fetchone()[0]
-    world.devnet.rpc("devnet_consumeSequence", {"account": lane})
-    world.devnet.close_ledger()
+        assert db.execute("SELECT reason FROM paygate.halts WHERE kind = 'restore'").fetchone(), \
+            "the first tick after the restore set no restore halt"
+
+    def workers_ran(w: World) -> None:  # the timers started again: recovery and the observer ticked
+        for worker in ("recovery", "observer"):
+            assert w.chain().tick(worker, "--once").code in (0, 1, 3)
+    world.hooks["workers-ran"] = workers_ran
 
 
 def _lane_fenced_chain_ahead(world: World) -> None:

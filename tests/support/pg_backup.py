@@ -44,12 +44,13 @@ def database_oid(dsn: str) -> int:
         return int(conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0])
 
 
-def restore_over(dsn: str, dump: Path, *, keep_old_as: str) -> str:
+def restore_over(dsn: str, dump: Path, *, keep_old_as: str | None = None) -> str:
     """Restore `dump` under the database name of `dsn`, as an operator restoring a lost database does
     (the service's configuration names the database, so the name stays): every session of the old
     database is ended, the old database is renamed `keep_old_as` (the drills read what it lost
-    from it; nothing of paygate's is configured with that name), a new database is created under
-    the old name (a new OID) and the dump restored into it. -> `dsn` (the same string)."""
+    from it; nothing of paygate's is configured with that name) or, without one, dropped as the
+    disaster would have it; a new database is created under the old name (a new OID) and the dump
+    restored into it. -> `dsn` (the same string)."""
     name = conninfo_to_dict(dsn)["dbname"]
     admin = make_conninfo(dsn, dbname="postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
@@ -60,9 +61,13 @@ def restore_over(dsn: str, dump: Path, *, keep_old_as: str) -> str:
             if not conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (name,)).fetchone()[0]:
                 break
             time.sleep(0.1)
-        conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(name),
-                                                                     sql.Identifier(keep_old_as)))
-        conn.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(sql.Identifier(keep_old_as)))
+        if keep_old_as is None:
+            conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+        else:
+            conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(sql.Identifier(name),
+                                                                         sql.Identifier(keep_old_as)))
+            conn.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(
+                sql.Identifier(keep_old_as)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     _tool("pg_restore", "--exit-on-error", "--no-owner", f"--dbname={dsn}", str(dump))
     return dsn
