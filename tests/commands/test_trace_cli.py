@@ -89,3 +89,15 @@ def test_a_unit_that_needs_a_human_or_an_open_finding_is_exit_3(dsn: str, db: ps
     result = run_cli("trace", "bot-job", str(job), "--json", dsn=dsn)
     assert result.code == ExitCode.NEEDS_HUMAN, result.err
     assert "needs a human: envelope does not decrypt" in json.loads(result.out)["verdict"]["explanation"]
+
+
+def test_a_claim_shows_its_lease(dsn: str, db: psycopg.Connection, job: int) -> None:
+    db.execute("UPDATE paygate.bot_jobs SET lease_token = gen_random_uuid(), lease_expires_at = now() + interval '30s',"
+               " claimed_by = 'host-a:0', attempts = 1 WHERE id = %s", (job,))
+    token = str(db.execute("SELECT lease_token FROM paygate.bot_jobs WHERE id = %s", (job,)).fetchone()[0])
+    result = run_cli("trace", "bot-job", str(job), "--json", dsn=dsn)
+    assert result.code == ExitCode.OK, result.err
+    doc = json.loads(result.out)
+    [lease] = [e for e in doc["timeline"] if e["kind"] == "lease"]
+    assert lease["details"]["claimed_by"] == "host-a:0" and lease["details"]["lease_token"] == token
+    assert doc["bot_job"]["lease_token"] == token and lease["details"]["attempts"] == 1

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from paygate_cli.errors import ConfigError, PaygateError, UsageError
+from paygate_cli.errors import ConfigError, UsageError
 from paygate_cli.journal import lineage as lineages
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ UNION SELECT id FROM paygate_archive.charges WHERE lineage_id = %(id)s OR %(id)s
 ORDER BY 1
 """
 DEPOSIT_SQL = """
-SELECT id, account, amount, auth_nonce, auth_expiration_ledger, idempotency_key, status, attempts, lease_token,
+SELECT id, account, amount, auth_nonce, auth_expiration_ledger, idempotency_key, status, attempts, lease_token::text,
        lease_expires_at, claimed_by, deposit_lineage_id, credit_lineage_id, deposit_tx, pending_failure, reason,
        settled_by, settled_at, created_at, updated_at
 FROM paygate.deposits WHERE id = %s
@@ -83,16 +83,17 @@ SELECT {CHARGE_COLUMNS}, NULL::timestamptz AS archived_at FROM paygate.charges W
 UNION ALL SELECT {CHARGE_COLUMNS}, archived_at FROM paygate_archive.charges WHERE id = %(id)s
 """
 BATCHES_SQL = """
-SELECT lineage_id, entries, lease_token, lease_expires_at, claimed_by, outcome, created_at, closed_at,
+SELECT lineage_id, entries, lease_token::text, lease_expires_at, claimed_by, outcome, created_at, closed_at,
        NULL::timestamptz AS archived_at FROM paygate.charge_batches WHERE lineage_id = ANY(%(ids)s)
 UNION ALL
-SELECT lineage_id, entries, lease_token, lease_expires_at, claimed_by, outcome, created_at, closed_at, archived_at
+SELECT lineage_id, entries, lease_token::text, lease_expires_at, claimed_by, outcome, created_at, closed_at,
+       archived_at
 FROM paygate_archive.charge_batches WHERE lineage_id = ANY(%(ids)s)
 """
 RELAY_SQL = """
 SELECT id, account, contract, function, auth_nonces, auth_expiration_ledger, max_fee, idempotency_key, status,
-       attempts, lease_token, lease_expires_at, claimed_by, lineage_id, dead_lineages, pending_failure, fee_charged,
-       tx_hash, reason, finished_at, created_at, updated_at
+       attempts, lease_token::text, lease_expires_at, claimed_by, lineage_id, dead_lineages, pending_failure,
+       fee_charged, tx_hash, reason, finished_at, created_at, updated_at
 FROM paygate.relays WHERE id = %s
 """
 RESERVATIONS_SQL = """
@@ -100,7 +101,7 @@ SELECT round, amount, status, fee_charged, lineage_id, reason, created_at, close
 FROM paygate.fee_reservations WHERE relay_id = %s ORDER BY round
 """
 BOT_JOB_SQL = """
-SELECT id, job_key, contract, function, status, attempts, max_attempts, lease_token, lease_expires_at, claimed_by,
+SELECT id, job_key, contract, function, status, attempts, max_attempts, lease_token::text, lease_expires_at, claimed_by,
        lineage_id, dead_lineages, pending_failure, fee_charged, tx_hash, reason, finished_at, created_at, updated_at
 FROM paygate.bot_jobs WHERE id = %s
 """
@@ -262,8 +263,10 @@ class Chain:
             return None
         try:
             return fn(client)
-        except (PaygateError, ValueError, OSError) as exc:
-            self.errors.append(f"{what}: {exc}"[:300])
+        except (AssertionError, AttributeError, NameError, TypeError):
+            raise  # a bug in paygate, never "the chain could not be read"
+        except Exception as exc:  # an unreachable RPC, an error answer, a refused simulation, a retention gap
+            self.errors.append(f"{what}: {type(exc).__name__}: {exc}"[:300])
             return None
 
     def close(self) -> None:
@@ -701,13 +704,14 @@ def trace_charge(conn: psycopg.Connection, chain: Chain, charge_id: int) -> dict
         where = f"returned to {row['account']}'s balance: the charge failed"
     else:  # authorized
         cursor_ledger = int(cursor[1]) if cursor else None
-        if kind == "charge":
+        if kind in ("charge", "charge_failed"):
             if cursor_ledger is None or cursor_ledger <= int(ledger):  # type: ignore[arg-type]
-                regimes.append(("lagging", f"the chain debited it in ledger {ledger}; the observer's cursor is at "
-                                           f"ledger {cursor_ledger}: its next page settles it"))
+                regimes.append(("lagging", f"the chain has its {kind} event in ledger {ledger}; the observer's "
+                                           f"cursor is at ledger {cursor_ledger}: its next page applies it"))
             else:
-                regimes.append(("unexplained", f"the chain debited it in ledger {ledger}, the observer's cursor is "
-                                               f"past it (ledger {cursor_ledger}), yet the charge is still authorized"))
+                regimes.append(("unexplained", f"the chain has its {kind} event in ledger {ledger}, the observer's "
+                                               f"cursor is past it (ledger {cursor_ledger}), yet the charge is still "
+                                               "authorized"))
         else:
             regimes.append(("in_flight", "admitted and debited from the cached balance; settlement is moving it"
                             if items else "admitted; settlement has not claimed it yet"))
