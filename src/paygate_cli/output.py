@@ -5,10 +5,11 @@ never go to stdout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import date, datetime
 from decimal import Decimal
 from enum import Enum, StrEnum
@@ -269,6 +270,50 @@ def emit(
     elif not lines:
         for key, value in document.items():
             console.print(f"{key}: {human_text(value)}", markup=False)
+
+
+# update(done, total, detail): `done` of `total` steps (total None: a spinner), `detail` beside the label.
+ProgressUpdate = Callable[[int, "int | None", "str | None"], None]
+
+
+def _no_progress(done: int, total: int | None = None, detail: str | None = None) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def progress(env: Env, label: str, *, show: bool = True) -> Iterator[ProgressUpdate]:
+    """A progress line on stderr for a person at a terminal (rich, transient: gone when the work
+    is); off a terminal, or `show=False` (--json, --plain), nothing at all, so a script's or a log's
+    stderr carries no progress noise. Drawn from the first update on, so never over a prompt asked
+    before the work starts."""
+    if not show or not env.stderr_isatty:
+        yield _no_progress
+        return
+    with contextlib.ExitStack() as stack:
+        drawn: list[tuple[Any, Any]] = []
+
+        def update(done: int, total: int | None = None, detail: str | None = None) -> None:
+            if not drawn:
+                from rich.console import Console
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    SpinnerColumn,
+                    TextColumn,
+                    TimeElapsedColumn,
+                )
+
+                no_color = bool(env.environ.get("NO_COLOR") or env.environ.get("PAYGATE_NO_COLOR"))
+                counted = [BarColumn(), MofNCompleteColumn()] if total is not None else []  # else a spinner
+                bar = stack.enter_context(Progress(
+                    SpinnerColumn(), TextColumn("{task.description}"), *counted, TimeElapsedColumn(),
+                    console=Console(file=env.stderr, no_color=no_color), transient=True))
+                drawn.append((bar, bar.add_task(label, total=total)))
+            bar, task = drawn[0]
+            bar.update(task, completed=done, total=total, description=f"{label}: {detail}" if detail else label)
+
+        yield update
 
 
 def _narrowest_width(console: Any, table: Any) -> int:

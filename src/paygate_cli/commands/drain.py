@@ -21,7 +21,7 @@ from paygate_cli.commands._common import (
 from paygate_cli.commands.completion import complete_instances, complete_lanes
 from paygate_cli.env import Env
 from paygate_cli.errors import ConfigError, UsageError
-from paygate_cli.output import emit
+from paygate_cli.output import emit, progress
 from paygate_cli.settings import parse_duration
 
 InstanceOpt = Annotated[str | None, typer.Option("--instance", help="An instance id (PAYGATE_INSTANCE_ID of a host).",
@@ -45,22 +45,13 @@ def _describe(counts: dict[str, int]) -> str:
     return ", ".join(busy) if busy else "nothing"
 
 
-def _wait(env: Env, conn: Any, target: Any, wait: str) -> dict[str, Any]:
+def _wait(env: Env, conn: Any, target: Any, wait: str, *, show: bool) -> dict[str, Any]:
     from paygate_cli.ops.drain import wait_idle
 
-    live = env.stderr_isatty  # a live count for a person; silence for scripts and logs
-
-    def progress(counts: dict[str, int]) -> None:
-        if live:
-            env.stderr.write(f"\rin flight: {_describe(counts):<60}")
-            env.stderr.flush()
-
-    try:
+    # A live count for a person at a terminal; silence for scripts and logs.
+    with progress(env, "waiting for in-flight work", show=show) as waiting:
         return wait_idle(conn, target, timeout=_seconds(wait), monotonic=env.monotonic, sleep=env.sleep,
-                         progress=progress)
-    finally:
-        if live:
-            env.stderr.write("\n")
+                         progress=lambda counts: waiting(0, None, _describe(counts)))
 
 
 def drain_command(
@@ -88,7 +79,7 @@ def drain_command(
                        force=force)
         if wait is not None and not dry_run:
             try:
-                result["wait"] = _wait(env, conn, target, wait)
+                result["wait"] = _wait(env, conn, target, wait, show=not json_flag)
             except KeyboardInterrupt:
                 # Only the waiting stops: the drain is committed and stays until `undrain` (exit 130).
                 flag = "--instance" if target.kind == "instance" else "--lane"

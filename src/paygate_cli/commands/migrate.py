@@ -23,7 +23,7 @@ from paygate_cli.commands._common import (
 from paygate_cli.db.migrate import create_roles, migrate
 from paygate_cli.db.privileges import READONLY_ROLE, RUNTIME_ROLE
 from paygate_cli.logs import get_logger
-from paygate_cli.output import emit
+from paygate_cli.output import emit, progress
 
 
 def migrate_command(
@@ -50,7 +50,8 @@ def migrate_command(
     with open_db(env, "migrate") as conn:
         target = target_of(env, conn)  # what libpq reached, before anything is written there
         confirm(env, "migrate", yes=yes, context=context, dry_run=dry_run, outside_production=False, target=target)
-        result = migrate(conn, dry_run=dry_run)
+        with progress(env, "migrate", show=not json_flag) as applying:  # drawn once a file runs: after the prompt
+            result = migrate(conn, dry_run=dry_run, progress=applying)
         if roles and not dry_run:
             result["roles"] = create_roles(conn, runtime=role_name, readonly=readonly_role_name)
     lines = [target_line(target)]

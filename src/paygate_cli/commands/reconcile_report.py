@@ -14,7 +14,7 @@ import typer
 from paygate_cli.commands._common import DATABASE_SECRETS, get_env, open_db, parse_since
 from paygate_cli.commands.completion import complete_report_formats
 from paygate_cli.errors import ConfigError, ExitCode, UsageError
-from paygate_cli.output import Mode, amount, cell_text, duration, emit, human_text, to_json, tsv_field
+from paygate_cli.output import Mode, amount, cell_text, duration, emit, human_text, progress, to_json, tsv_field
 from paygate_cli.settings import parse_duration
 
 FORMATS = ("table", "json", "csv", "markdown")
@@ -154,7 +154,11 @@ def reconcile_report_command(
         older = parse_duration(older_than, name="--older-than")
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    with open_db(env, "reconcile-report") as conn:
+    # One read-only snapshot of aggregate statements (no per-account loop to count): a spinner with
+    # its elapsed time for a person at a terminal, nothing for the machine formats or off a terminal.
+    with open_db(env, "reconcile-report") as conn, progress(env, "reconcile-report: reading one snapshot",
+                                                            show=fmt in ("table", "markdown")) as reading:
+        reading(0, None, None)
         document = report(conn, since=parse_since(since), account=account, older_than=older)
     # A lane gap is a nonce gap (the exit-code contract's other "needs a human" of this report). An
     # account the reconciler never checked is not known to be right: 1 (not verified yet), never 0.

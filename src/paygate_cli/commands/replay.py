@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import ExitStack
 from typing import Annotated, Any
 
 import typer
@@ -23,7 +22,7 @@ from paygate_cli.commands._common import (
 )
 from paygate_cli.commands.completion import complete_replay_queues
 from paygate_cli.errors import ExitCode
-from paygate_cli.output import emit
+from paygate_cli.output import emit, progress
 
 
 def replay_command(
@@ -54,28 +53,16 @@ def replay_command(
     confirm(env, f"replay {queue} rows", yes=yes, context=context, dry_run=True, target=target)  # --context
     since_at = parse_since(since)
     check_request(env.settings, queue, ids=ids or None, all_dead=all_dead, since=since_at)
-    with ExitStack() as stack:
-        progress = None
-        if env.stderr_isatty and not json_flag:
-            bars: list[Any] = []
-
-            def progress(done: int, total: int) -> None:
-                # Started on the first row, i.e. after the confirmation prompt: never drawn over it.
-                if not bars:
-                    from rich.console import Console
-                    from rich.progress import Progress
-
-                    bar = stack.enter_context(Progress(console=Console(file=env.stderr), transient=True))
-                    bars.append((bar, bar.add_task(f"replay {queue}", total=total)))
-                bar, task = bars[0]
-                bar.update(task, completed=done, total=total)
+    # The bar starts on the first row, i.e. after the confirmation prompt: never drawn over it.
+    with progress(env, f"replay {queue}", show=not (json_flag or plain_flag)) as rows_done:
 
         def ask(count: int) -> None:
             confirm(env, f"replay {count} {queue} row(s)", yes=yes, context=context, target=target)
 
         with open_db(env, "replay") as conn:
             result = run(conn, env.settings, queue, ids=ids or None, all_dead=all_dead, since=since_at,
-                         actor=env.settings.effective_operator(), dry_run=dry_run, confirm=ask, progress=progress)
+                         actor=env.settings.effective_operator(), dry_run=dry_run, confirm=ask,
+                         progress=lambda done, total: rows_done(done, total, None))
     rows: list[dict[str, Any]] = [{"id": r["id"], "outcome": r["outcome"], "reason": r.get("reason") or ""}
                                   for r in result["rows"]]
     summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(result["counts"].items())) or "no rows"

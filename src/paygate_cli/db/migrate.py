@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -251,8 +252,10 @@ def _pending_functions(functions: list[FunctionFile], recorded: dict[str, str]) 
     return [f for f in functions if recorded.get(f.name) != f.checksum]
 
 
-def migrate(conn: psycopg.Connection, *, dry_run: bool = False, sql_dir: Path = SQL_DIR) -> dict[str, object]:
-    """Apply pending migrations and changed function files, all in one transaction."""
+def migrate(conn: psycopg.Connection, *, dry_run: bool = False, sql_dir: Path = SQL_DIR,
+            progress: Callable[[int, int, str], None] | None = None) -> dict[str, object]:
+    """Apply pending migrations and changed function files, all in one transaction. `progress(done,
+    total, name)` is told before each file is run (a long migration shows which one it is in)."""
     available = available_migrations(sql_dir)
     functions = available_functions(sql_dir)
     conn.execute(LOCK_SQL, (LOCK_NAMESPACE, MIGRATE_KEY))
@@ -268,14 +271,24 @@ def migrate(conn: psycopg.Connection, *, dry_run: bool = False, sql_dir: Path = 
         changed = [] if unknown else _pending_functions(functions, recorded)
         forgotten = [] if unknown else sorted(set(recorded) - {f.name for f in functions})
         if not dry_run and (pending or changed or forgotten):
+            steps = [f.path for f in changed if f.before_schema] + [m.path for m in pending] \
+                + [f.path for f in changed if not f.before_schema]
+
+            def running(path: Path) -> None:
+                if progress is not None:
+                    progress(steps.index(path), len(steps), path.name)
+
             with conn.transaction():
                 conn.execute("CREATE SCHEMA IF NOT EXISTS paygate")
                 for function in (f for f in changed if f.before_schema):
+                    running(function.path)
                     conn.execute(function.path.read_text(encoding="utf-8"))
                 for migration in pending:
+                    running(migration.path)
                     conn.execute(migration.path.read_text(encoding="utf-8"))
                     conn.execute(RECORD_SQL, (migration.version, migration.name, migration.checksum))
                 for function in (f for f in changed if not f.before_schema):
+                    running(function.path)
                     conn.execute(function.path.read_text(encoding="utf-8"))
                 _check_function_signatures(conn, functions)
                 for function in changed:
