@@ -21,7 +21,7 @@ from paygate_cli.errors import ExitCode
 from tests.support.chain_env import ChainEnv, admit_deposit, sign_deposit
 from tests.support.charges_support import add_endpoint, admit_charge, charge_chain, fund
 from tests.support.charges_support import run_until_quiet as charges_until_quiet
-from tests.support.cli import run_cli, run_proc
+from tests.support.cli import run_cli
 from tests.support.devnet_support import start_devnet
 from tests.support.pg import PgServer, hand_edit
 from tests.support.relay_support import admit_relay, allow_market
@@ -157,7 +157,7 @@ def test_the_read_only_role_traces_and_nothing_secret_is_printed(world: World) -
     for args in (("deposit", str(world.deposit)), ("charge", str(world.charge)), ("relay", str(world.relay)),
                  ("account", account)):
         for fmt in ("--json", "--plain", None):
-            result = run_proc("trace", *args, *([fmt] if fmt else []), environ=environ)
+            result = run_cli("trace", *args, *([fmt] if fmt else []), environ=environ)
             assert result.code == ExitCode.OK, (args, fmt, result.err)
             text = result.out + result.err
             for secret in secrets:
