@@ -4,15 +4,14 @@ the cached balance equals the chain, the quarantine is lifted (audited), never n
 ordering. Funding, finding its credit already on chain, leaves the row to the observer. An event that is
 truly bad (a credit for a hash no deposit of ours has) stays quarantined with its reason.
 
-The restore is real: the database is copied (CREATE DATABASE … TEMPLATE, a new database OID, as
-pg_restore into a new database gives) while the deposit's transfer is in flight, paygate carries on
-in the original until the chain has the credit, then runs against the copy."""
+The restore is real: pg_dump and pg_restore into a new database (tests/support/pg_restore_copy.py)
+while the deposit's transfer is in flight; paygate carries on in the original until the chain has
+the credit, then runs against the restored copy."""
 
 from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,8 @@ from tests.support.chain_env import ChainEnv, billing_balance, chain_environ
 from tests.support.cli import Result
 from tests.support.devnet_support import DevnetHandle, start_devnet
 from tests.support.funding import admit, row_of
-from tests.support.pg import PgServer, with_dbname
+from tests.support.pg import PgServer
+from tests.support.pg_restore_copy import restored_copy
 
 AMOUNT = 30_000_000
 
@@ -45,24 +45,12 @@ def chain(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> ChainEnv:
 
 
 @pytest.fixture
-def restored(pg_server: PgServer, dsn: str) -> Iterator[list[str]]:
-    """Where copies of the test database go (dropped afterwards)."""
+def restored(pg_server: PgServer) -> Iterator[list[str]]:
+    """Where restored copies of the test database go (dropped afterwards)."""
     made: list[str] = []
     yield made
     for copy in made:
         pg_server.drop_database(copy)
-
-
-def copy_database(pg_server: PgServer, dsn: str, made: list[str]) -> str:
-    """The database as it is now, as a new database (the backup a restore brings back)."""
-    source = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
-    name = f"r_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (source,))
-        admin.execute(f"CREATE DATABASE {name} TEMPLATE {source}")
-    copy = with_dbname(pg_server.admin_dsn, name)
-    made.append(copy)
-    return copy
 
 
 def rogue_credit(chain: ChainEnv, account: str, amount: int, deposit_tx: bytes) -> None:
@@ -92,7 +80,7 @@ def quarantined(conn: psycopg.Connection) -> dict[str, str]:
                              ).fetchall())
 
 
-def restore_after_the_credit_landed(chain: ChainEnv, pg_server: PgServer, made: list[str]
+def restore_after_the_credit_landed(chain: ChainEnv, pg_server: PgServer, made: list[str], directory: Path
                                     ) -> tuple[ChainEnv, int, bytes]:
     """A deposit whose transfer is sent when the backup is taken; paygate then settles it on chain
     (transfer and credit) in the original database; the copy is what the restore brings back.
@@ -104,7 +92,8 @@ def restore_after_the_credit_landed(chain: ChainEnv, pg_server: PgServer, made: 
     assert chain.tick("funding").code == 0
     with psycopg.connect(chain.dsn, autocommit=True) as db:
         assert db.execute("SELECT state FROM paygate.lineages WHERE purpose = 'deposit'").fetchone()[0] == "sent"
-    backup = copy_database(pg_server, chain.dsn, made)
+    backup = restored_copy(pg_server, chain.dsn, directory)
+    made.append(backup)
     for _ in range(6):  # transfer applied, credit sent, credit applied, settled
         chain.devnet.close_ledger()
         assert chain.tick("funding").code == 0
@@ -119,8 +108,8 @@ def restore_after_the_credit_landed(chain: ChainEnv, pg_server: PgServer, made: 
 
 
 def test_a_credit_read_before_its_deposit_was_known_applies_once_it_is(
-        chain: ChainEnv, pg_server: PgServer, restored: list[str]) -> None:
-    after, pending_id, deposit_tx = restore_after_the_credit_landed(chain, pg_server, restored)
+        chain: ChainEnv, pg_server: PgServer, restored: list[str], tmp_path: Path) -> None:
+    after, pending_id, deposit_tx = restore_after_the_credit_landed(chain, pg_server, restored, tmp_path)
     user = chain.genesis["users"][0]["public"]
     stranger = os.urandom(32)  # a credit for a hash no deposit of ours ever had: bad for good
     rogue_credit(chain, chain.genesis["users"][1]["public"], 1_000, stranger)
@@ -170,8 +159,8 @@ def test_a_credit_read_before_its_deposit_was_known_applies_once_it_is(
 
 
 def test_funding_finding_its_credit_on_chain_leaves_it_to_the_observer(
-        chain: ChainEnv, pg_server: PgServer, restored: list[str]) -> None:
-    after, pending_id, deposit_tx = restore_after_the_credit_landed(chain, pg_server, restored)
+        chain: ChainEnv, pg_server: PgServer, restored: list[str], tmp_path: Path) -> None:
+    after, pending_id, deposit_tx = restore_after_the_credit_landed(chain, pg_server, restored, tmp_path)
     user = chain.genesis["users"][0]["public"]
     with psycopg.connect(after.dsn, autocommit=True) as db:
         # A clean recovery pass has run (no restore halt; the copy's identity recorded): funding

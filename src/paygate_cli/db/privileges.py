@@ -98,9 +98,10 @@ GRANTS: tuple[TableGrant, ...] = (
            "retention moves settled/failed charges past the window to paygate_archive (delete)"),
     _grant("paygate.charge_batches", "SELECT INSERT UPDATE DELETE", True,
            "settlement opens a batch per charge_batch lineage and closes it; retention archives closed ones"),
-    _grant("paygate.chain_events", "SELECT INSERT DELETE", True,
-           "the observer records each event once (unique event id); rows are never changed; retention "
-           "moves applied events past the window to paygate_archive (delete, no row lock: no UPDATE)"),
+    _grant("paygate.chain_events", "SELECT INSERT UPDATE DELETE", True,
+           "the observer records each event once (unique event id) and changes only a quarantined one it "
+           "re-examines (its quarantine lifted once it applies, or its reason); retention moves applied "
+           "events past the window to paygate_archive (delete, no row lock)"),
     _grant("paygate.observer_cursor", "SELECT INSERT UPDATE", True,
            "the observer owns the cursor (insert on first run, then forward-only update)"),
     _grant("paygate.subscriptions", "SELECT UPDATE", True,

@@ -128,7 +128,6 @@ WHERE e.quarantined AND e.kind = 'credit' AND e.applied_to IS NULL
                     AND d.state = 'applied'))
 ORDER BY e.ledger, e.event_id
 LIMIT %s
-FOR UPDATE OF e
 """
 LIFT_QUARANTINE_SQL = """
 UPDATE paygate.chain_events
@@ -348,7 +347,12 @@ def reexamine(conn: psycopg.Connection, log: logging.Logger, limit: int = REEXAM
         ev = BillingEvent("credit", account, int(amount), bytes.fromhex(ref))
         applied_to, effect, reason = _apply_credit(conn, stats, ev)
         if reason is None:
-            conn.execute(LIFT_QUARANTINE_SQL, {"event_id": event_id, "applied_to": applied_to, "effect": effect})
+            # The observer is the one writer of chain_events (its advisory lock): a row that changed
+            # meanwhile means a second one, and this transaction (the settle with it) rolls back.
+            if conn.execute(LIFT_QUARANTINE_SQL, {"event_id": event_id, "applied_to": applied_to,
+                                                  "effect": effect}).rowcount != 1:
+                raise NeedsHuman(f"billing event {event_id} changed while it was re-examined: a second observer "
+                                 "is writing", msgid="observer.second_writer")
             conn.execute(AUDIT_LIFTED_SQL, {"event_id": event_id, "was": was, "applied_to": applied_to,
                                             "effect": effect})
             lifted += 1

@@ -11,7 +11,14 @@ Per tick, at most `batch` chain reads, least recently checked accounts first:
 - the contract's USDC holdings against what the database says it must hold: cached balances +
   admitted and settled charges (charges stay in the contract) + deposits that landed and are not
   credited yet; deposits still in flight may explain a surplus;
-- each lane's chain sequence against the journal's last consumed one.
+- each lane's chain sequence against the journal's last consumed one;
+- accounts the chain holds money for that paygate.accounts does not have (an account first seen
+  after the point a database was restored to): found in the billing events the observer stored and
+  quarantined (an event naming an account without a row is always quarantined, so the set is exact
+  for every event the observer has read; the contract's balance entries cannot be listed without
+  their keys), each one's chain balance read like any other account's. A balance that is not zero
+  is unexplained (nothing paygate has in flight can be for an account it has no row for): a
+  finding naming the account, its chain balance and the events; zero clears it.
 
 Reads are bracketed by two database snapshots (short transactions, none open across a chain call):
 an account, the total or a lane whose database side changed meanwhile is "moving" and checked again
@@ -53,6 +60,23 @@ SELECT a.address, a.cached_balance,
 FROM paygate.accounts a WHERE a.address = ANY(%s)
 """
 CURSOR_SQL = "SELECT cursor FROM paygate.observer_cursor"
+# Accounts named by quarantined events that paygate.accounts does not have, those never reported
+# first, then the least recently seen (the open finding's last_seen): the quarantined set is small
+# (each event alarms) and walked by its partial index. With each, a few of the events naming it.
+UNKNOWN_ACCOUNTS_SQL = """
+SELECT u.account, u.events
+FROM (SELECT e.payload->>'account' AS account, (array_agg(e.event_id ORDER BY e.ledger, e.event_id))[1:5] AS events
+      FROM paygate.chain_events e
+      WHERE e.quarantined AND e.kind IS NOT NULL AND e.payload ? 'account'
+      GROUP BY 1) u
+WHERE NOT EXISTS (SELECT 1 FROM paygate.accounts a WHERE a.address = u.account)
+ORDER BY (SELECT f.last_seen FROM paygate.findings f
+          WHERE f.kind = 'balance_drift' AND f.subject = u.account AND f.resolved_at IS NULL) NULLS FIRST, u.account
+LIMIT %(n)s
+"""
+# Which of them have a row now (admission created it meanwhile): those are "moving", checked as
+# ordinary accounts from then on.
+KNOWN_NOW_SQL = "SELECT address FROM paygate.accounts WHERE address = ANY(%s)"
 # What the contract must hold in USDC: every cached balance, every admitted or settled charge (the
 # contract keeps charged funds), every deposit that landed and is not settled (credited on chain or
 # not, the USDC is in the contract and not in any cached balance). And the deposits still in
@@ -193,6 +217,7 @@ class Picked:
     lanes_before: list[tuple]  # LANES_SQL rows read when picking
     source: str | None  # the account simulations run as (any lane; None: the fee account)
     accounts: list[str]
+    unknown: dict[str, list[str]] = field(default_factory=dict)  # not in paygate.accounts -> events naming it
 
 
 @dataclass
@@ -209,6 +234,7 @@ class DatabaseSide:
 class ChainSide:
     balances: dict[str, tuple[int, int | None]]  # address -> (balance, ledger read at; None: unreadable)
     unreadable: dict[str, str]  # address -> why its balance could not be read
+    unknown: dict[str, tuple[int, int | None]]  # the same for the accounts paygate has no row for
     usdc: tuple[int, int]  # what the billing contract holds, and the ledger
     lane_seqs: dict[str, int]
     events: Events
@@ -222,6 +248,7 @@ class DatabaseAfter:
     total: tuple
     lanes: list[tuple]
     settled_deposits: set[str]  # hex hashes of the credits past the cursor already settled
+    known_now: set[str]  # of the picked unknown accounts, those with a row by now
 
 
 @dataclass
@@ -238,7 +265,7 @@ def tick(ctx: TickContext) -> TickResult:
     settings = ctx.settings
     conn = ctx.conn
     picked = _pick(conn, budget=max(1, int(ctx.batch)))
-    if not picked.accounts and not picked.lanes_before:
+    if not picked.accounts and not picked.lanes_before and not picked.unknown:
         return TickResult(details={"accounts": 0})
     if not settings.billing_contract or not settings.usdc_contract:
         from paygate_cli.errors import ConfigError
@@ -247,10 +274,11 @@ def tick(ctx: TickContext) -> TickResult:
 
     before = _snapshot_before(conn, picked.accounts)
     chain = _read_chain(ctx, picked, before)
-    after = _snapshot_after(conn, picked.lanes, list(before.accounts), chain.events)
+    after = _snapshot_after(conn, picked.lanes, list(before.accounts), chain.events, list(picked.unknown))
 
     outcome = Outcome()
     _check_accounts(outcome, before, chain, after)
+    _check_unknown_accounts(outcome, picked.unknown, chain, after)
     total = _check_total(before.total, after.total, before.settled_charges, chain.usdc, settings.billing_contract)
     outcome.counts[f"total_{total['regime']}"] += 1
     if total["regime"] == "unexplained":
@@ -279,8 +307,13 @@ def _pick(conn: psycopg.Connection, *, budget: int) -> Picked:
     lanes_before = conn.execute(LANES_SQL, (lanes,)).fetchall()
     source_row = conn.execute(SOURCE_SQL).fetchone()
     account_budget = max(0, budget - 1 - len(lanes_before))
-    accounts = [a for (a,) in conn.execute(PICK_ACCOUNTS_SQL, {"n": account_budget})] if account_budget else []
-    return Picked(lanes, lanes_before, source_row[0] if source_row is not None else None, accounts)
+    # Accounts paygate has no row for take at most half of the accounts' reads (at least one), first:
+    # there are none in steady state, and known accounts must not crowd them out.
+    unknown = {a: list(events) for a, events in conn.execute(UNKNOWN_ACCOUNTS_SQL, {
+        "n": max(1, account_budget // 2) if account_budget else 0})}
+    account_budget -= len(unknown)
+    accounts = [a for (a,) in conn.execute(PICK_ACCOUNTS_SQL, {"n": account_budget})] if account_budget > 0 else []
+    return Picked(lanes, lanes_before, source_row[0] if source_row is not None else None, accounts, unknown)
 
 
 def _snapshot_before(conn: psycopg.Connection, accounts: list[str]) -> DatabaseSide:
@@ -312,24 +345,27 @@ def _read_chain(ctx: TickContext, picked: Picked, before: DatabaseSide) -> Chain
             source = fee_account_address(settings)
         balances: dict[str, tuple[int, int | None]] = {}
         unreadable: dict[str, str] = {}
-        for account in before.accounts:
+        unknown: dict[str, tuple[int, int | None]] = {}
+        for account in [*before.accounts, *picked.unknown]:
+            into = balances if account in before.accounts else unknown
             try:
-                balances[account] = billing_balance_at(chain, billing=settings.billing_contract, account=account,
-                                                       source=source)
+                into[account] = billing_balance_at(chain, billing=settings.billing_contract, account=account,
+                                                   source=source)
             except (ValueError, SimulationFailed) as exc:
                 # Poison data (an address the chain cannot parse) or a contract that refuses the read:
                 # a finding for that account, never a crash of the whole tick.
                 unreadable[account] = f"{type(exc).__name__}: {exc}"[:300]
-                balances[account] = (0, None)
+                into[account] = (0, None)
         usdc = token_balance_at(chain, token=settings.usdc_contract, holder=settings.billing_contract, source=source)
         lane_seqs = {lane: chain.account_sequence(lane) for lane, _, _ in picked.lanes_before}
         events = _events_past_cursor(ctx.conn, chain, settings, before.cursor, set(before.accounts), ctx.log)
     finally:
         chain.close()
-    return ChainSide(balances, unreadable, usdc, lane_seqs, events)
+    return ChainSide(balances, unreadable, unknown, usdc, lane_seqs, events)
 
 
-def _snapshot_after(conn: psycopg.Connection, lanes: list[str], accounts: list[str], events: Events) -> DatabaseAfter:
+def _snapshot_after(conn: psycopg.Connection, lanes: list[str], accounts: list[str], events: Events,
+                    unknown: list[str]) -> DatabaseAfter:
     with conn.transaction():
         conn.execute(SNAPSHOT_SQL)
         conn.execute(NO_JIT_SQL)
@@ -338,7 +374,8 @@ def _snapshot_after(conn: psycopg.Connection, lanes: list[str], accounts: list[s
         lanes_after = conn.execute(LANES_SQL, (lanes,)).fetchall()
         credit_refs = [e.ref for evs in events.by_account.values() for _, e in evs if e.kind == "credit"]
         settled = {h for (h,) in conn.execute(SETTLED_DEPOSITS_SQL, (credit_refs,))} if credit_refs else set()
-    return DatabaseAfter(after, total, lanes_after, settled)
+        known_now = {a for (a,) in conn.execute(KNOWN_NOW_SQL, (unknown,))} if unknown else set()
+    return DatabaseAfter(after, total, lanes_after, settled, known_now)
 
 
 def _check_accounts(outcome: Outcome, before: DatabaseSide, chain: ChainSide, after: DatabaseAfter) -> None:
@@ -387,6 +424,38 @@ def _check_accounts(outcome: Outcome, before: DatabaseSide, chain: ChainSide, af
                 "in_flight": str(in_flight), "lagging": str(lagging), "ledger": ledger}))
         else:
             clear["balance_drift"].append(account)
+
+
+def _check_unknown_accounts(outcome: Outcome, unknown: dict[str, list[str]], chain: ChainSide,
+                            after: DatabaseAfter) -> None:
+    """Accounts the chain was seen to move that paygate.accounts does not have: a finding per account
+    while its chain balance is not zero (there is no check row: account_checks holds accounts paygate
+    has), cleared once it is zero; one that got a row meanwhile is moving (checked as an account next)."""
+    for account, events in unknown.items():
+        if account in after.known_now:
+            outcome.counts["moving"] += 1
+            continue
+        outcome.counts["unknown_accounts"] += 1
+        chain_balance, ledger = chain.unknown[account]
+        details: dict[str, Any] = {"known_to_paygate": False, "events": events, "cached_balance": None,
+                                   "in_flight": "0", "lagging": "0", "regime": "unexplained"}
+        if account in chain.unreadable:
+            outcome.counts["unreadable"] += 1
+            outcome.findings.append(Finding("balance_drift", account, (
+                f"account {account} is not in paygate.accounts (named by quarantined billing event {events[0]}) "
+                f"and its chain balance cannot be read: {chain.unreadable[account]}"),
+                {**details, "error": chain.unreadable[account]}))
+            continue
+        if chain_balance == 0:
+            outcome.counts["match"] += 1
+            outcome.clear["balance_drift"].append(account)
+            continue
+        outcome.counts["unexplained"] += 1
+        outcome.findings.append(Finding("balance_drift", account, (
+            f"account {account} is not in paygate.accounts but holds {chain_balance} on chain (ledger {ledger}), "
+            f"moved by billing event(s) paygate quarantined ({', '.join(events)}): nothing paygate has in flight "
+            f"explains it: {chain_balance} unexplained"), {
+            **details, "chain_balance": str(chain_balance), "drift": str(chain_balance), "ledger": ledger}))
 
 
 def _record(conn: psycopg.Connection, outcome: Outcome, log: Any) -> tuple[list[Any], int]:
