@@ -450,7 +450,7 @@ def distinct_hosts_check(settings: Settings) -> Check:
         require_read_quorum(settings, "the money movers refuse to start", "they declare transactions dead by a "
                                                                           "majority of them")
     except ConfigError as exc:
-        return fail("rpc.distinct_hosts", "rpc", "config", _shown(exc),
+        return fail("rpc.distinct_hosts", "rpc", "config", f"{evidence}: {_shown(exc)}",
                     f"add read endpoints on {MIN_READ_HOSTS} distinct hosts to PAYGATE_RPC_READ_URLS")
     return ok("rpc.distinct_hosts", "rpc", evidence)
 
