@@ -126,6 +126,20 @@ def test_a_transaction_is_traced_by_its_inner_and_its_outer_hash(world: World) -
         assert code == ExitCode.OK, err
         assert doc["unit"] == {"kind": "deposit", "id": world.deposit}
         assert doc["tx"]["matched"] == matched and doc["tx"]["entitlement"] == f"deposit:{world.deposit}:credit"
+    # A replacement fee bump's record (what the engine journals when it re-bumps: the outer envelope it
+    # replaced, and its bid): the replaced outer hash names the same lineage.
+    lineage_id = world.db.execute("SELECT id FROM paygate.lineages WHERE entitlement = %s",
+                                  (f"deposit:{world.deposit}:credit",)).fetchone()[0]
+    replaced = "cd" * 32
+    world.db.execute("INSERT INTO paygate.lineage_envelopes (lineage_id, replaced_by, outer_hash, bid_rate, bid_ledger)"
+                     " VALUES (%s, 1, decode(%s, 'hex'), 101, 3)", (lineage_id, replaced))
+    code, doc, err = trace(world, "tx", replaced)
+    assert code == ExitCode.OK, err
+    assert doc["tx"]["matched"] == "replaced outer" and doc["unit"] == {"kind": "deposit", "id": world.deposit}
+    [credit] = [lin for lin in doc["lineages"] if lin["purpose"] == "credit"]
+    assert credit["outer_hashes"] == [replaced, outer]
+    [rebump] = [e for e in doc["timeline"] if e["kind"] == "lineage.rebumped"]
+    assert rebump["details"]["replaced_outer_hash"] == replaced and rebump["details"]["outer_hash"] == outer
     charge_inner = world.db.execute("SELECT encode(inner_hash, 'hex') FROM paygate.lineages "
                                     "WHERE purpose = 'charge_batch'").fetchone()[0]
     code, doc, _ = trace(world, "tx", charge_inner)
