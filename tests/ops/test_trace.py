@@ -253,3 +253,32 @@ def test_a_charge_retention_archived_is_traced_from_the_archive(world: World) ->
     code, doc, _ = trace(world, "account", account)
     assert code == ExitCode.OK, doc["verdict"]
     assert doc["sums"]["archived_settled_charges"] == CHARGE and doc["sums"]["settled_charges"] == CHARGE
+
+
+def test_a_charge_batch_by_its_hash_and_an_account_behind_its_observer(world: World) -> None:
+    """Two charges in one batch: in flight while the batch is unsent on chain, lagging once the chain
+    debited them and the observer has not read those events yet, agreeing after it has."""
+    account = world.chain.genesis["users"][0]["public"]
+    first, _ = admit_charge(world.db, account, 11, "trace-batch-1")
+    second, _ = admit_charge(world.db, account, 22, "trace-batch-2")
+    assert world.chain.tick("settlement").code == 0
+    code, doc, _ = trace(world, "account", account)
+    assert code == ExitCode.OK and doc["verdict"]["regime"] == "in_flight", doc["verdict"]
+    assert {(u["unit"], u["id"]) for u in doc["explaining_units"]} >= {("charge", first), ("charge", second)}
+    world.chain.devnet.close_ledger()
+    assert world.chain.tick("settlement").code == 0  # the batch's receipt; the observer has not run
+    code, doc, _ = trace(world, "account", account)
+    assert code == ExitCode.OK and doc["verdict"]["regime"] == "lagging", doc["verdict"]
+    [inner] = {h for (h,) in world.db.execute("SELECT encode(x.inner_hash, 'hex') FROM paygate.charges c JOIN "
+                                              "paygate.lineages x ON x.id = c.lineage_id WHERE c.id = ANY(%s)",
+                                              ([first, second],))}
+    code, doc, _ = trace(world, "tx", inner)
+    assert code == ExitCode.OK, doc["verdict"]
+    assert [(u["unit"]["id"], u["verdict"]["regime"]) for u in doc["units"]] == [(first, "lagging"),
+                                                                                (second, "lagging")]
+    assert "observer" in doc["verdict"]["explanation"]
+    assert world.chain.tick("observer").code == 0
+    assert world.db.execute("SELECT array_agg(status) FROM paygate.charges WHERE id = ANY(%s)",
+                            ([first, second],)).fetchone()[0] == ["settled", "settled"]
+    code, doc, _ = trace(world, "tx", inner)
+    assert code == ExitCode.OK and doc["verdict"]["regime"] == "match" and doc["verdict"]["agree"] is True

@@ -170,6 +170,12 @@ UNION ALL
 (SELECT 'charge', id, amount, status, created_at, coalesce(settled_at, failed_at), true FROM paygate_archive.charges
  WHERE account = %(a)s ORDER BY id DESC LIMIT %(n)s)
 """
+# Credits the cached balance already holds (a credit event past the observer's cursor whose deposit
+# funding settled is not lagging: the reconciler's rule, workers/reconciler.py).
+SETTLED_TX_SQL = """
+SELECT encode(deposit_tx, 'hex') FROM paygate.deposits
+WHERE account = %s AND status = 'settled' AND deposit_tx IS NOT NULL
+"""
 ACCOUNT_CHECK_SQL = """
 SELECT checked_at, chain_ledger, chain_balance, cached_balance, in_flight, lagging, regime, drift
 FROM paygate.account_checks WHERE address = %s
@@ -202,6 +208,14 @@ def check_request(kind: str, ref: str) -> str:
 
 
 # -- small pieces -----------------------------------------------------------------------------------
+
+def _snapshot(conn: psycopg.Connection) -> None:
+    """Every part of the database side from one read-only snapshot, so the parts agree."""
+    conn.execute(SNAPSHOT_SQL)
+    # An account's sums walk all its charges (no index on charges (account): sql/0001_baseline.sql);
+    # JIT compilation costs more than it saves on such plain aggregates, as in reconcile-report.
+    conn.execute("SET LOCAL jit = off")
+
 
 def _rows(conn: psycopg.Connection, sql: str, params: Any) -> list[dict[str, Any]]:
     cursor = conn.execute(sql, params)
@@ -521,7 +535,7 @@ def _deposit_db(conn: psycopg.Connection, deposit_id: int) -> dict[str, Any]:
 def trace_deposit(conn: psycopg.Connection, chain: Chain, deposit_id: int) -> dict[str, Any]:
     timeline: list[dict[str, Any]] = []
     with conn.transaction():
-        conn.execute(SNAPSHOT_SQL)
+        _snapshot(conn)
         db = _deposit_db(conn, deposit_id)
         around = surroundings(conn, timeline, payload_key="deposit_id", unit_id=deposit_id,
                               targets=[f"deposit:{deposit_id}", f"deposits:{deposit_id}"],
@@ -624,7 +638,7 @@ def trace_deposit(conn: psycopg.Connection, chain: Chain, deposit_id: int) -> di
 def trace_charge(conn: psycopg.Connection, chain: Chain, charge_id: int) -> dict[str, Any]:
     timeline: list[dict[str, Any]] = []
     with conn.transaction():
-        conn.execute(SNAPSHOT_SQL)
+        _snapshot(conn)
         row = _one(conn, CHARGE_SQL, {"id": charge_id})
         if row is None:
             raise UsageError(f"no charge {charge_id}", msgid="usage.unknown_unit")
@@ -748,7 +762,7 @@ def _fee_verdict(row: dict[str, Any], shown: list[dict[str, Any]], regimes: list
 def trace_relay(conn: psycopg.Connection, chain: Chain, relay_id: int) -> dict[str, Any]:
     timeline: list[dict[str, Any]] = []
     with conn.transaction():
-        conn.execute(SNAPSHOT_SQL)
+        _snapshot(conn)
         row = _one(conn, RELAY_SQL, (relay_id,))
         if row is None:
             raise UsageError(f"no relay {relay_id}", msgid="usage.unknown_unit")
@@ -811,7 +825,7 @@ def trace_relay(conn: psycopg.Connection, chain: Chain, relay_id: int) -> dict[s
 def trace_bot_job(conn: psycopg.Connection, chain: Chain, job_id: int) -> dict[str, Any]:
     timeline: list[dict[str, Any]] = []
     with conn.transaction():
-        conn.execute(SNAPSHOT_SQL)
+        _snapshot(conn)
         row = _one(conn, BOT_JOB_SQL, (job_id,))
         if row is None:
             raise UsageError(f"no bot job {job_id}", msgid="usage.unknown_unit")
@@ -851,7 +865,7 @@ def units_of_hash(conn: psycopg.Connection, tx_hash: str) -> tuple[dict[str, Any
     """The lineage a hash names and the units it pays for: [(kind, id)]; a charge batch pays for each
     of its charges; a TTL keeper's job is no unit of money (the lineage alone is traced)."""
     with conn.transaction():
-        conn.execute(SNAPSHOT_SQL)
+        _snapshot(conn)
         found = conn.execute(HASH_SQL, {"h": bytes.fromhex(tx_hash)}).fetchall()
         if not found:
             raise UsageError(f"no transaction {tx_hash} in the journal (neither an inner nor an outer hash of a "
@@ -871,7 +885,7 @@ def units_of_hash(conn: psycopg.Connection, tx_hash: str) -> tuple[dict[str, Any
 def trace_lineage_only(conn: psycopg.Connection, chain: Chain, lineage_id: int) -> dict[str, Any]:
     timeline: list[dict[str, Any]] = []
     with conn.transaction():
-        conn.execute(SNAPSHOT_SQL)
+        _snapshot(conn)
         items = load_lineages(conn, ids=[lineage_id], entitlements=[])
     regimes: list[tuple[str, str]] = []
     shown = trace_lineages(chain, items, timeline, regimes)
@@ -921,7 +935,7 @@ def _events_past_cursor(chain: Chain, cursor: str | None, account: str) -> list[
 def trace_account(conn: psycopg.Connection, chain: Chain, address: str) -> dict[str, Any]:
     timeline: list[dict[str, Any]] = []
     with conn.transaction():
-        conn.execute(SNAPSHOT_SQL)
+        _snapshot(conn)
         account = _one(conn, ACCOUNT_SQL, (address,))
         if account is None:
             raise UsageError(f"no account {address} known to paygate", msgid="usage.unknown_account")
@@ -929,6 +943,7 @@ def trace_account(conn: psycopg.Connection, chain: Chain, address: str) -> dict[
         open_units = conn.execute(ACCOUNT_OPEN_SQL, {"a": address}).fetchall()
         history = _rows(conn, ACCOUNT_HISTORY_SQL, {"a": address, "n": TIMELINE_LIMIT})
         check = _one(conn, ACCOUNT_CHECK_SQL, (address,))
+        settled_txs = {h for (h,) in conn.execute(SETTLED_TX_SQL, (address,))}
         findings = _rows(conn, FINDINGS_SQL, ([address],))
         cursor = conn.execute(CURSOR_SQL).fetchone()
         source = (conn.execute(SOURCE_SQL).fetchone() or [None])[0]
@@ -974,24 +989,24 @@ def trace_account(conn: psycopg.Connection, chain: Chain, address: str) -> dict[
     else:
         chain_balance = balance[0]
         drift = chain_balance - cached
-        lagging = 0
+        lagging, saw = 0, False
         for event in past or []:
             # As the reconciler counts them: charges the chain took and credits it gave that the
             # observer has not applied yet, up to the ledger the balance was read at.
             if event["ledger"] > balance[1]:
                 continue
             if event["kind"] == "charge":
-                lagging -= event["amount"]
-            elif event["kind"] == "credit":
-                lagging += event["amount"]
+                lagging, saw = lagging - event["amount"], True
+            elif event["kind"] == "credit" and event["ref"] not in settled_txs:
+                lagging, saw = lagging + event["amount"], True
         residual = drift - authorized - lagging
         # Credits under way that the events past the cursor do not already count.
-        counted = {e["ref"] for e in past or [] if e["kind"] == "credit"}
+        counted = {e["ref"] for e in past or [] if e["kind"] == "credit" and e["ledger"] <= balance[1]}
         credits = [u for u in explaining if u["unit"] == "deposit" and u["deposit_tx"] not in counted
                    and u["lineage_state"] in ("applied", "signed", "sent")]
         picked = _subset_explains(residual, [u["amount"] for u in credits]) if residual > 0 else None
         if residual == 0:
-            regime = "lagging" if past else "in_flight" if authorized else "match"
+            regime = "lagging" if saw else "in_flight" if authorized else "match"
             regimes.append((regime, f"chain {chain_balance} − cached {cached} = {drift}: in flight {authorized}, "
                                     f"lagging {lagging}"))
         elif picked is not None:
