@@ -341,7 +341,8 @@ def read_quorum(endpoints: list[dict[str, Any]]) -> tuple[dict[str, Any], list[s
     majority of the distinct read hosts reached, the highest claimed, what each host said, and which
     hosts disagree with the majority (further than DISAGREE_AFTER_LEDGERS from it, `ahead` or
     `behind`). No decision (fewer than a majority answered with a ledger) is a problem naming what
-    each said; a host ahead of the majority is one too (a lagging host only delays decisions: shown).
+    each said (with several read hosts); a host ahead of the majority is one too (a lagging host only
+    delays decisions: shown).
     An endpoint on another network counts as no answer (its ledgers are another chain's)."""
     from paygate_cli.chain.health import ledger_quorum
 
@@ -362,7 +363,9 @@ def read_quorum(endpoints: list[dict[str, Any]]) -> tuple[dict[str, Any], list[s
               "decided": decision.ledger is not None, "ledger": decision.ledger, "highest": decision.highest,
               "answers": said, "disagreeing": disagreeing}
     problems = []
-    if reads and decision.ledger is None:
+    # With one read host its own problem (unreachable, wrong network) says it all; with several the
+    # consequence is news: the money movers cannot decide anything.
+    if len(reads) > 1 and decision.ledger is None:
         problems.append(f"RPC read quorum cannot decide the latest ledger: {decision.answered} of {decision.hosts} "
                         f"read hosts answered, a decision needs {decision.need} ("
                         + "; ".join(f"{a['url']}: {a['said']}" for a in said) + ")")
