@@ -12,8 +12,8 @@ any DDL; DELETE only where a worker deletes. The API service admits work through
 do through them (the subscriptions worker calls admit_charge). Functions run with the caller's
 rights (none is SECURITY DEFINER), so table grants are the fence even where EXECUTE is open.
 
-The read-only role is for on-call engineers: `status`, `reconcile-report` and `nonce-inspect` work
-as it, and every write (audit_log included) is refused with 42501 (exit 77). It cannot read secrets
+The read-only role is for on-call engineers: `status`, `reconcile-report`, `nonce-inspect` and `trace`
+work as it, and every write (audit_log included) is refused with 42501 (exit 77). It cannot read secrets
 stored in the database (webhook_endpoints.secret)."""
 
 from __future__ import annotations
