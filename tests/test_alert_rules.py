@@ -48,6 +48,7 @@ def test_rules_cover_the_situations_on_call_needs() -> None:
     assert "paygate_queue_oldest_age_seconds" in exprs["PaygateQueueOldestItemTooOld"]
     assert 'queue="webhooks.dead"' in exprs["PaygateWebhooksDead"]
     assert 'kind="gas"' in exprs["PaygateGasHalt"]
+    assert 'kind="restore"' in exprs["PaygateRestoreHalt"]
     assert "paygate_findings_open" in exprs["PaygateReconciliationFindings"]
 
 

@@ -167,6 +167,7 @@ def _read_only_invocations(devnet_url: str, out_file: Path) -> dict[tuple[str, .
         ("reconcile-report",): [[], ["--out", str(out_file)]],
         ("replay",): [[queue, "--all-dead", "--dry-run"] for queue in ("webhooks", "deposits", "relays", "bot_jobs")],
         ("drain",): [["--instance", "wheel-test", "--force", "--dry-run"]],
+        ("recover-check",): [["--dry-run"]],
         ("devnet", "state"): [["--url", devnet_url]],
         ("completion",): [[shell] for shell in ("bash", "zsh", "fish")],
     }

@@ -113,7 +113,7 @@ STATE_INTERVAL = 30.0
 STATE_HELP = {
     "paygate_queue_depth": "Items in a queue state (paygate status --json: queues)",
     "paygate_queue_oldest_age_seconds": "Age of the oldest item in a queue state; 0 when empty",
-    "paygate_halt": "1 while a halt of this kind is set (operator, gas)",
+    "paygate_halt": "1 while a halt of this kind is set (operator, gas, restore)",
     "paygate_findings_open": "Open reconciliation findings (unexplained drift)",
     "paygate_state_timestamp_seconds": "Unix time this state file was written",
     "paygate_fee_capped_units": "Live lineages of a path that are fee-capped: the market asks more than their "
@@ -173,8 +173,8 @@ def write_state_textfile(directory: str, state: StateMetrics) -> str:
         depth.labels(queue["queue"], state.instance).set(queue["depth"])
         age.labels(queue["queue"], state.instance).set(queue["oldest_age_s"] or 0.0)
     halt = Gauge("paygate_halt", STATE_HELP["paygate_halt"], ["kind", "paygate_instance"], registry=registry)
-    for kind in ("operator", "gas", *sorted(set(state.halts) - {"operator", "gas"})):
-        # Both usual kinds always present (0 or 1), so "cleared" is a value, not a vanished series.
+    for kind in ("operator", "gas", "restore", *sorted(set(state.halts) - {"operator", "gas", "restore"})):
+        # Every kind always present (0 or 1), so "cleared" is a value, not a vanished series.
         halt.labels(kind, state.instance).set(1.0 if kind in state.halts else 0.0)
     if state.findings_open is not None:
         Gauge("paygate_findings_open", STATE_HELP["paygate_findings_open"], ["paygate_instance"],

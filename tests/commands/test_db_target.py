@@ -70,7 +70,7 @@ def test_an_empty_database_says_wrong_database_before_run_migrate(empty_dsn: str
 
 
 @pytest.mark.parametrize("args", [["halt", "--reason", "x"], ["resume"], ["drain", "--instance", "h", "--force"],
-                                  ["undrain", "--instance", "h"], ["replay", "webhooks", "1"]],
+                                  ["undrain", "--instance", "h"], ["replay", "webhooks", "1"], ["recover-check"]],
                          ids=lambda a: a[0])
 def test_every_dry_run_and_every_prompt_names_the_target(dsn: str, args: list[str]) -> None:
     database = conninfo_to_dict(dsn)["dbname"]

@@ -69,7 +69,7 @@ def test_the_readme_and_architecture_link_the_contract_instead_of_restating_it()
 _DATABASE_COMMANDS = [
     ["status"], ["workers"], ["halt", "--reason", "x", "--yes"], ["resume", "--yes"],
     ["drain", "--instance", "h", "--force", "--yes"], ["undrain", "--instance", "h", "--yes"], ["migrate"],
-    ["reconcile-report"], ["run-tick", "webhooks", "--once"],
+    ["reconcile-report"], ["run-tick", "webhooks", "--once"], ["recover-check", "--yes"],
 ]
 
 

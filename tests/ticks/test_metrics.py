@@ -126,5 +126,5 @@ def test_a_tick_writes_the_state_file_with_dead_webhooks_queue_age_and_halts(dsn
     halts = {s.labels["kind"]: s.value for s in families["paygate_halt"].samples}
     assert depth["webhooks.dead"] == 1 and 590 < age["webhooks.dead"] < 900
     assert depth["deposits.pending"] == 0 and age["deposits.pending"] == 0
-    assert halts == {"gas": 1.0, "operator": 0.0}
+    assert halts == {"gas": 1.0, "operator": 0.0, "restore": 0.0}
     assert all(s.labels["paygate_instance"] == "host-a" for f in families.values() for s in f.samples)
