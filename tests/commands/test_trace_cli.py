@@ -101,3 +101,25 @@ def test_a_claim_shows_its_lease(dsn: str, db: psycopg.Connection, job: int) -> 
     [lease] = [e for e in doc["timeline"] if e["kind"] == "lease"]
     assert lease["details"]["claimed_by"] == "host-a:0" and lease["details"]["lease_token"] == token
     assert doc["bot_job"]["lease_token"] == token and lease["details"]["attempts"] == 1
+
+
+def test_a_transaction_of_paygate_s_own_with_no_rpc_configured_is_exit_1(dsn: str, db: psycopg.Connection) -> None:
+    """A TTL keeper's extend (no customer's money) traced by its inner hash, from a shell with no RPC
+    configured: the journal's side is shown, and the verdict says the chain could not be read."""
+    from stellar_sdk import Keypair
+
+    lane = Keypair.random().public_key
+    inner = os.urandom(32)
+    db.execute("INSERT INTO paygate.lanes (address) VALUES (%s)", (lane,))
+    db.execute("INSERT INTO paygate.lineages (purpose, entitlement, lane, state, source_seq, key_id, envelope,"
+               " inner_hash, outer_hash, max_time, signed_at_ledger, signed_at, sent_at) VALUES ('ttl_extend',"
+               " 'ttl_job:1', %s, 'sent', 7, 'k1', %s, %s, %s, 2000000000, 40, now(), now())",
+               (lane, b"\x01" * 40, inner, os.urandom(32)))
+    result = run_cli("trace", "tx", inner.hex(), "--json", dsn=dsn)
+    assert result.code == ExitCode.FAILED, result.err
+    doc = json.loads(result.out)
+    assert doc["unit"]["kind"] == "lineage" and doc["tx"]["entitlement"] == "ttl_job:1"
+    assert [e["kind"] for e in doc["timeline"]] == ["lineage.allocated", "lineage.signed", "lineage.sent"]
+    assert doc["verdict"]["regime"] == "unreadable" and doc["verdict"]["chain_readable"] is False
+    assert "PAYGATE_RPC_URL" in doc["verdict"]["explanation"]
+    assert "010101" not in result.out  # the envelope's bytes
