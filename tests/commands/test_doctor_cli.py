@@ -179,6 +179,36 @@ def test_a_lagging_read_endpoint(devnet: DevnetHandle, dsn: str, tmp_path: Path)
     assert document["groups"] == {"rpc": "fail"} and result.code == 69
 
 
+class Hanging(RpcProxy):
+    """A provider that accepts the request and answers only after `delay` seconds."""
+
+    delay = 8.0
+
+    def rewrite(self, request: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(self.delay)
+        return answer
+
+
+def test_an_endpoint_that_hangs_costs_one_bounded_probe(devnet: DevnetHandle, providers: tuple[BehindHead,
+                                                        BehindHead], dsn: str, tmp_path: Path) -> None:
+    hanging = Hanging(devnet.url, host="127.0.0.4")
+    try:
+        environ = deployment(devnet, providers, dsn, tmp_path / "host", lanes=[0, 1])
+        environ["PAYGATE_RPC_READ_URLS"] = ",".join([hanging.url, devnet.url, providers[0].url, providers[1].url])
+        started = time.monotonic()
+        result, document, checks = doctor(environ, "--only", "rpc,lanes,fee_account")
+        elapsed = time.monotonic() - started
+    finally:
+        hanging.close()
+    assert elapsed < Hanging.delay, elapsed  # one probe of at most PAYGATE_RPC_TIMEOUT (3s), all at once
+    assert checks["rpc.2.reachable"]["verdict"] == "fail" and "127.0.0.4" in checks["rpc.2.reachable"]["evidence"]
+    assert checks["rpc.3.reachable"]["verdict"] == "ok"
+    lane = devnet.genesis["lanes"][0]["public"]
+    assert checks[f"lane.{lane}.operator"]["verdict"] == "ok"  # read from the endpoints that answered
+    assert checks["fee_account.balance"]["verdict"] == "ok"
+    assert document["groups"] == {"rpc": "fail", "lanes": "ok", "fee_account": "ok"} and result.code == 69
+
+
 def test_fewer_than_three_distinct_hosts(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> None:
     environ = chain_environ(devnet, dsn, tmp_path / "host")
     environ["PAYGATE_RPC_READ_URLS"] = f"{devnet.url},{devnet.url}/"  # one node, two spellings

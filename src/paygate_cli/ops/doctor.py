@@ -833,7 +833,7 @@ def _database_groups(given: DoctorInput, settings: Settings, groups: tuple[str, 
                 conn, lambda purpose: given.open_conn(settings, purpose))])
         if "schema" in groups:
             checks += _guarded("schema", set(), lambda: schema_checks(conn))
-        chain = _chain(settings, conn) if endpoints and any(e.facts for e in endpoints) else None
+        chain = _chain(settings, conn, endpoints)
         try:
             for group, run in (("lanes", lambda: lane_checks(conn, settings, chain)),  # type: ignore[arg-type]
                                ("fee_account", lambda: fee_account_checks(conn, settings, chain)),  # type: ignore[arg-type]
@@ -859,10 +859,20 @@ def _furthest(endpoints: list[Endpoint]) -> int | None:
     return max((e.facts.latest_ledger for e in endpoints if e.facts), default=None)
 
 
-def _chain(settings: Settings, conn: psycopg.Connection) -> ChainClient:
+def _chain(settings: Settings, conn: psycopg.Connection, endpoints: list[Endpoint]) -> ChainClient | None:
+    """A chain client over the read endpoints that answered the probe, with the probe's timeout: an
+    endpoint that is down or slow costs doctor one probe, not a retried read per lane (None when no
+    read endpoint answered)."""
+    from dataclasses import replace
+
     from paygate_cli.chain.rpc import ChainClient
 
-    return ChainClient(settings, guard_conn=conn)
+    answered = [e.url for e in endpoints if e.facts is not None and "read" in e.roles]
+    if not answered:
+        return None
+    values = {**settings.values, "rpc_read_urls": answered,
+              "rpc_timeout": min(PROBE_TIMEOUT_S, float(settings.rpc_timeout))}
+    return ChainClient(replace(settings, values=values), guard_conn=conn)
 
 
 def _guarded(group: str, done: set[str], run: Callable[[], list[Check]]) -> list[Check]:
