@@ -145,3 +145,14 @@ def test_the_live_view_refreshes_in_a_terminal_and_quits(operator: dict[str, str
     assert code == ExitCode.OK
     assert took < 1.0, took
     assert b"HALTED: operator" in drawn and b"latest ledger" in drawn
+
+
+def test_a_queue_rate_is_its_depth_change_per_minute_between_frames() -> None:
+    from paygate_cli.ops.top import with_rates
+
+    before = [{"queue": "deposits.pending", "depth": 10}, {"queue": "webhooks.pending", "depth": 4}]
+    now = [{"queue": "deposits.pending", "depth": 4}, {"queue": "webhooks.pending", "depth": 5},
+           {"queue": "relays.pending", "depth": 1}]
+    rates = {q["queue"]: q["rate_per_min"] for q in with_rates(now, before, 30.0)}
+    assert rates == {"deposits.pending": -12.0, "webhooks.pending": 2.0, "relays.pending": None}
+    assert {q["rate_per_min"] for q in with_rates(now, None, None)} == {None}  # one frame has no rate
