@@ -5,6 +5,7 @@ against a ledger's close time."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -16,6 +17,7 @@ from paygate_cli.ops.doctor import (
     GROUPS,
     Endpoint,
     clock_check,
+    config_checks,
     fail,
     grants_check,
     ok,
@@ -94,3 +96,21 @@ def test_clock_skew_against_the_latest_close_time() -> None:
     assert clock_check(at(1_000_000), 1_000_000 + 3600).kind == "config"
     nothing = [Endpoint(1, "http://a", "a", ["write"], error="down")]
     assert clock_check(nothing, 0).evidence.startswith("not checked")
+
+
+def test_a_database_password_in_plain_sight(tmp_path: Path) -> None:
+    password = "hunter2-doctor-test"
+    dsn = f"postgresql://paygate:{password}@db.example/paygate"
+    checks, _ = config_checks(base_environ(dsn), {}, None)
+    by_id = {c.id: c for c in checks}
+    assert by_id["config.settings"].verdict == "warn" and "PAYGATE_DATABASE_URL_FILE" in by_id["config.settings"].fix
+    config = tmp_path / "config.toml"
+    config.write_text(f'database_url = "{dsn}"\n')
+    config.chmod(0o644)
+    checks, _ = config_checks(base_environ(None), {}, str(config))
+    settings_check = next(c for c in checks if c.id == "config.settings")
+    assert settings_check.verdict == "fail" and f"chmod o-rwx {config}" in settings_check.fix
+    config.chmod(0o600)
+    checks, _ = config_checks(base_environ(None), {}, str(config))
+    assert next(c for c in checks if c.id == "config.settings").verdict == "ok"
+    assert all(password not in c.evidence + c.fix for c in checks)

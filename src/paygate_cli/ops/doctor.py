@@ -149,6 +149,26 @@ def _secret_path(name: str, settings: Settings, environ: dict[str, str]) -> str 
     return None
 
 
+def _plain_password_check(settings: Settings) -> Check | None:
+    """A database URL given in plain form (allowed: peer or certificate logins carry no password) that
+    holds a password anyway: in the environment it leaks through /proc and `systemctl show`; in a
+    config file every user may read, to every user."""
+    from paygate_cli.settings import redact_dsn
+
+    dsn, source = settings.values.get("database_url"), settings.sources.get("database_url", "")
+    if not dsn or redact_dsn(str(dsn)) == str(dsn):
+        return None
+    if source.startswith("env "):
+        return warn("config.settings", "config", f"the database URL in {source.removeprefix('env ')} holds a "
+                                                 "password: the environment leaks it (/proc, systemctl show)",
+                    "put the URL in a file and set PAYGATE_DATABASE_URL_FILE instead")
+    if settings.config_file and os.stat(settings.config_file).st_mode & stat.S_IROTH:
+        return fail("config.settings", "config", "config", f"the config file {settings.config_file} holds a database "
+                                                           "password and is readable by every user",
+                    f"chmod o-rwx {settings.config_file}, or move the URL to database_url_file")
+    return None
+
+
 def config_checks(environ: dict[str, str], overrides: dict[str, Any], config_path: str | None
                   ) -> tuple[list[Check], Settings | None]:
     """The settings, and every configured secret file: present, readable, parseable by the settings
@@ -167,8 +187,9 @@ def config_checks(environ: dict[str, str], overrides: dict[str, Any], config_pat
                 fail("config.secret_files", "config", "config", "not checked: the settings do not load",
                      "fix config.settings first")], None
     env_count = sum(1 for s in plain.sources.values() if s.startswith("env "))
-    checks = [ok("config.settings", "config",
-                 f"config file {plain.config_file or '(none)'}; {env_count} setting(s) from the environment")]
+    checks = [_plain_password_check(plain) or ok(
+        "config.settings", "config",
+        f"config file {plain.config_file or '(none)'}; {env_count} setting(s) from the environment")]
     loaded: list[str] = []
     shown: list[str] = []
     problems: list[str] = []
