@@ -22,6 +22,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.endpoints import redact_urls
 from paygate_cli.errors import ConfigError, UsageError
 from paygate_cli.journal import lineage as lineages
 
@@ -280,7 +281,8 @@ class Chain:
         except (AssertionError, AttributeError, NameError, TypeError):
             raise  # a bug in paygate, never "the chain could not be read"
         except Exception as exc:  # an unreachable RPC, an error answer, a refused simulation, a retention gap
-            self.errors.append(f"{what}: {type(exc).__name__}: {exc}"[:300])
+            # Host only: a provider's API key may ride in an endpoint's URL (endpoints.py).
+            self.errors.append(redact_urls(f"{what}: {type(exc).__name__}: {exc}")[:300])
             return None
 
     def close(self) -> None:
