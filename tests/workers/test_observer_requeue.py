@@ -191,3 +191,49 @@ def test_funding_finding_its_credit_on_chain_leaves_it_to_the_observer(
         # Funding's next tick finds nothing left to do for it.
         assert after.tick("funding").code == 0
         assert db.execute("SELECT count(*) FROM paygate.deposits WHERE status <> 'settled'").fetchone()[0] == 0
+
+
+def test_a_deposit_whose_whole_journal_the_restore_lost_settles_from_the_chain(
+        chain: ChainEnv, pg_server: PgServer, restored: list[str], tmp_path: Path) -> None:
+    """The backup holds the admitted deposit and nothing more: its transfer and credit were journaled
+    (and landed) after it. Funding finds the nonce consumed with no lineage of its own; the hash comes
+    from the chain (the credit the observer could not match, whose transaction carries this row's
+    authorisation), never from a guess: a credit of the same account and amount under a hash that is
+    no transaction of that authorisation is not taken."""
+    user = chain.genesis["users"][0]["public"]
+    with psycopg.connect(chain.dsn, autocommit=True) as db:
+        pending_id = admit(chain, db, user=0, amount=AMOUNT)
+    assert chain.tick("observer").code == 0
+    backup = restored_copy(pg_server, chain.dsn, tmp_path)
+    restored.append(backup)
+    for _ in range(6):
+        assert chain.tick("funding").code == 0
+        chain.devnet.close_ledger()
+        with psycopg.connect(chain.dsn, autocommit=True) as db:
+            row = row_of(db, pending_id)
+        if row["status"] == "settled":
+            break
+    assert row["status"] == "settled", row
+    deposit_tx = bytes(row["deposit_tx"])
+    decoy = os.urandom(32)
+    rogue_credit(chain, user, AMOUNT, decoy)  # same account and amount, no transfer behind it
+    after = ChainEnv(chain.devnet, backup, {**chain.environ, "PAYGATE_DATABASE_URL": backup})
+    with psycopg.connect(backup, autocommit=True) as db:
+        db.execute("DELETE FROM paygate.halts WHERE kind = 'restore'")  # as a clean recovery pass leaves it
+        db.execute("DELETE FROM paygate.db_identity")
+        db.execute("SELECT paygate.check_db_identity('test')")
+        assert db.execute("SELECT count(*) FROM paygate.lineages").fetchone()[0] == 0
+        assert after.tick("observer").code == 3
+        assert set(quarantined(db)) == {deposit_tx.hex(), decoy.hex()}
+        result = after.tick("funding")
+        assert result.code == 0, result.err  # not needs_human: the chain shows whose transfer it was
+        assert details(result).get("credited_on_chain") == 1, details(result)
+        assert "funding.landed_without_lineage" in result.err
+        row = row_of(db, pending_id)
+        assert (row["status"], bytes(row["deposit_tx"])) == ("pending", deposit_tx)
+        assert after.tick("observer").code == 0
+        row = row_of(db, pending_id)
+        assert (row["status"], row["settled_by"]) == ("settled", "observer")
+        cached = db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s", (user,)).fetchone()[0]
+        assert cached == AMOUNT and billing_balance(chain, user) == 2 * AMOUNT  # the decoy is not ours
+        assert set(quarantined(db)) == {decoy.hex()}

@@ -165,6 +165,41 @@ def nonce_consumed(chain: ChainClient, account: str, nonce: int) -> tuple[bool, 
     return bool(answer.entries), int(answer.latest_ledger)
 
 
+def landed_with_authorisation(chain: ChainClient, inner_hash: bytes, *, account: str, nonce: int) -> bool:
+    """Did the transaction with this inner hash land successfully carrying `account`'s authorisation
+    with this nonce, as a majority of the read endpoints show it (each answer's envelope hashed
+    again: an answer about another transaction counts for nothing)? Funding asks it of a deposit
+    whose nonce is consumed with no lineage of its own, for a hash the chain's credit names."""
+    from stellar_sdk import FeeBumpTransactionEnvelope
+    from stellar_sdk.exceptions import SorobanRpcErrorResponse
+
+    chain._guard("landed transaction read")
+    votes = 0
+    for srv in chain.readers:
+        try:
+            answer = chain._retrying("getTransaction", lambda srv=srv: srv.get_transaction(inner_hash.hex()), 2)
+        except (Unavailable, SorobanRpcErrorResponse):
+            continue
+        if getattr(answer.status, "value", answer.status) != "SUCCESS" or not answer.envelope_xdr:
+            continue
+        try:
+            envelope = TransactionBuilder.from_xdr(answer.envelope_xdr, chain.passphrase)
+            inner = (envelope.transaction.inner_transaction_envelope
+                     if isinstance(envelope, FeeBumpTransactionEnvelope) else envelope)
+            if inner.hash() != inner_hash:
+                continue
+            entries = [entry for op in inner.transaction.operations for entry in getattr(op, "auth", None) or []]
+        except Exception:  # foreign bytes that do not decode: this endpoint's word counts for nothing
+            continue
+        for entry in entries:
+            creds = entry.credentials.address_v2 or entry.credentials.address
+            if creds is not None and int(creds.nonce.int64) == nonce \
+                    and Address.from_xdr_sc_address(creds.address).address == account:
+                votes += 1
+                break
+    return votes >= len(chain.read_urls) // 2 + 1
+
+
 @dataclass(frozen=True)
 class Invocation:
     contract: str

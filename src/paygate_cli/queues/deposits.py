@@ -201,6 +201,24 @@ WHERE p.id = %(id)s AND p.status = 'pending' AND p.deposit_tx IS NULL
 """
 SETTLE_RELAXED_SQL = _settle_sql(", set_config('synchronous_commit', 'off', true)")
 
+# A deposit whose authorisation nonce is consumed with no lineage of ours (a restore lost the
+# lineages journaled after the backup): the hashes the chain's credits named for its account and
+# amount, which the observer quarantined for want of a deposit (funding checks each on chain).
+UNMATCHED_CREDITS_SQL = """
+SELECT decode(e.payload->>'ref', 'hex') FROM paygate.chain_events e
+WHERE e.quarantined AND e.kind = 'credit' AND e.applied_to IS NULL
+  AND e.payload->>'account' = %(account)s AND e.payload->>'amount' = %(amount)s
+ORDER BY e.ledger, e.event_id
+LIMIT 10
+"""
+# The hash a majority of read hosts show carrying the row's authorisation: the row records it under
+# its lease, and the observer settles the row from the credit event naming it.
+RECORD_LANDED_TX_SQL = """
+UPDATE paygate.deposits SET deposit_tx = %(deposit_tx)s, updated_at = now()
+WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s AND deposit_tx IS NULL
+  AND deposit_lineage_id IS NULL
+"""
+
 # -- orphans -------------------------------------------------------------------------------------------
 
 # Live funding lineages that no pending row points at any more: the row was settled (the observer

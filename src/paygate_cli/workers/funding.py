@@ -315,6 +315,8 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
     known = deps.nonces.pop(row.id, None)
     consumed, latest = known or nonce_consumed(deps.chain, row.account, row.auth_nonce)
     if consumed:
+        if row.deposit_lineage_id is None and _landed_and_credited(deps, row):
+            return "credited_on_chain"
         # All our deposit lineages are terminal and none applied (else we would not be here):
         # something that is not this gateway spent the authorisation. Never invent a deposit hash.
         raise NeedsHuman(f"deposit {row.id}: authorisation nonce {row.auth_nonce} of {row.account} is consumed on "
@@ -391,6 +393,29 @@ def _credited_on_chain(deps: Deps, row: Deposit) -> bool:
                              "credit event", row.id, row.deposit_tx.hex(),
                              extra={"msgid": "funding.credit_already_on_chain", "deposit_id": row.id})
     return credited
+
+
+def _landed_and_credited(deps: Deps, row: Deposit) -> bool:
+    """A nonce consumed while the row has no lineage at all: after a restore, the transfer and its
+    credit can both have been journaled after the backup. The chain's credit events the observer
+    could not match (quarantined) name candidate hashes for this account and amount; one that a
+    majority of read hosts show landed carrying this row's authorisation (its nonce) is this
+    deposit's transfer, read from the chain, never guessed: the row records it, and the observer
+    settles the row from that credit event. -> whether one was found."""
+    from paygate_cli.chain.contracts import landed_with_authorisation
+
+    candidates = [bytes(h) for (h,) in deps.conn.execute(deposits.UNMATCHED_CREDITS_SQL, {
+        "account": row.account, "amount": str(row.amount)})]
+    for deposit_tx in candidates:
+        if landed_with_authorisation(deps.chain, deposit_tx, account=row.account, nonce=row.auth_nonce):
+            _write(deps, deposits.RECORD_LANDED_TX_SQL, {"deposit_tx": deposit_tx, "id": row.id, "token": row.token})
+            row.deposit_tx = deposit_tx
+            deps.ctx.log.warning("deposit %s: its authorisation was consumed by transaction %s, which the billing "
+                                 "contract credited (no lineage of this database sent it: a restore?): recorded; "
+                                 "the observer settles it from the credit event", row.id, deposit_tx.hex(),
+                                 extra={"msgid": "funding.landed_without_lineage", "deposit_id": row.id})
+            return True
+    return False
 
 
 def _finished(deps: Deps, lineage_id: int) -> lineages.Lineage:
