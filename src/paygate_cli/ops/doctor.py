@@ -293,7 +293,7 @@ def schema_checks(conn: psycopg.Connection) -> list[Check]:
 
     state = schema_state(conn)
     current, expected = state["schema_version"], state["expected_version"]
-    if current > expected:  # type: ignore[operator]
+    if current > expected:
         version = fail("schema.version", "schema", "config",
                        f"the database is at schema version {current}, ahead of this build's {expected}",
                        "upgrade paygate on this host to the build that migrated the database")
@@ -350,6 +350,11 @@ class Endpoint:
     facts: EndpointFacts | None = None
     error: str | None = None
 
+    def usable(self, settings: Settings) -> bool:
+        """Healthy and on the configured network: what doctor's own chain reads may use."""
+        return (self.facts is not None and self.facts.status == "healthy"
+                and self.facts.passphrase == settings.network_passphrase)
+
 
 def endpoints_of(settings: Settings) -> list[Endpoint]:
     """The write endpoint and the distinct read endpoints, each once, numbered in that order (the
@@ -404,15 +409,19 @@ def rpc_checks(settings: Settings, endpoints: list[Endpoint]) -> list[Check]:
     for e in endpoints:
         prefix, name = f"rpc.{e.number}", f"{e.host} ({'/'.join(e.roles)})"
         facts = e.facts
-        if facts is None or facts.status != "healthy":
-            evidence = f"{name}: " + (e.error or f"getHealth status {facts.status if facts else '?'}")
-            checks.append(fail(f"{prefix}.reachable", g, "unavailable", evidence,
+        if facts is None:
+            checks.append(fail(f"{prefix}.reachable", g, "unavailable", f"{name}: {e.error}",
                                "check the provider (runbooks/rpc-provider-outage.md), or replace the endpoint"))
             for what in ("network", "protocol", "lag", "retention"):
                 checks.append(fail(f"{prefix}.{what}", g, "unavailable", f"not checked: {name} did not answer",
                                    f"fix {prefix}.reachable first"))
             continue
-        checks.append(ok(f"{prefix}.reachable", g, f"{name}: healthy at ledger {facts.latest_ledger}"))
+        if facts.status != "healthy":
+            checks.append(fail(f"{prefix}.reachable", g, "unavailable",
+                               f"{name}: getHealth status {facts.status!r} at ledger {facts.latest_ledger}",
+                               "check the provider (runbooks/rpc-provider-outage.md), or replace the endpoint"))
+        else:
+            checks.append(ok(f"{prefix}.reachable", g, f"{name}: healthy at ledger {facts.latest_ledger}"))
         if facts.passphrase == settings.network_passphrase:
             checks.append(ok(f"{prefix}.network", g, f"{name} serves {facts.passphrase!r}"))
         else:
@@ -481,7 +490,7 @@ def clock_check(endpoints: list[Endpoint], now: float) -> Check:
     if not reached:
         return fail("clock.skew", "clock", "unavailable", "not checked: no RPC endpoint gave a ledger close time",
                     "fix the rpc checks first")
-    head = max(reached, key=lambda e: e.facts.latest_ledger)  # type: ignore[union-attr]
+    head = max(reached, key=lambda e: e.facts.latest_ledger if e.facts else 0)
     assert head.facts is not None and head.facts.latest_close_time is not None
     skew = now - head.facts.latest_close_time
     evidence = (f"host clock {abs(skew):.0f}s {'ahead of' if skew >= 0 else 'behind'} the close time of ledger "
@@ -518,15 +527,15 @@ def lane_checks(conn: psycopg.Connection, settings: Settings, chain: ChainClient
     checks = [ok("lanes.known", g, f"{len(lanes)} lane(s): {source}, {len(registered)} registered in the journal")]
     _, _, lane_min = conn.execute(RELAY_CONFIG_SQL).fetchone()
     balances = xlm_balances(chain, lanes)
-    operators: frozenset[str] | None = None
-    operator_error = None
+    operators: frozenset[str] = frozenset()
+    unknown: tuple[str, str, str] | None = None  # why the operators are not known: (kind, evidence, fix)
     if not settings.billing_contract:
-        operator_error = fail("", g, "config", "PAYGATE_BILLING_CONTRACT is not set", "set PAYGATE_BILLING_CONTRACT")
+        unknown = ("config", "PAYGATE_BILLING_CONTRACT is not set", "set PAYGATE_BILLING_CONTRACT")
     else:
         try:
             operators = billing_operators(chain, settings.billing_contract)
         except PaygateError as exc:
-            operator_error = fail("", g, _kind_of(exc), _shown(exc), "check PAYGATE_BILLING_CONTRACT and the RPC")
+            unknown = (_kind_of(exc), _shown(exc), "check PAYGATE_BILLING_CONTRACT and the RPC")
     for lane in lanes:
         prefix, balance = f"lane.{lane}", balances[lane]
         if not balance.exists:
@@ -534,15 +543,15 @@ def lane_checks(conn: psycopg.Connection, settings: Settings, chain: ChainClient
                                "create and fund the account, or remove its seed from the lane secrets"))
         else:
             checks.append(ok(f"{prefix}.exists", g, f"account on chain (ledger {balance.ledger})"))
-        if operator_error is not None:
-            checks.append(Check(f"{prefix}.operator", g, "fail", operator_error.evidence, operator_error.fix,
-                                operator_error.kind))
-        elif lane in (operators or ()):
+        if unknown is not None:
+            kind, evidence, fix = unknown
+            checks.append(fail(f"{prefix}.operator", g, kind, f"not checked: {evidence}", fix))
+        elif lane in operators:
             checks.append(ok(f"{prefix}.operator", g,
                              f"an operator of the billing contract {settings.billing_contract}"))
         else:
             checks.append(fail(f"{prefix}.operator", g, "config",
-                               f"not among the {len(operators or ())} operator(s) of the billing contract "
+                               f"not among the {len(operators)} operator(s) of the billing contract "
                                f"{settings.billing_contract}: its charge_batch and credit would trap",
                                "have the billing admin add it (add_operator), or drain and remove the lane"))
         checks.append(_lane_xlm(prefix, balance, int(lane_min)))
@@ -781,6 +790,10 @@ FIXED_IDS = {
 }
 
 
+# The groups that read the database.
+DATABASE_GROUPS = ("schema", "lanes", "fee_account", "journal", "ttl", "db")
+
+
 def blocked(group: str, kind: str, why: str, fix: str, done: set[str]) -> list[Check]:
     return [fail(check_id, group, kind, f"not checked: {why}", fix) for check_id in FIXED_IDS.get(group, ())
             if check_id not in done]
@@ -809,11 +822,15 @@ def run_doctor(given: DoctorInput, groups: tuple[str, ...]) -> dict[str, Any]:
         return report(checks, groups)
     assert settings is not None
     wanted = set(groups)
-    needs_db = wanted & {"schema", "lanes", "fee_account", "journal", "ttl", "db"}
+    needs_db = wanted & set(DATABASE_GROUPS)
     needs_rpc = wanted & {"rpc", "clock", "lanes", "fee_account", "ttl"}
     endpoints: list[Endpoint] = []
     if needs_rpc and settings.rpc_url:
-        endpoints = endpoints_of(settings)
+        try:
+            endpoints = endpoints_of(settings)
+        except ConfigError as exc:  # PAYGATE_RPC_URL given in plain form is checked only here
+            return report([*checks, fail("rpc.configured", "rpc", "config", _shown(exc), "fix PAYGATE_RPC_URL")],
+                          groups)
         probe_endpoints(endpoints, min(PROBE_TIMEOUT_S, float(settings.rpc_timeout)))
     if "rpc" in wanted:
         checks += (rpc_checks(settings, endpoints) if settings.rpc_url else
@@ -831,22 +848,24 @@ def run_doctor(given: DoctorInput, groups: tuple[str, ...]) -> dict[str, Any]:
 
 def _database_groups(given: DoctorInput, settings: Settings, groups: tuple[str, ...],
                      endpoints: list[Endpoint]) -> list[Check]:
+    """The groups that read the database (and, for lanes, the fee account and TTL, the chain)."""
+    from contextlib import ExitStack
+
     from paygate_cli.db.connect import connection_target, describe_target
 
     checks: list[Check] = []
-    try:
-        connection = given.open_conn(settings, "doctor")
-        conn = connection.__enter__()
-    except PaygateError as exc:
-        kind = _kind_of(exc)
-        if "db" in groups:
-            checks.append(fail("db.reachable", "db", kind, _shown(exc), "fix the database URL, or the database"))
-        for group in groups:
-            if group in ("schema", "lanes", "fee_account", "journal", "ttl", "db"):
-                checks += blocked(group, kind, "the database is not reachable", "fix db.reachable first",
-                                  {"db.reachable"})
-        return checks
-    try:
+    with ExitStack() as stack:
+        try:
+            conn = stack.enter_context(given.open_conn(settings, "doctor"))
+        except PaygateError as exc:
+            kind = _kind_of(exc)
+            if "db" in groups:
+                checks.append(fail("db.reachable", "db", kind, _shown(exc), "fix the database URL, or the database"))
+            for group in groups:
+                if group in DATABASE_GROUPS:
+                    checks += blocked(group, kind, "the database is not reachable", "fix db.reachable first",
+                                      {"db.reachable"})
+            return checks
         if "db" in groups:
             version = conn.info.parameter_status("server_version") or "?"
             checks.append(ok("db.reachable", "db", f"{describe_target(connection_target(conn))}, PostgreSQL {version}"))
@@ -854,41 +873,38 @@ def _database_groups(given: DoctorInput, settings: Settings, groups: tuple[str, 
                 conn, lambda purpose: given.open_conn(settings, purpose))])
         if "schema" in groups:
             checks += _guarded("schema", set(), lambda: schema_checks(conn))
-        chain = _chain(settings, conn, endpoints)
-        try:
-            for group, run in (("lanes", lambda: lane_checks(conn, settings, chain)),  # type: ignore[arg-type]
-                               ("fee_account", lambda: fee_account_checks(conn, settings, chain)),  # type: ignore[arg-type]
-                               ("journal", lambda: journal_checks(conn, settings)),
-                               ("ttl", lambda: [ttl_check(conn, settings, chain, _furthest(endpoints))])):
-                if group not in groups:
-                    continue
-                if chain is None and group in ("lanes", "fee_account"):
-                    why = "no RPC endpoint answered" if settings.rpc_url else "no RPC configured"
+        if "journal" in groups:
+            checks += _guarded("journal", set(), lambda: journal_checks(conn, settings))
+        chain = _chain(settings, conn, endpoints) if set(groups) & {"lanes", "fee_account", "ttl"} else None
+        if chain is not None:
+            stack.callback(chain.close)
+        latest = max((e.facts.latest_ledger for e in endpoints if e.facts and e.usable(settings)), default=None)
+        if chain is None:
+            why = "no RPC endpoint answered healthy on the configured network" if settings.rpc_url \
+                else "no RPC configured"
+            for group in ("lanes", "fee_account"):
+                if group in groups:
                     checks += blocked(group, "unavailable" if settings.rpc_url else "config", why,
                                       "fix the rpc checks first", set())
-                    continue
-                checks += _guarded(group, set(), run)
-        finally:
-            if chain is not None:
-                chain.close()
-    finally:
-        connection.__exit__(None, None, None)
+        else:
+            if "lanes" in groups:
+                checks += _guarded("lanes", set(), lambda: lane_checks(conn, settings, chain))
+            if "fee_account" in groups:
+                checks += _guarded("fee_account", set(), lambda: fee_account_checks(conn, settings, chain))
+        if "ttl" in groups:  # without a chain client, from what the keeper recorded
+            checks += _guarded("ttl", set(), lambda: [ttl_check(conn, settings, chain, latest)])
     return checks
 
 
-def _furthest(endpoints: list[Endpoint]) -> int | None:
-    return max((e.facts.latest_ledger for e in endpoints if e.facts), default=None)
-
-
 def _chain(settings: Settings, conn: psycopg.Connection, endpoints: list[Endpoint]) -> ChainClient | None:
-    """A chain client over the read endpoints that answered the probe, with the probe's timeout: an
-    endpoint that is down or slow costs doctor one probe, not a retried read per lane (None when no
-    read endpoint answered)."""
+    """A chain client over the read endpoints that answered the probe healthy and on the configured
+    network, with the probe's timeout: an endpoint that is down or slow costs doctor one probe, not a
+    retried read per lane, and one on another network is never read (None when no endpoint is usable)."""
     from dataclasses import replace
 
     from paygate_cli.chain.rpc import ChainClient
 
-    answered = [e.url for e in endpoints if e.facts is not None and "read" in e.roles]
+    answered = [e.url for e in endpoints if e.usable(settings) and "read" in e.roles]
     if not answered:
         return None
     values = {**settings.values, "rpc_read_urls": answered,
@@ -914,6 +930,7 @@ def report(checks: list[Check], groups: tuple[str, ...]) -> dict[str, Any]:
     """The document: every check, each group's verdict (the worst of its checks: never ok while one
     fails), the counts and the exit code."""
     rank = {"ok": 0, "warn": 1, "fail": 2}
+    checks = sorted(checks, key=lambda c: GROUPS.index(c.group))  # stable: each group's own order kept
     verdicts = {group: max((c.verdict for c in checks if c.group == group), key=rank.__getitem__, default="ok")
                 for group in groups}
     failed_kinds = {c.kind for c in checks if c.verdict == "fail"}
