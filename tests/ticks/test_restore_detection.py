@@ -72,3 +72,25 @@ def test_a_restored_database_is_halted_by_its_first_tick_and_keeps_the_first_rea
     assert run_cli("run-tick", "webhooks", "--once", dsn=dsn).code == 0
     assert db.execute("SELECT count(*) FROM paygate.halts").fetchone()[0] == 0
     assert conninfo_to_dict(copy)["dbname"] != conninfo_to_dict(dsn)["dbname"]
+
+
+def test_a_promoted_standby_is_halted_by_its_first_tick_for_its_new_timeline() -> None:
+    """A real promotion (tests/support/pg_replication.py): the same cluster (system identifier) and
+    database (OID), a new timeline. The first tick on the new primary sets the halt naming it."""
+    from tests.support.pg_replication import ReplicatedPair
+
+    with ReplicatedPair() as pair:
+        assert run_cli("run-tick", "webhooks", "--once", dsn=pair.primary_dsn()).code == 0
+        with psycopg.connect(pair.primary_dsn(), autocommit=True) as primary:
+            system, timeline, oid, _ = identity(primary)
+        pair.wait_caught_up()
+        pair.kill_primary()
+        pair.promote()
+        tick = run_cli("run-tick", "webhooks", "--once", dsn=pair.multihost_dsn())
+        assert tick.code == 0, tick.err
+        assert "restore.halt_set" in tick.err
+        with psycopg.connect(pair.standby_dsn(), autocommit=True) as promoted:
+            [reason] = [r for (r,) in promoted.execute("SELECT reason FROM paygate.halts WHERE kind = 'restore'")]
+            assert f"timeline {timeline + 1}, recorded {timeline} (a promotion" in reason
+            assert "a different cluster" not in reason and "a recreated database" not in reason
+            assert identity(promoted)[:3] == (system, timeline, oid)  # kept until a clean pass

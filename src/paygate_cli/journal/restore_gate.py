@@ -63,15 +63,20 @@ ON CONFLICT (kind) DO NOTHING
 """
 AUDIT_SQL = "INSERT INTO paygate.audit_log (actor, action, target, details) VALUES (%s, %s, 'restore', %s)"
 
-# Every registered lane with the journal's last consumed sequence, its live lineage (if any) and
-# its open sequence-fence finding (if any).
+# The chain is read BEFORE the journal it is compared with: an envelope is anchored (committed)
+# before it is broadcast, so whatever of ours the chain shows is in the journal read after it. Read
+# the other way round, a worker's transaction anchored and landed between the two reads would look
+# like a sequence used outside the journal.
+REGISTERED_LANES_SQL = "SELECT address FROM paygate.lanes WHERE status <> 'retired' ORDER BY address"
+# Those lanes with the journal's last consumed sequence, the live lineage (if any) and the open
+# sequence-fence finding (if any).
 LANES_SQL = """
 SELECT l.address, l.status, """ + lineages.last_consumed_seq_sql("l.address") + """,
        x.id, x.source_seq, f.id
 FROM paygate.lanes l
 LEFT JOIN paygate.lineages x ON x.lane = l.address AND paygate.lineage_is_live(x.state)
 LEFT JOIN paygate.findings f ON f.kind = 'lane_fence' AND f.subject = l.address AND f.resolved_at IS NULL
-WHERE l.status <> 'retired'
+WHERE l.address = ANY(%(lanes)s)
 ORDER BY l.address
 """
 # Every live lineage, with the lease of the queue row that holds it (NULL: no row holds it; the
@@ -182,8 +187,9 @@ def run_pass(conn: psycopg.Connection, settings: Any, chain_of: Callable[[], Cha
         conn.execute(CHECK_IDENTITY_SQL, (actor,))  # a change no tick saw yet sets the halt now
     identity = read_identity(conn)
     halt = restore_halt(conn)
-    rows = conn.execute(LANES_SQL).fetchall()
-    views = _views(conn, settings, [row[0] for row in rows], views_of)
+    addresses = [address for (address,) in conn.execute(REGISTERED_LANES_SQL)]
+    views = _views(conn, settings, addresses, views_of)  # the chain first (REGISTERED_LANES_SQL says why)
+    rows = conn.execute(LANES_SQL, {"lanes": addresses}).fetchall()
     checks = [_check_lane(row, views[row[0]]) for row in rows]
     result = PassResult(halt, identity, [check for check, _ in checks], [], 0, dry_run)
     for check, reading in checks:
@@ -312,11 +318,14 @@ def write_blocked_audit(conn: psycopg.Connection, result: PassResult, actor: str
 
 # -- while no restore halt is set ------------------------------------------------------------------
 
+# Active lanes the journal has used, without an open sequence fence (those are a human's already),
+# with the last consumed sequence and the live lineage's. Read twice: to learn whether two such
+# lanes exist at all (else no chain read), and again after the chain (REGISTERED_LANES_SQL says why).
 AHEAD_CHECK_SQL = """
 SELECT l.address, """ + lineages.last_consumed_seq_sql("l.address") + """, x.source_seq
 FROM paygate.lanes l
 LEFT JOIN paygate.lineages x ON x.lane = l.address AND paygate.lineage_is_live(x.state)
-WHERE l.status = 'active'
+WHERE l.status = 'active' AND (%(lanes)s::text[] IS NULL OR l.address = ANY(%(lanes)s))
   AND NOT EXISTS (SELECT 1 FROM paygate.findings f
                   WHERE f.kind = 'lane_fence' AND f.subject = l.address AND f.resolved_at IS NULL)
 ORDER BY l.address
@@ -331,10 +340,12 @@ def lanes_ahead_halt(conn: psycopg.Connection, settings: Any, *, actor: str,
     One lane ahead is that lane's fence only (someone else used its key), left to the engine. A lane
     whose live lineage may be the one the chain holds counts ahead only past that lineage's sequence.
     The lanes found ahead (none: nothing set)."""
-    rows = [(lane, int(seq), live) for lane, seq, live in conn.execute(AHEAD_CHECK_SQL) if seq is not None]
-    if len(rows) < 2:
+    used = [lane for lane, seq, _ in conn.execute(AHEAD_CHECK_SQL, {"lanes": None}) if seq is not None]
+    if len(used) < 2:
         return []
-    views = _views(conn, settings, [lane for lane, _, _ in rows], views_of)
+    views = _views(conn, settings, used, views_of)
+    rows = [(lane, int(seq), live) for lane, seq, live in conn.execute(AHEAD_CHECK_SQL, {"lanes": used})
+            if seq is not None]
     ahead = [lane for lane, seq, live in rows
              if judge_lane_views(views[lane], max(seq, int(live or 0))).verdict == "ahead"]
     if len(ahead) < 2:
