@@ -166,6 +166,8 @@ def test_every_command_and_worker_keeps_the_secrets_out_of_its_output(
         ("status",), ("status", "--json"), ("workers",), ("workers", "--json"),
         ("config", "show", "--sources"), ("config", "show", "--sources", "--json"),
         ("nonce-inspect",), ("nonce-inspect", "--deposit", str(credit_id), "--json"),
+        ("trace", "deposit", str(credit_id)), ("trace", "deposit", str(credit_id), "--json"),
+        ("trace", "account", user["public"], "--plain"),
         ("reconcile-report",), ("reconcile-report", "--format", "json", "--out", str(reports / "r.json")),
         ("drain", "--instance", "grep-host", "--force", "--reason", "probe", "--dry-run"),
         ("undrain", "--instance", "grep-host", "--dry-run"),
@@ -291,7 +293,7 @@ def test_an_rpc_url_carrying_a_key_never_shows(world: Secrets, devnet: DevnetHan
         assert run(transcript, environ, "run-tick", worker, "--once", "--json").code in (0, 1)
     for args in (("status",), ("status", "--json"), ("config", "show", "--sources", "--json"), ("nonce-inspect",),
                  ("nonce-inspect", "--deposit", str(credit_id), "--json"), ("reconcile-report",),
-                 ("key-retire-check", JOURNAL_KEY_ID, "--json")):
+                 ("key-retire-check", JOURNAL_KEY_ID, "--json"), ("trace", "deposit", str(credit_id), "--json")):
         result = run(transcript, environ, *args)
         assert result.code not in (ExitCode.SOFTWARE, ExitCode.CONFIG), f"{args}: {result.err}"
     dead = world.environ(devnet, PAYGATE_RPC_URL=down, PAYGATE_RPC_READ_URLS=down, PAYGATE_RPC_TIMEOUT="1s")
@@ -299,7 +301,7 @@ def test_an_rpc_url_carrying_a_key_never_shows(world: Secrets, devnet: DevnetHan
     entry, nonce, expiration = sign_deposit(devnet, other["secret"], DEPOSIT, valid_ledgers=300)
     admit_deposit(db, other["public"], DEPOSIT, entry, nonce, expiration, "grep-keyed-rpc-down")
     for args in (("run-tick", "funding", "--once"), ("status", "--json"), ("key-retire-check", JOURNAL_KEY_ID),
-                 ("replay", "deposits", str(credit_id), "--dry-run")):
+                 ("replay", "deposits", str(credit_id), "--dry-run"), ("trace", "deposit", str(credit_id))):
         result = run(transcript, dead, *args, process=True)
         assert result.code not in (0, ExitCode.SOFTWARE), f"{args}: {result.err}"
     assert any("127.0.0.1:9" in text for _, text in transcript.texts), "the host is named"
