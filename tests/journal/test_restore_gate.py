@@ -27,6 +27,7 @@ from tests.support.chain_env import ChainEnv, admit_deposit, chain_environ, reco
 from tests.support.cli import run_cli
 from tests.support.devnet_support import start_devnet
 from tests.support.drill_support import crash_tick
+from tests.support.funding import wait_for_leases
 from tests.support.pg import PgServer
 from tests.support.pg_restore_copy import oid_of, restored_copy
 
@@ -104,6 +105,11 @@ def test_a_restored_database_signs_nothing_new_drives_what_is_live_and_reopens_a
     chain.devnet.close_ledger()  # it lands on chain
     copy, new = restore(pg_server, chain, tmp_path, restored)
     with new:
+        # A dry run before any tick writes nothing, not even the halt, and says the identity changed.
+        dry = run_cli("recover-check", "--dry-run", environ=recovery_environ(copy.environ))
+        assert dry.code == ExitCode.NEEDS_HUMAN, dry.err  # the live lineage blocks
+        assert "no restore halt set (but the database's identity differs from the recorded one" in dry.out
+        assert not restore_halts(new) and not audits(new, "restore_check")
         # recover-check before any tick: it sees the change itself; the live lineage (its lease is the
         # dead owner's, within the grace window) is a blocker, never robbed: exit 3, the halt stays.
         code, report, err = recover_check(copy)
@@ -120,6 +126,7 @@ def test_a_restored_database_signs_nothing_new_drives_what_is_live_and_reopens_a
 
         # The funding worker still drives its lineage (resolved applied), but signs nothing new: the
         # credit waits, and the tick says why (exit 1), not "no free lane".
+        wait_for_leases(new)  # the dead owner's lease lapses: the worker's own claim takes the row
         result = copy.tick("funding", "--once")
         assert result.code == ExitCode.FAILED, result.err[-2000:]
         assert "submissions closed by the restore halt: the database changed since" in result.err

@@ -65,6 +65,8 @@ def recover_check_command(ctx: typer.Context, yes: YesFlag = False, dry_run: Dry
 def _verdict_line(report: dict) -> str:
     halt = report["restore_halt"]
     head = f"restore halt: {halt['reason']}" if halt else "no restore halt set"
+    if not halt and report["identity_changed"]:
+        head += " (but the database's identity differs from the recorded one: the next tick sets it)"
     if report["cleared"]:
         return f"{head}\ncleared: every lane agrees with the chain and nothing is live; submissions are open again"
     if report["kept_because"]:

@@ -48,6 +48,7 @@ SELECT (pg_control_system()).system_identifier::text,
 """
 CHECK_IDENTITY_SQL = "SELECT paygate.check_db_identity(%s)"
 RESTORE_HALT_SQL = "SELECT reason, set_by, set_at FROM paygate.halts WHERE kind = 'restore'"
+RECORDED_IDENTITY_SQL = "SELECT system_identifier, timeline, database_oid FROM paygate.db_identity"
 LOCK_RESTORE_HALT_SQL = "SELECT reason FROM paygate.halts WHERE kind = 'restore' FOR UPDATE"
 RECORD_IDENTITY_SQL = """
 INSERT INTO paygate.db_identity (system_identifier, timeline, database_oid, recorded_by)
@@ -95,9 +96,6 @@ ORDER BY x.id LIMIT %(limit)s
 """
 LIVE_COUNT_SQL = "SELECT count(*) FROM paygate.lineages x WHERE paygate.lineage_is_live(x.state)"
 
-ViewsOf = Callable[[list[str]], dict[str, "list[AccountView]"]]
-
-
 @dataclass(frozen=True)
 class Identity:
     system_identifier: str
@@ -135,6 +133,7 @@ class PassResult:
     would_fence: int = 0  # a dry run's lanes ahead of the journal, left unfenced
     cleared: bool = False
     kept_because: str | None = None  # clean, but the halt stays (the identity changed during the pass)
+    recorded: Identity | None = None  # paygate.db_identity as the pass found it
 
     @property
     def blocked_lanes(self) -> list[LaneCheck]:
@@ -157,7 +156,9 @@ class PassResult:
         verdicts: dict[str, int] = {}
         for lane in self.lanes:
             verdicts[lane.verdict] = verdicts.get(lane.verdict, 0) + 1
-        return {"restore_halt": self.halt, "identity": self.identity.as_dict(), "lanes": verdicts,
+        return {"restore_halt": self.halt, "identity": self.identity.as_dict(),
+                "recorded_identity": None if self.recorded is None else self.recorded.as_dict(),
+                "identity_changed": self.recorded is not None and self.recorded != self.identity, "lanes": verdicts,
                 "live_lineages": self.units_total, "fenced_now": self.fenced_now,
                 "would_fence": self.would_fence, "clean": self.clean,
                 "cleared": self.cleared, "kept_because": self.kept_because, "dry_run": self.dry_run}
@@ -178,20 +179,23 @@ def restore_halt(conn: psycopg.Connection) -> dict[str, Any] | None:
 
 
 def run_pass(conn: psycopg.Connection, settings: Any, chain_of: Callable[[], ChainClient], *, actor: str,
-             dry_run: bool, log: logging.Logger | logging.LoggerAdapter[Any],
-             views_of: ViewsOf | None = None) -> PassResult:
+             dry_run: bool, log: logging.Logger | logging.LoggerAdapter[Any]) -> PassResult:
     """The pass (the module's docstring). `chain_of`: a chain client, built only when a lane is ahead
-    (the evidence's getTransactions); `views_of`: the batched quorum read (default: SDK-free urllib).
-    Unavailable (69) when no read host answered for any lane."""
+    (the evidence's getTransactions); the lanes' sequences are read SDK-free (many_lane_views).
+    Unavailable (69) when no read host answered for any lane. A dry run writes nothing, not even
+    the halt check_db_identity would set: it says whether the identity differs from the recorded one."""
     if not dry_run:
         conn.execute(CHECK_IDENTITY_SQL, (actor,))  # a change no tick saw yet sets the halt now
     identity = read_identity(conn)
     halt = restore_halt(conn)
+    recorded = conn.execute(RECORDED_IDENTITY_SQL).fetchone()
     addresses = [address for (address,) in conn.execute(REGISTERED_LANES_SQL)]
-    views = _views(conn, settings, addresses, views_of)  # the chain first (REGISTERED_LANES_SQL says why)
+    views = _views(conn, settings, addresses)  # the chain first (REGISTERED_LANES_SQL says why)
     rows = conn.execute(LANES_SQL, {"lanes": addresses}).fetchall()
     checks = [_check_lane(row, views[row[0]]) for row in rows]
-    result = PassResult(halt, identity, [check for check, _ in checks], [], 0, dry_run)
+    result = PassResult(halt, identity, [check for check, _ in checks], [], 0, dry_run,
+                        recorded=None if recorded is None else Identity(str(recorded[0]), int(recorded[1]),
+                                                                        int(recorded[2])))
     for check, reading in checks:
         if reading is not None:
             _fence(conn, chain_of(), check, reading, result, log)
@@ -202,18 +206,13 @@ def run_pass(conn: psycopg.Connection, settings: Any, chain_of: Callable[[], Cha
     return result
 
 
-def _views(conn: psycopg.Connection, settings: Any, addresses: list[str], views_of: ViewsOf | None
-           ) -> dict[str, list[AccountView]]:
+def _views(conn: psycopg.Connection, settings: Any, addresses: list[str]) -> dict[str, list[AccountView]]:
+    from paygate_cli.chain.accounts import many_lane_views
     from paygate_cli.db.connect import assert_not_in_transaction
 
     if not addresses:
         return {}
-    if views_of is None:
-        from paygate_cli.chain.accounts import many_lane_views
-
-        views = many_lane_views(settings, addresses, guard=lambda what: assert_not_in_transaction(conn, what))
-    else:
-        views = views_of(addresses)
+    views = many_lane_views(settings, addresses, guard=lambda what: assert_not_in_transaction(conn, what))
     answered = [v for lane_views in views.values() for v in lane_views if v.error in (None, "not found")]
     if not answered:
         errors = sorted({v.error or "" for lane_views in views.values() for v in lane_views})
@@ -333,8 +332,7 @@ ORDER BY l.address
 
 
 def lanes_ahead_halt(conn: psycopg.Connection, settings: Any, *, actor: str,
-                     log: logging.Logger | logging.LoggerAdapter[Any], views_of: ViewsOf | None = None
-                     ) -> list[str]:
+                     log: logging.Logger | logging.LoggerAdapter[Any]) -> list[str]:
     """Two or more active lanes ahead of the journal at once (one batched read): the database went
     back in time without changing identity (e.g. a file-level snapshot), so the restore halt is set.
     One lane ahead is that lane's fence only (someone else used its key), left to the engine. A lane
@@ -343,7 +341,7 @@ def lanes_ahead_halt(conn: psycopg.Connection, settings: Any, *, actor: str,
     used = [lane for lane, seq, _ in conn.execute(AHEAD_CHECK_SQL, {"lanes": None}) if seq is not None]
     if len(used) < 2:
         return []
-    views = _views(conn, settings, used, views_of)
+    views = _views(conn, settings, used)
     rows = [(lane, int(seq), live) for lane, seq, live in conn.execute(AHEAD_CHECK_SQL, {"lanes": used})
             if seq is not None]
     ahead = [lane for lane, seq, live in rows
