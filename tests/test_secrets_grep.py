@@ -174,6 +174,7 @@ def test_every_command_and_worker_keeps_the_secrets_out_of_its_output(
         ("halt", "--reason", "probe", "--yes"), ("resume", "--yes"),
         ("replay", "webhooks", "--all-dead", "--dry-run"), ("replay", "deposits", str(credit_id), "--dry-run"),
         ("key-retire-check", JOURNAL_KEY_ID), ("key-retire-check", JOURNAL_KEY_ID, "--json"),
+        ("recover-check", "--dry-run"), ("recover-check", "--yes", "--json"),
         ("devnet", "state", "--url", devnet.url, "--json"),
         ("migrate", "--dry-run"),
     ]
@@ -301,7 +302,8 @@ def test_an_rpc_url_carrying_a_key_never_shows(world: Secrets, devnet: DevnetHan
     entry, nonce, expiration = sign_deposit(devnet, other["secret"], DEPOSIT, valid_ledgers=300)
     admit_deposit(db, other["public"], DEPOSIT, entry, nonce, expiration, "grep-keyed-rpc-down")
     for args in (("run-tick", "funding", "--once"), ("status", "--json"), ("key-retire-check", JOURNAL_KEY_ID),
-                 ("replay", "deposits", str(credit_id), "--dry-run"), ("trace", "deposit", str(credit_id))):
+                 ("replay", "deposits", str(credit_id), "--dry-run"), ("trace", "deposit", str(credit_id)),
+                 ("recover-check", "--yes")):
         result = run(transcript, dead, *args, process=True)
         assert result.code not in (0, ExitCode.SOFTWARE), f"{args}: {result.err}"
     assert any("127.0.0.1:9" in text for _, text in transcript.texts), "the host is named"
