@@ -169,7 +169,7 @@ def test_role_names_are_flags_and_must_differ(dsn: str) -> None:
 
 
 def test_operator_write_commands_work_as_the_runtime_role(dsn: str, db: psycopg.Connection) -> None:
-    """drain/undrain, halt/resume and replay are the operator's writes: the runtime role covers them
+    """drain/undrain, halt/resume, replay and recover-check are the operator's writes: the runtime role covers them
     (each audited), while the read-only role is refused (tests/db/test_roles_workers.py)."""
     from tests.support.webhooks import dead_webhook
 
@@ -179,9 +179,12 @@ def test_operator_write_commands_work_as_the_runtime_role(dsn: str, db: psycopg.
     for args in [("halt", "--reason", "probe", "--yes"), ("resume", "--yes"),
                  ("drain", "--instance", "host-a", "--force", "--reason", "probe", "--yes"),
                  ("undrain", "--instance", "host-a", "--yes"),
-                 ("replay", "webhooks", str(outbox_id), "--yes")]:
+                 ("replay", "webhooks", str(outbox_id), "--yes"), ("recover-check", "--yes")]:
+        if args[0] == "recover-check":  # a clean pass lifts the restore halt and records the identity
+            db.execute("INSERT INTO paygate.halts (kind, reason, set_by) VALUES ('restore', 'probe', 'test')")
         result = run_cli(*args, dsn=runtime)
         assert result.code == 0, (args, result.err)
     status = db.execute("SELECT status FROM paygate.webhook_outbox WHERE id = %s", (outbox_id,)).fetchone()[0]
     assert status == "pending"
+    assert db.execute("SELECT count(*) FROM paygate.halts WHERE kind = 'restore'").fetchone()[0] == 0
     assert db.execute("SELECT count(*) FROM paygate.audit_log").fetchone()[0] >= 5
