@@ -1,7 +1,8 @@
 """`paygate recover-check` as a command (ops/recover_check.py, commands/recover_check.py): it writes,
 so it asks (no prompt without a TTY: exit 2 naming --yes); --dry-run reports and changes nothing;
-with no restore halt it still compares and says so; a chain nobody can read is 69. Real Postgres;
-the lane cases on a real devnet, a lane made really ahead by a transaction signed with its key
+with no restore halt it still compares and says so; a chain nobody can read is 69; lanes read
+behind the journal are blockers. Real Postgres; the lane cases on a real devnet (its `node_lag`
+fault for the lagging reads), a lane made really ahead by a transaction signed with its key
 outside paygate (`devnet_consumeSequence`). The restore itself: tests/journal/test_restore_gate.py."""
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def test_a_chain_no_read_host_answers_is_69(dsn: str, db: psycopg.Connection, tm
     assert db.execute("SELECT count(*) FROM paygate.halts WHERE kind = 'restore'").fetchone()[0] == 1
 
 
-def test_dry_run_reports_a_lane_ahead_and_changes_nothing_then_yes_fences_it_and_clears(
+def test_lanes_behind_block_a_lane_ahead_is_reported_by_a_dry_run_then_fenced_and_the_halt_clears(
         chain: ChainEnv, db: psycopg.Connection) -> None:
     user = chain.genesis["users"][0]
     entry, nonce, expiration = sign_deposit(chain.devnet, user["secret"], 4_000_000)
@@ -75,10 +76,27 @@ def test_dry_run_reports_a_lane_ahead_and_changes_nothing_then_yes_fences_it_and
             break
         chain.devnet.close_ledger()
     lane = db.execute("SELECT lane FROM paygate.lineages WHERE state = 'applied' ORDER BY id LIMIT 1").fetchone()[0]
-    chain.devnet.rpc("devnet_consumeSequence", {"account": lane})  # the lane's key used outside paygate
-    chain.devnet.close_ledger()
     db.execute("INSERT INTO paygate.halts (kind, reason, set_by) VALUES ('restore', 'a drill', 'test')")
     environ = recovery_environ(chain.environ)
+
+    # Every read answers as a node from before the lanes' transactions: behind the journal proves
+    # nothing, so each used lane is a blocker and the halt stays (exit 3, the check audited).
+    landed = db.execute("SELECT min(ledger) FROM paygate.lineages WHERE state = 'applied'").fetchone()[0]
+    chain.devnet.set_fault("node_lag", ledgers=chain.devnet.latest_ledger() - int(landed) + 1)
+    lagging = run_cli("recover-check", "--yes", "--json", environ=environ)
+    chain.devnet.clear_faults()
+    assert lagging.code == ExitCode.NEEDS_HUMAN, lagging.err
+    report = json.loads(lagging.out)["recover_check"]
+    assert {c["verdict"] for c in report["lanes"]} == {"blocked"}
+    assert all("the chain reads behind the journal" in c["detail"] for c in report["lanes"])
+    assert len(report["lanes"]) == 2 and not report["cleared"]
+    assert db.execute("SELECT count(*) FROM paygate.halts WHERE kind = 'restore'").fetchone()[0] == 1
+    assert db.execute("SELECT count(*) FROM paygate.lanes WHERE status <> 'active'").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM paygate.audit_log WHERE action = 'restore_check'").fetchone()[0] == 1
+    before = audit_count(db)
+
+    chain.devnet.rpc("devnet_consumeSequence", {"account": lane})  # the lane's key used outside paygate
+    chain.devnet.close_ledger()
 
     dry = run_cli("recover-check", "--dry-run", "--json", environ=environ)
     assert dry.code == ExitCode.NEEDS_HUMAN, dry.err
@@ -90,7 +108,7 @@ def test_dry_run_reports_a_lane_ahead_and_changes_nothing_then_yes_fences_it_and
     assert db.execute("SELECT status FROM paygate.lanes WHERE address = %s", (lane,)).fetchone()[0] == "active"
     assert db.execute("SELECT count(*) FROM paygate.findings WHERE kind = 'lane_fence'").fetchone()[0] == 0
     assert db.execute("SELECT count(*) FROM paygate.halts WHERE kind = 'restore'").fetchone()[0] == 1
-    assert audit_count(db) == 0
+    assert audit_count(db) == before
 
     done = run_cli("recover-check", "--yes", environ=environ)
     assert done.code == ExitCode.NEEDS_HUMAN, done.err  # a lane fenced: a human must look
