@@ -241,3 +241,31 @@ def test_the_sdk_free_read_refuses_to_run_inside_a_transaction(devnet: DevnetHan
             lane_sequence(settings, lane, guard)
         conn.rollback()
         assert lane_sequence(settings, lane, guard) >= 0
+
+
+def test_many_accounts_read_at_once_are_each_as_one_read_sees_it(devnet: DevnetHandle, dsn: str,
+                                                                 tmp_path: Path) -> None:
+    """many_lane_views (one getLedgerEntries per read host for every lane: the restore gate) matches
+    each answer to its account whatever order the node lists them in, and names an account the node
+    does not have "not found", as the one-account read does."""
+    from paygate_cli.chain.accounts import many_lane_views
+
+    settings = load_settings(chain_environ(devnet, dsn, tmp_path / "keys"))
+    lanes = [pair["public"] for pair in devnet.genesis["lanes"]]
+    devnet.rpc("devnet_consumeSequence", {"account": lanes[1]})  # the two lanes' sequences now differ by one
+    devnet.close_ledger()
+    ghost = Keypair.random().public_key
+    client = ChainClient(settings)
+    try:
+        for asked in ([*lanes, ghost], [ghost, *reversed(lanes)]):
+            views = many_lane_views(settings, asked, no_guard)
+            assert sorted(views) == sorted(asked)
+            for lane in lanes:
+                [view] = views[lane]
+                [one] = client.account_views(lane)
+                assert view.error is None and (view.seq, view.last_modified) == (one.seq, one.last_modified)
+                assert view.seq == client.account_sequence(lane)
+            [missing] = views[ghost]
+            assert missing.error == "not found" and missing.seq is None
+    finally:
+        client.close()
