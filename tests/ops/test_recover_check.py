@@ -117,3 +117,13 @@ def test_lanes_behind_block_a_lane_ahead_is_reported_by_a_dry_run_then_fenced_an
         ("drained", "paygate:chain_ahead_of_journal")
     assert db.execute("SELECT count(*) FROM paygate.halts WHERE kind = 'restore'").fetchone()[0] == 0
     assert db.execute("SELECT count(*) FROM paygate.audit_log WHERE action = 'restore_clear'").fetchone()[0] == 1
+
+
+def test_resume_never_lifts_the_restore_halt_and_says_how_it_clears(dsn: str, db: psycopg.Connection) -> None:
+    db.execute("INSERT INTO paygate.halts (kind, reason, set_by) VALUES ('restore', 'a drill', 'test'),"
+               " ('operator', 'maintenance', 'someone')")
+    result = run_cli("resume", "--yes", dsn=dsn)
+    assert result.code == ExitCode.OK, result.err
+    assert "operator halt cleared; still set: restore" in result.out
+    assert "the restore halt remains" in result.out and "paygate recover-check" in result.out
+    assert [kind for (kind,) in db.execute("SELECT kind FROM paygate.halts")] == ["restore"]
