@@ -110,8 +110,15 @@ def test_a_restored_database_signs_nothing_new_drives_what_is_live_and_reopens_a
         assert dry.code == ExitCode.NEEDS_HUMAN, dry.err  # the live lineage blocks
         assert "no restore halt set (but the database's identity differs from the recorded one" in dry.out
         assert not restore_halts(new) and not audits(new, "restore_check")
-        # recover-check before any tick: it sees the change itself; the live lineage (its lease is the
-        # dead owner's, within the grace window) is a blocker, never robbed: exit 3, the halt stays.
+        # Recovery's tick: its heartbeat sets the halt; the live lineage (its lease the dead owner's,
+        # within the grace window) is not taken over, so the pass leaves the halt: stalled, exit 1,
+        # naming the blocker. A recovery tick writes no audit row for a pass that did not clear.
+        tick = run_cli("run-tick", "recovery", "--once", "--json", environ=recovery_environ(copy.environ))
+        assert tick.code == ExitCode.FAILED, tick.err[-2000:]
+        assert f"the restore halt stays: 1 blocker(s): lineage {lineage_id}" in tick.err
+        assert json.loads(tick.out)["run_tick"]["last_details"]["restore_gate"]["live_lineages"] == 1
+        assert restore_halts(new) and not audits(new, "restore_check")
+        # recover-check: the same blocker, never robbed: exit 3, the halt stays, the check audited.
         code, report, err = recover_check(copy)
         assert code == ExitCode.NEEDS_HUMAN, err
         assert restore_halts(new) and "a recreated database" in report["restore_halt"]["reason"]

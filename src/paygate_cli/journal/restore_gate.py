@@ -116,6 +116,7 @@ class LaneCheck:
     verdict: str  # ok | fenced | blocked
     detail: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    live_lineage_id: int | None = None  # blocked by this live lineage (a unit blocker of its own)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -144,7 +145,8 @@ class PassResult:
         return not self.blocked_lanes and not self.units_total
 
     def blockers(self) -> list[str]:
-        found = [f"lane {lane.lane}: {lane.detail}" for lane in self.blocked_lanes]
+        """Each blocker once: a lane blocked by its live lineage is named by that lineage's unit."""
+        found = [f"lane {lane.lane}: {lane.detail}" for lane in self.blocked_lanes if lane.live_lineage_id is None]
         found += [f"lineage {u['lineage_id']} ({u['purpose']}, {u['entitlement']}) {u['state']} on lane {u['lane']}"
                   f" seq {u['source_seq']}, lease until {u['lease_expires_at'] or 'no row holds it'}"
                   for u in self.units]
@@ -236,7 +238,7 @@ def _check_lane(row: tuple[Any, ...], views: list[AccountView]) -> tuple[LaneChe
     reading = judge_lane_views(views, journal_seq if journal_seq is not None else -1)
     check = LaneCheck(address, status, journal_seq, reading.chain_seq, "ok", "chain and journal agree")
     if live_id is not None:
-        check.verdict = "blocked"
+        check.verdict, check.live_lineage_id = "blocked", int(live_id)
         check.detail = (f"lineage {live_id} is live on it (seq {live_seq}): the chain may hold it; resolved by "
                         "its worker or recovery")
         return check, None
