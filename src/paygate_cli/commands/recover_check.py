@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from paygate_cli.commands._common import (
@@ -62,7 +64,7 @@ def recover_check_command(ctx: typer.Context, yes: YesFlag = False, dry_run: Dry
     return ExitCode.OK
 
 
-def _verdict_line(report: dict) -> str:
+def _verdict_line(report: dict[str, Any]) -> str:
     halt = report["restore_halt"]
     head = f"restore halt: {halt['reason']}" if halt else "no restore halt set"
     if not halt and report["identity_changed"]:

@@ -21,11 +21,14 @@ ahead of the journal at once."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from paygate_cli.catalogue import RECOVERABLE, recovery_grace
 from paygate_cli.context import TickContext, TickResult
 from paygate_cli.queues.findings import Finding, clear_findings, record_findings
+
+if TYPE_CHECKING:
+    from paygate_cli.chain.rpc import ChainClient
 
 HONOURS_DRAIN = True  # a drained instance takes nothing over
 
@@ -102,9 +105,9 @@ def _restore_gate(ctx: TickContext, details: dict[str, Any]) -> tuple[int, str |
             return 0, None
         if not ahead:
             return 0, None
-    clients: list[Any] = []
+    clients: list[ChainClient] = []
 
-    def chain_of() -> Any:
+    def chain_of() -> ChainClient:
         if not clients:
             from paygate_cli.chain.rpc import ChainClient
 
