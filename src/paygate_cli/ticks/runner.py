@@ -44,7 +44,8 @@ ON CONFLICT (instance_id) DO UPDATE SET last_seen = now()
 """
 # One round trip: open the heartbeat row, learn whether this instance is drained, and compare the
 # database's identity with the recorded one (the restore gate, docs/architecture.md §8: a reason when
-# it changed, and the `restore` halt is set in this same transaction).
+# it changed, and the `restore` halt is set in this same transaction). That halt commits relaxed with
+# the heartbeat: a crash may lose it, and the next tick sets it again (the identity still differs).
 HEARTBEAT_START_SQL = """
 WITH run AS (
     INSERT INTO paygate.worker_runs (worker, instance_id, slot, pid) VALUES (%s, %s, %s, %s)
