@@ -110,8 +110,8 @@ def clock_now(devnet: DevnetHandle) -> None:
     devnet.close_ledger(advance_seconds=max(0, int(time.time()) - close_time))
 
 
-def test_a_healthy_deployment_passes_every_check(devnet: DevnetHandle, providers: tuple[BehindHead, BehindHead],
-                                                 dsn: str, tmp_path: Path) -> None:
+def test_a_healthy_deployment_passes_and_a_lane_used_outside_the_journal_fails(
+        devnet: DevnetHandle, providers: tuple[BehindHead, BehindHead], dsn: str, tmp_path: Path) -> None:
     environ = deployment(devnet, providers, dsn, tmp_path / "host", lanes=[0, 1])
     assert run_cli("migrate", "--roles", environ=environ).code == 0
     settle_a_deposit(devnet, environ, dsn, user=0)  # lanes in the journal, fees charged: real history to check
@@ -140,6 +140,36 @@ def test_a_healthy_deployment_passes_every_check(devnet: DevnetHandle, providers
     plain = run_cli("doctor", "--plain", "--only", "clock", environ=environ)
     assert plain.out.splitlines()[0] == "group\tcheck\tverdict\tevidence\tfix"
     assert plain.out.splitlines()[1].startswith("clock\tclock.skew\tok\t")
+    # a transaction paygate never journaled takes the used lane's next sequence: a gap, for a human
+    lane = used[0]["id"].split(".")[1]
+    devnet.rpc("devnet_consumeSequence", {"account": lane})
+    devnet.close_ledger(advance_seconds=1)
+    result, document, checks = doctor(environ, "--only", "lanes")
+    gap = checks[f"lane.{lane}.sequence"]
+    assert gap["verdict"] == "fail" and gap["kind"] == "human" and f"nonce-inspect --lane {lane}" in gap["fix"]
+    assert result.code == 3
+
+
+class OtherNetwork(RpcProxy):
+    def rewrite(self, request: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        if request.get("method") == "getNetwork":
+            answer["result"]["passphrase"] = "Public Global Stellar Network ; September 2015"
+        return answer
+
+
+def test_an_endpoint_on_another_network(devnet: DevnetHandle, providers: tuple[BehindHead, BehindHead], dsn: str,
+                                        tmp_path: Path) -> None:
+    mainnet = OtherNetwork(devnet.url, host="127.0.0.5")
+    try:
+        environ = deployment(devnet, providers, dsn, tmp_path / "host", lanes=[2])
+        environ["PAYGATE_RPC_READ_URLS"] = ",".join([mainnet.url, devnet.url, providers[0].url])
+        result, _, checks = doctor(environ, "--only", "rpc,lanes")
+    finally:
+        mainnet.close()
+    network = checks["rpc.2.network"]
+    assert network["verdict"] == "fail" and network["kind"] == "config" and "Public Global" in network["evidence"]
+    assert checks["rpc.3.network"]["verdict"] == "ok" and result.code == 78
+    assert checks[f"lane.{devnet.genesis['lanes'][2]['public']}.exists"]["verdict"] == "ok"  # read elsewhere
 
 
 def test_a_lane_that_is_no_operator_or_not_funded_is_a_configuration_failure(
