@@ -5,6 +5,7 @@ db_identity row), a tick pointed at it. No devnet: the webhooks worker reads no 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,7 +84,14 @@ def test_a_promoted_standby_is_halted_by_its_first_tick_for_its_new_timeline() -
         assert run_cli("run-tick", "webhooks", "--once", dsn=pair.primary_dsn()).code == 0
         with psycopg.connect(pair.primary_dsn(), autocommit=True) as primary:
             system, timeline, oid, _ = identity(primary)
-        pair.wait_caught_up()
+        # The first record commits relaxed with the tick's heartbeat (it may still sit in the
+        # primary's WAL buffers, past the write position wait_caught_up reads): wait until the
+        # standby has it, as it would long before any real failover.
+        deadline = time.monotonic() + 10
+        with psycopg.connect(pair.standby_dsn(), autocommit=True) as standby:
+            while standby.execute("SELECT count(*) FROM paygate.db_identity").fetchone()[0] == 0:
+                assert time.monotonic() < deadline, "the recorded identity never reached the standby"
+                time.sleep(0.05)
         pair.kill_primary()
         pair.promote()
         tick = run_cli("run-tick", "webhooks", "--once", dsn=pair.multihost_dsn())
