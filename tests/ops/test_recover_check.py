@@ -1,9 +1,10 @@
 """`paygate recover-check` as a command (ops/recover_check.py, commands/recover_check.py): it writes,
 so it asks (no prompt without a TTY: exit 2 naming --yes); --dry-run reports and changes nothing;
 with no restore halt it still compares and says so; a chain nobody can read is 69; lanes read
-behind the journal are blockers. Real Postgres; the lane cases on a real devnet (its `node_lag`
-fault for the lagging reads), a lane made really ahead by a transaction signed with its key
-outside paygate (`devnet_consumeSequence`). The restore itself: tests/journal/test_restore_gate.py."""
+behind the journal, and a lane no read host knows, are blockers. Real Postgres; the lane cases
+on a real devnet (its `node_lag` fault for the lagging reads), a lane made really ahead by a
+transaction signed with its key outside paygate (`devnet_consumeSequence`). The restore itself:
+tests/journal/test_restore_gate.py."""
 
 from __future__ import annotations
 
@@ -79,6 +80,9 @@ def test_lanes_behind_block_a_lane_ahead_is_reported_by_a_dry_run_then_fenced_an
     db.execute("INSERT INTO paygate.halts (kind, reason, set_by) VALUES ('restore', 'a drill', 'test')")
     environ = recovery_environ(chain.environ)
 
+    # A lane the journal has used (an accepted sequence) that no read host knows: no quorum, a blocker.
+    ghost = account_address(os.urandom(32))
+    db.execute("INSERT INTO paygate.lanes (address, accepted_seq) VALUES (%s, 7)", (ghost,))
     # Every read answers as a node from before the lanes' transactions: behind the journal proves
     # nothing, so each used lane is a blocker and the halt stays (exit 3, the check audited).
     landed = db.execute("SELECT min(ledger) FROM paygate.lineages WHERE state = 'applied'").fetchone()[0]
@@ -87,11 +91,16 @@ def test_lanes_behind_block_a_lane_ahead_is_reported_by_a_dry_run_then_fenced_an
     chain.devnet.clear_faults()
     assert lagging.code == ExitCode.NEEDS_HUMAN, lagging.err
     report = json.loads(lagging.out)["recover_check"]
-    assert {c["verdict"] for c in report["lanes"]} == {"blocked"}
-    assert all("the chain reads behind the journal" in c["detail"] for c in report["lanes"])
-    assert len(report["lanes"]) == 2 and not report["cleared"]
+    verdicts = {c["lane"]: c for c in report["lanes"]}
+    unreadable = verdicts.pop(ghost)
+    assert unreadable["verdict"] == "blocked" and "no quorum of read hosts agrees" in unreadable["detail"]
+    assert {c["verdict"] for c in verdicts.values()} == {"blocked"}
+    assert all("the chain reads behind the journal" in c["detail"] for c in verdicts.values())
+    assert len(verdicts) == 2 and not report["cleared"] and len(report["blockers"]) == 3
+    # Retired, the unknown lane is no longer compared (a retired lane is never allocated again).
+    db.execute("UPDATE paygate.lanes SET status = 'retired', drained_at = now() WHERE address = %s", (ghost,))
     assert db.execute("SELECT count(*) FROM paygate.halts WHERE kind = 'restore'").fetchone()[0] == 1
-    assert db.execute("SELECT count(*) FROM paygate.lanes WHERE status <> 'active'").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM paygate.lanes WHERE status = 'drained'").fetchone()[0] == 0
     assert db.execute("SELECT count(*) FROM paygate.audit_log WHERE action = 'restore_check'").fetchone()[0] == 1
     before = audit_count(db)
 
