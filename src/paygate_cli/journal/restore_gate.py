@@ -40,12 +40,9 @@ if TYPE_CHECKING:
     from paygate_cli.chain.accounts import AccountView
     from paygate_cli.chain.rpc import ChainClient
 
-# The identity as sql/functions/check_db_identity.sql reads it: cluster, writer's timeline, database.
-IDENTITY_SQL = """
-SELECT (pg_control_system()).system_identifier::text,
-       ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer,
-       (SELECT oid FROM pg_database WHERE datname = current_database())::bigint
-"""
+# The identity now (sql/functions/db_identity_now.sql, as check_db_identity reads it): cluster, writer's
+# timeline, database.
+IDENTITY_SQL = "SELECT system_identifier, timeline, database_oid FROM paygate.db_identity_now()"
 CHECK_IDENTITY_SQL = "SELECT paygate.check_db_identity(%s)"
 RESTORE_HALT_SQL = "SELECT reason, set_by, set_at FROM paygate.halts WHERE kind = 'restore'"
 RECORDED_IDENTITY_SQL = "SELECT system_identifier, timeline, database_oid FROM paygate.db_identity"

@@ -22,11 +22,8 @@ BEGIN
     IF pg_is_in_recovery() THEN
         RETURN NULL;
     END IF;
-    v_system := (pg_control_system()).system_identifier::text;
-    -- The timeline the writer writes now (the WAL file name's first 8 hex digits); the control file's
-    -- checkpoint timeline lags a promotion until the first checkpoint after it.
-    v_timeline := ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer;
-    v_oid := (SELECT oid FROM pg_database WHERE datname = current_database())::bigint;
+    SELECT n.system_identifier, n.timeline, n.database_oid INTO v_system, v_timeline, v_oid
+    FROM paygate.db_identity_now() n;
     SELECT * INTO v_known FROM paygate.db_identity;
     IF NOT FOUND THEN
         INSERT INTO paygate.db_identity (system_identifier, timeline, database_oid, recorded_by)
