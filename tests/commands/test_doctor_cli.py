@@ -350,3 +350,14 @@ def test_as_the_read_only_role_from_a_shell_without_secrets(devnet: DevnetHandle
                                                                              "journal.envelope_keys"]
     assert checks[f"lane.{devnet.genesis['lanes'][0]['public']}.operator"]["verdict"] == "ok"
     assert result.code == 78
+
+
+def test_an_rpc_url_the_settings_refuse_still_leaves_the_other_checks(devnet: DevnetHandle, dsn: str,
+                                                                      tmp_path: Path) -> None:
+    environ = chain_environ(devnet, dsn, tmp_path / "host") | {"PAYGATE_RPC_URL": "rpc.example/soroban"}
+    result, document, checks = doctor(environ, "--only", "rpc,clock,lanes,metrics")
+    assert checks["rpc.configured"]["verdict"] == "fail" and "http://" in checks["rpc.configured"]["evidence"]
+    assert checks["clock.skew"]["evidence"].startswith("not checked")
+    assert checks["lanes.known"]["kind"] == "config" and checks["metrics.dir"]["verdict"] == "ok"
+    assert document["groups"] == {"rpc": "fail", "lanes": "fail", "clock": "fail", "metrics": "ok"}
+    assert result.code == 78

@@ -825,29 +825,30 @@ def run_doctor(given: DoctorInput, groups: tuple[str, ...]) -> dict[str, Any]:
     needs_db = wanted & set(DATABASE_GROUPS)
     needs_rpc = wanted & {"rpc", "clock", "lanes", "fee_account", "ttl"}
     endpoints: list[Endpoint] = []
-    if needs_rpc and settings.rpc_url:
+    rpc_problem = None if settings.rpc_url else "PAYGATE_RPC_URL is not set"
+    if needs_rpc and rpc_problem is None:
         try:
             endpoints = endpoints_of(settings)
         except ConfigError as exc:  # PAYGATE_RPC_URL given in plain form is checked only here
-            return report([*checks, fail("rpc.configured", "rpc", "config", _shown(exc), "fix PAYGATE_RPC_URL")],
-                          groups)
+            rpc_problem = _shown(exc)
         probe_endpoints(endpoints, min(PROBE_TIMEOUT_S, float(settings.rpc_timeout)))
     if "rpc" in wanted:
-        checks += (rpc_checks(settings, endpoints) if settings.rpc_url else
-                   [fail("rpc.configured", "rpc", "config", "PAYGATE_RPC_URL is not set", "set PAYGATE_RPC_URL"),
-                    *blocked("rpc", "config", "no RPC configured", "set PAYGATE_RPC_URL", set())])
+        checks += (rpc_checks(settings, endpoints) if rpc_problem is None else
+                   [fail("rpc.configured", "rpc", "config", rpc_problem, "set PAYGATE_RPC_URL to the write endpoint"),
+                    *blocked("rpc", "config", "no usable RPC configuration", "fix rpc.configured first", set())])
     if "clock" in wanted:
-        checks.append(clock_check(endpoints, given.now()) if settings.rpc_url else
-                      fail("clock.skew", "clock", "config", "not checked: no RPC configured", "set PAYGATE_RPC_URL"))
+        checks.append(clock_check(endpoints, given.now()) if rpc_problem is None else
+                      fail("clock.skew", "clock", "config", "not checked: no usable RPC configuration",
+                           "fix rpc.configured first"))
     if "metrics" in wanted:
         checks.append(metrics_check(settings))
     if needs_db:
-        checks += _database_groups(given, settings, groups, endpoints)
+        checks += _database_groups(given, settings, groups, endpoints, rpc_problem)
     return report(checks, groups)
 
 
 def _database_groups(given: DoctorInput, settings: Settings, groups: tuple[str, ...],
-                     endpoints: list[Endpoint]) -> list[Check]:
+                     endpoints: list[Endpoint], rpc_problem: str | None) -> list[Check]:
     """The groups that read the database (and, for lanes, the fee account and TTL, the chain)."""
     from contextlib import ExitStack
 
@@ -858,12 +859,12 @@ def _database_groups(given: DoctorInput, settings: Settings, groups: tuple[str, 
         try:
             conn = stack.enter_context(given.open_conn(settings, "doctor"))
         except PaygateError as exc:
-            kind = _kind_of(exc)
+            kind, why = _kind_of(exc), "the database is not reachable (see db.reachable)"
             if "db" in groups:
                 checks.append(fail("db.reachable", "db", kind, _shown(exc), "fix the database URL, or the database"))
             for group in groups:
                 if group in DATABASE_GROUPS:
-                    checks += blocked(group, kind, "the database is not reachable", "fix db.reachable first",
+                    checks += blocked(group, kind, why, "fix db.reachable first",
                                       {"db.reachable"})
             return checks
         if "db" in groups:
@@ -880,11 +881,10 @@ def _database_groups(given: DoctorInput, settings: Settings, groups: tuple[str, 
             stack.callback(chain.close)
         latest = max((e.facts.latest_ledger for e in endpoints if e.facts and e.usable(settings)), default=None)
         if chain is None:
-            why = "no RPC endpoint answered healthy on the configured network" if settings.rpc_url \
-                else "no RPC configured"
+            why = rpc_problem or "no RPC endpoint answered healthy on the configured network"
             for group in ("lanes", "fee_account"):
                 if group in groups:
-                    checks += blocked(group, "unavailable" if settings.rpc_url else "config", why,
+                    checks += blocked(group, "config" if rpc_problem else "unavailable", why,
                                       "fix the rpc checks first", set())
         else:
             if "lanes" in groups:
