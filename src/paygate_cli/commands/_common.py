@@ -16,6 +16,7 @@ from paygate_cli.output import Mode, mode_from_flags
 
 if TYPE_CHECKING:
     from paygate_cli.db.connect import Connection
+    from paygate_cli.settings import Settings
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="One JSON document on stdout (with schema_version).")]
 PlainFlag = Annotated[bool, typer.Option("--plain", help="Tab-separated lines for grep/awk, no decoration.")]
@@ -53,11 +54,12 @@ def target_of(env: Env, conn: Any = None) -> dict[str, Any]:
     return database_target(env.settings, conn)
 
 
-def open_db(env: Env, purpose: str, *, attempts: int = 3) -> Connection:
+def open_db(env: Env, purpose: str, *, attempts: int = 3, settings: Settings | None = None) -> Connection:
     """The one way a command reaches the database: a connection for `purpose` (pg_stat_activity shows
     paygate:<purpose>), handed to the ops/ functions it calls. Connection failures are retried
-    `attempts` times, then raise Unavailable (69)."""
-    return connect(env.settings, purpose, attempts=attempts)
+    `attempts` times, then raise Unavailable (69). `settings`: ones the command loaded itself
+    (`doctor`, whose config checks decide which secret files load), instead of env.settings."""
+    return connect(settings or env.settings, purpose, attempts=attempts)
 
 
 def target_detail(target: dict[str, Any]) -> str:

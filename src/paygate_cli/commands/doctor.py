@@ -34,19 +34,13 @@ def doctor_command(
     mode = output_mode(json_flag, plain_flag)
     groups = parse_groups(only)
     given = DoctorInput(environ=dict(env.environ), overrides=dict(env.overrides), config_path=env.config_path,
-                        open_conn=lambda settings, purpose: open_db(_with(env, settings), purpose, attempts=2))
+                        open_conn=lambda settings, purpose: open_db(env, purpose, attempts=2, settings=settings))
     document = run_doctor(given, groups)
     rows = [{"group": c["group"], "check": c["id"], "verdict": c["verdict"], "evidence": c["evidence"],
              "fix": c["fix"]} for c in document["checks"]]
     emit(env, mode, document, rows=rows if mode is Mode.PLAIN else None,
          lines=_lines(document, groups) if mode is Mode.HUMAN else ())
     return ExitCode(document["summary"]["exit_code"])
-
-
-def _with(env: Any, settings: Any) -> Any:
-    """open_db reads env.settings: doctor's settings are the ones its config checks loaded."""
-    env._settings = settings
-    return env
 
 
 def _lines(document: dict[str, Any], groups: tuple[str, ...]) -> list[str]:

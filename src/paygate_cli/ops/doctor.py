@@ -52,9 +52,9 @@ RUNWAY_WARN_DAYS = 30.0
 RUNWAY_FAIL_DAYS = 7.0
 # A probe is one request per method, bounded: doctor answers in seconds even with an endpoint down.
 PROBE_TIMEOUT_S = 5.0
-# The pooling probe's advisory-lock namespace is not paygate's (db/locks.py): doctor takes no lock,
-# but keeps its session apart from every worker's. Connections that hold a transaction open while
-# the probed connection runs its second statement: enough to pin every idle server of a small pool.
+# The pooling probe's connections that hold a transaction open (writing nothing, taking no lock)
+# while the probed connection runs its second statement: enough to pin every idle server of a pool
+# whose idle servers are handed out oldest first, not only the one just used.
 POOL_PINS = 3
 STROOPS_PER_XLM = 10_000_000
 
