@@ -10,6 +10,7 @@ A plain module: the tests (test_restore_drill.py, test_failover_drill.py) wire i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import Counter, defaultdict
@@ -34,16 +35,16 @@ from tests.chaos.invariants import (
     check_subscriptions,
     check_terminal,
 )
-from tests.chaos.soak import Supervisor
+from tests.chaos.soak import AdminLedger, LoadGenerator, Supervisor, World, final_observer
 from tests.support.chain_env import ChainEnv
 from tests.support.cli import run_proc
 
-DEFAULT_SECONDS = 30.0
+DEFAULT_SECONDS = 20.0
 # The money paths and what keeps them honest; bot jobs, webhooks and the TTL keeper are the soak's
 # (their invariants do not change with a restore), so a drill stays cheap on a 2-core machine.
 DRILL_PLAN: list[tuple[str, int, str]] = [
-    ("funding", 1, "0.5s"), ("settlement", 1, "0.5s"), ("subscriptions", 1, "1s"), ("recovery", 1, "1s"),
-    ("observer", 1, "0.5s"), ("relay", 1, "0.5s"), ("relay_expiry", 1, "2s"), ("reconciler", 1, "2s"),
+    ("funding", 1, "0.5s"), ("settlement", 1, "0.5s"), ("subscriptions", 1, "2s"), ("recovery", 1, "1s"),
+    ("observer", 1, "1s"), ("relay", 1, "0.5s"), ("relay_expiry", 1, "5s"), ("reconciler", 1, "3s"),
 ]
 DRILL_WEIGHTS = {"deposit": 3, "charge": 6, "relay": 3, "subscription": 1}
 MONEY_WORKERS = ("funding", "settlement", "relay")
@@ -73,7 +74,9 @@ def drill_seconds() -> float:
 
 
 def drill_supervisor(environ: dict[str, str], logs: Any, rng: Any) -> Supervisor:
-    return Supervisor(environ, logs, rng, plan=list(DRILL_PLAN), tolerated=set(DRILL_TOLERATED))
+    # Long-lived processes: a process's start (its imports, the preflight) is most of an idle
+    # worker's CPU, and the drills' disasters need no churn of their own.
+    return Supervisor(environ, logs, rng, plan=list(DRILL_PLAN), tolerated=set(DRILL_TOLERATED), run_for=(90, 150))
 
 
 def money_moved(dsn: str) -> bool:
@@ -296,14 +299,14 @@ def check_recovery(dsn: str, disaster: Disaster, chain_seq_now: dict[str, int]) 
     return out
 
 
-def first_money_ticks(dsn: str, since: Any) -> dict[str, float | None]:
-    """Seconds from `since` (database time) to each money worker's first tick that finished ok and
-    moved something (processed > 0)."""
+def first_money_ticks(dsn: str, since: Any, *, moved: bool = True) -> dict[str, float | None]:
+    """Seconds from `since` (database time) to each money worker's first tick that finished ok and,
+    with `moved`, moved something (processed > 0)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         rows = dict(conn.execute("""
-            SELECT worker, extract(epoch FROM min(finished_at) - %s)::float8 FROM paygate.worker_runs
-            WHERE worker = ANY(%s) AND outcome = 'ok' AND processed > 0 AND started_at >= %s GROUP BY worker""",
-                                 (since, list(MONEY_WORKERS), since)).fetchall())
+            SELECT worker, round(extract(epoch FROM min(finished_at) - %s)::numeric, 1)::float8
+            FROM paygate.worker_runs WHERE worker = ANY(%s) AND outcome = 'ok' AND (processed > 0 OR NOT %s)
+              AND started_at >= %s GROUP BY worker""", (since, list(MONEY_WORKERS), moved, since)).fetchall())
     return {w: rows.get(w) for w in MONEY_WORKERS}
 
 
@@ -353,3 +356,118 @@ def wait_quiet(supervisor: Supervisor, dsn: str, *, limit: float, each: Any = No
 def exits_70(supervisor: Supervisor) -> list[tuple[str, int, str]]:
     return [c for c in supervisor.crashes if c[1] == 70]
 
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children that ended (each worker process, the devnet once
+    stopped; not Postgres, which pg_ctl detaches)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# ----- one drill, start to end: load, the disaster (the test's), recovery, the checks ------------------
+
+QUIESCE_LIMIT = 240.0  # under a loaded CI box the pass and the fences take minutes, not seconds
+PRE_T_LIMIT = 60.0  # at most this long past half the load's time waiting for money to move
+
+
+@dataclass
+class Drill:
+    """The pieces every drill shares, around the disaster the test deals."""
+
+    world: World
+    supervisor: Supervisor
+    load: LoadGenerator
+    seed: int
+    operator: OperatorLog = field(default_factory=OperatorLog)
+    stats: dict[str, Any] = field(default_factory=dict)
+    started: float = 0.0
+    cpu_at_start: float = 0.0
+
+    @classmethod
+    def start(cls, world: World, seed: int, rng: Any) -> Drill:
+        import random
+
+        supervisor = drill_supervisor(world.chain.environ, world.tmp / "logs", random.Random(rng.random()))
+        load = LoadGenerator(world.dsn, AdminLedger(world.devnet.proc, world.devnet.genesis, world.devnet.log_path),
+                             random.Random(rng.random()), max_subscriptions=3, weights=dict(DRILL_WEIGHTS))
+        drill = cls(world, supervisor, load, seed, cpu_at_start=children_cpu())
+        load.start()
+        drill.started = time.monotonic()
+        return drill
+
+    def run_for(self, seconds: float, until: Any = None, limit: float = 0.0) -> None:
+        """Keep the workers running for `seconds`, and on while `until()` is false, at most `limit` more."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end or (until is not None and not until() and time.monotonic() < end + limit):
+            self.supervisor.poll()
+            time.sleep(0.25)
+
+    def load_until_t(self, seconds: float) -> float:
+        """Half the load's time, and not before money is moving (a charge settled on chain), so
+        deposits, charges and relays are in flight at T whatever the machine's speed. -> T (s)."""
+        self.run_for(seconds / 2, until=lambda: money_moved(self.world.dsn), limit=PRE_T_LIMIT)
+        return time.monotonic() - self.started
+
+    def operator_step(self, lost: LostDatabase) -> None:
+        with psycopg.connect(self.world.dsn, autocommit=True, connect_timeout=5) as conn:
+            fences = conn.execute("SELECT count(*) FROM paygate.findings WHERE kind = 'lane_fence' "
+                                  "AND resolved_at IS NULL").fetchone()[0]
+        if fences:
+            explain_and_accept_fences(self.world.chain, self.world.dsn, lost, self.operator,
+                                      landed_inner_hashes(self.world.chain))
+
+    def recover(self, disaster: Disaster) -> tuple[Findings, Findings, list[tuple[str, str]]]:
+        """Run until quiet (the operator accepting explained fences), stop, the final observer pass,
+        the checks. -> (money, recovery, problems: every violation, first the worst)."""
+        def step() -> None:
+            with contextlib.suppress(psycopg.OperationalError):  # no writer yet: the next round
+                self.operator_step(disaster.lost)
+        limit = QUIESCE_LIMIT + 0.05 * drill_seconds()  # a longer drill leaves more to finish
+        open_now, quiesce_seconds = wait_quiet(self.supervisor, self.world.dsn, limit=limit, each=step)
+        self.supervisor.stop()
+        observer_code = final_observer(self.world)
+        money = check_money(self.world.chain, self.world.dsn, disaster)
+        recovery = check_recovery(self.world.dsn, disaster, chain_lane_sequences(self.world.chain))
+        self.stats.update({
+            "units in flight at T": {k: len(v) for k, v in disaster.in_flight_at_t.items()},
+            **outcomes(self.world.dsn, disaster, self.world.chain),
+            "quiet after recovery (s)": f"{quiesce_seconds:.0f}",
+            "lane fences accepted by the operator (lane: seq)": {k[:8]: v for k, v in self.operator.accepted.items()},
+            "lane fences the operator could not explain": self.operator.refused,
+            "admitted": dict(self.load.admitted),
+            "exit codes per worker (-9 = our SIGKILL)": self.supervisor.histogram(),
+        })
+        problems = [(v.invariant, v.detail) for v in recovery.violations + money.violations]
+        if self.load.error is not None:
+            problems.insert(0, ("the load generator ran without error", repr(self.load.error)))
+        if self.supervisor.crashes:  # 70, or any code but 0, 1, 3, 69, 75, 143 and our own signals
+            problems.insert(0, ("no tick process exited 70 (or any unexpected code)", "\n\n".join(
+                f"{w} exited {c}:\n{tail}" for w, c, tail in self.supervisor.crashes[:3])))
+        if any(open_now.values()):
+            problems.append((f"quiet within {limit:.0f}s of recovery", f"still open: {open_now}"))
+        if observer_code != 0:
+            problems.append(("the final observer pass succeeds", f"exit {observer_code}"))
+        if any(code != 0 for code in self.operator.undrain_codes):
+            problems.append(("undrain after an accepted fence succeeds", f"exit codes {self.operator.undrain_codes}"))
+        return money, recovery, problems
+
+    def report(self, name: str, *sections: dict[str, Any]) -> str:
+        lines = [f"{name}: seed={self.seed} (PAYGATE_SOAK_SEED={self.seed} replays the load's choices); "
+                 f"{time.monotonic() - self.started:.0f} s wall, {children_cpu() - self.cpu_at_start:.0f} s CPU "
+                 "in the workers and the devnet"]
+        for part in (self.stats, *sections):
+            lines += [f"  {key:<50} {value}" for key, value in part.items()]
+        text = "\n".join(lines)
+        print(text, flush=True)
+        (self.world.tmp / f"{name.replace(' ', '-')}-report.txt").write_text(text + "\n")
+        return text
+
+
+def raise_problems(name: str, seed: int, problems: list[tuple[str, str]], report: str) -> None:
+    if problems:
+        others = "; ".join(p for p, _ in problems[1:8])
+        raise AssertionError(f"{name} seed={seed}: first violated: {problems[0][0]}\n{problems[0][1]}\n"
+                             + (f"(also violated: {others})\n" if others else "") + f"\n{report}")

@@ -113,8 +113,8 @@ def soak_seed() -> int:
 @dataclass
 class World:
     tmp: Path
-    cluster: Cluster
-    pg_dir: str
+    cluster: Cluster | None  # None: Postgres is the caller's (the failover drill's replicated pair)
+    pg_dir: str | None
     dsn: str
     devnet: DevnetHandle
     state_file: Path
@@ -130,6 +130,7 @@ class World:
 
     def restart_postgres(self, down_for: float) -> None:
         """A clean stop (`-m fast`: every connection is cut, nothing committed is lost) and a start."""
+        assert self.cluster is not None
         self.cluster.stop()
         time.sleep(down_for)
         self.cluster.start(fast=True)
@@ -151,17 +152,19 @@ class World:
         self.receiver.stop()
         self.devnet.stop()
         try:
-            self.cluster.stop()
+            if self.cluster is not None:
+                self.cluster.stop()
         finally:
-            shutil.rmtree(self.pg_dir, ignore_errors=True)
+            if self.pg_dir is not None:
+                shutil.rmtree(self.pg_dir, ignore_errors=True)
 
 
 def build_world(tmp: Path) -> World:
+    """The soak's world on a private Postgres of its own (database `soak`)."""
     pg_dir = tempfile.mkdtemp(prefix="pgs-", dir="/tmp")  # short: the socket path limit
     if os.geteuid() == 0:
         os.chmod(pg_dir, 0o755)  # the postgres user must traverse it
     cluster = Cluster.at(Path(pg_dir) / "d")
-    devnet: DevnetHandle | None = None
     try:
         cluster.init(fast=True)
         cluster.start(fast=True)
@@ -170,6 +173,18 @@ def build_world(tmp: Path) -> World:
         dsn = cluster.dsn("soak")
         with psycopg.connect(dsn, autocommit=True) as conn:
             migrate(conn)
+        return world_on(tmp, dsn, cluster=cluster, pg_dir=pg_dir)
+    except BaseException:
+        cluster.stop()
+        shutil.rmtree(pg_dir, ignore_errors=True)
+        raise
+
+
+def world_on(tmp: Path, dsn: str, *, cluster: Cluster | None = None, pg_dir: str | None = None) -> World:
+    """The soak's world on the migrated database `dsn`: the devnet, paygate wired to both, the
+    webhook receiver. `cluster`/`pg_dir`: the Postgres the world owns (stopped and removed by close)."""
+    devnet: DevnetHandle | None = None
+    try:
         state_file = tmp / "devnet-state.json"
         devnet = start_devnet(tmp / "devnet", seed="soak", lanes=LANES, users=USERS,
                               ledger_interval=f"{LEDGER_SECONDS}s", state=state_file, extra_args=DEVNET_ARGS)
@@ -195,8 +210,6 @@ def build_world(tmp: Path) -> World:
     except BaseException:
         if devnet is not None:
             devnet.stop()
-        cluster.stop()
-        shutil.rmtree(pg_dir, ignore_errors=True)
         raise
     return World(tmp=tmp, cluster=cluster, pg_dir=pg_dir, dsn=dsn, devnet=devnet, state_file=state_file,
                  port=int(devnet.url.rsplit(":", 1)[1]), chain=chain, receiver=receiver)
@@ -232,6 +245,7 @@ class Supervisor:
     # Exit codes a run may also end with, beyond the soak's (the disaster-recovery drills: 3, a
     # lane fenced ahead of a restored journal asks a human by design).
     tolerated: set[int] = field(default_factory=set)
+    run_for: tuple[int, int] = (20, 45)  # cron's `--for`, seconds: drawn for each process started
     slots: list[Slot] = field(default_factory=list)
     exits: Counter = field(default_factory=Counter)  # (worker, code) -> n
     runs: list[tuple[str, int, float]] = field(default_factory=list)  # (worker, code, monotonic end), in order
@@ -247,7 +261,7 @@ class Supervisor:
                 self.slots.append(Slot(worker, i, every, self.logs / f"{worker}-{i}.log"))
 
     def _spawn(self, slot: Slot) -> None:
-        run_for = self.rng.randint(20, 45)  # cron's `--for`: processes also end and restart on their own
+        run_for = self.rng.randint(*self.run_for)  # cron's `--for`: processes also end and restart on their own
         slot.log_offset = slot.log.stat().st_size if slot.log.exists() else 0
         with slot.log.open("ab") as log:
             slot.proc = subprocess.Popen(
@@ -337,6 +351,19 @@ class Supervisor:
                 self._record(slot, slot.proc.wait())
                 slot.proc = None
         return len(live)
+
+    def freeze(self) -> int:
+        """SIGSTOP every live worker process: nothing of theirs commits until `thaw` (the failover
+        drill reads what the primary holds at the instant it is killed). -> how many."""
+        live = [s.proc for s in self.slots if s.proc is not None and s.proc.poll() is None]
+        for proc in live:
+            proc.send_signal(signal.SIGSTOP)
+        return len(live)
+
+    def thaw(self) -> None:
+        for slot in self.slots:
+            if slot.proc is not None and slot.proc.poll() is None:
+                slot.proc.send_signal(signal.SIGCONT)
 
     def start_all(self) -> None:
         """Every slot enabled again: the next poll starts them (cron after the database came back)."""
