@@ -1,7 +1,8 @@
 # make demo  - run the system on a private Postgres (and, later, the devnet)
 # make test  - the whole suite (real Postgres, real processes, real HTTP)
 # make bench - benchmarks; they print figures, they assert nothing
-# make soak  - the chaos soak alone, longer: make soak DURATION=30m [SEED=N]
+# make soak  - the chaos soak alone, longer: make soak DURATION=30m [SEED=N];
+#              SCENARIO=restore|failover runs a disaster-recovery drill instead (default chaos)
 PYTHON ?= python3
 VENV   ?= .venv
 STAMP  := $(VENV)/.installed-$(shell cksum < pyproject.toml | cut -d' ' -f1)
@@ -23,11 +24,17 @@ test: $(STAMP)
 	# Three workers on two cores: most tests wait on processes, ledgers and leases, not the CPU.
 	$(VENV)/bin/pytest -q -p no:cacheprovider -n 3 --durations=15
 
-# The chaos soak (tests/chaos) also runs in `make test`, for PAYGATE_SOAK_SECONDS (default 150 s).
+# The chaos soak and the disaster-recovery drills (tests/chaos) also run in `make test`, short:
+# PAYGATE_SOAK_SECONDS (default 150 s), PAYGATE_DRILL_SECONDS (default 20 s of load per drill).
 DURATION ?= 30m
+SCENARIO ?= chaos
+SOAK_TESTS_chaos    := tests/chaos/test_soak.py
+SOAK_TESTS_restore  := tests/chaos/test_restore_drill.py
+SOAK_TESTS_failover := tests/chaos/test_failover_drill.py
 soak: $(STAMP)
-	PAYGATE_SOAK_SECONDS=$(DURATION) $(if $(SEED),PAYGATE_SOAK_SEED=$(SEED)) \
-	  $(VENV)/bin/pytest -q -p no:cacheprovider -s -m soak tests/chaos
+	@test -n "$(SOAK_TESTS_$(SCENARIO))" || { echo "SCENARIO must be chaos, restore or failover"; exit 2; }
+	PAYGATE_SOAK_SECONDS=$(DURATION) PAYGATE_DRILL_SECONDS=$(DURATION) $(if $(SEED),PAYGATE_SOAK_SEED=$(SEED)) \
+	  $(VENV)/bin/pytest -q -p no:cacheprovider -s -m soak $(SOAK_TESTS_$(SCENARIO))
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/idle_tick.py
