@@ -237,6 +237,7 @@ def test_a_deposit_in_flight_then_landed_ahead_of_the_journal(world: World) -> N
     code, doc, _ = trace(world, "deposit", str(pending))
     assert code == ExitCode.OK and doc["verdict"]["regime"] == "lagging", doc["verdict"]
     assert "the journal has not recorded it yet" in doc["verdict"]["explanation"]
+    assert doc["verdict"]["where"].startswith("in the billing contract, not yet credited")
 
 
 def test_a_charge_retention_archived_is_traced_from_the_archive(world: World) -> None:

@@ -166,19 +166,30 @@ def trace_deposit(conn: psycopg.Connection, chain: Chain, deposit_id: int) -> di
         regimes.append(("unexplained", f"the deposit needs a human: {row['reason']}"))
         where = "unknown: a human must find the transaction that spent the authorisation"
     elif status == "settled":
-        regimes.append(("match", "settled"))
+        latest = nonce[1] if nonce is not None else None
+        if consumed is False and latest is not None and latest <= int(row["auth_expiration_ledger"]):
+            # A nonce entry is temporary: it lives until the authorisation's expiration ledger, so
+            # before that a settled deposit's nonce must be found consumed.
+            regimes.append(("unexplained", f"settled, but nonce {row['auth_nonce']} is not consumed on chain "
+                                           f"(ledger {latest}, the authorisation valid until "
+                                           f"{row['auth_expiration_ledger']})"))
+        else:
+            regimes.append(("match", "settled"))
         where = f"in the billing contract, credited to {row['account']}"
     elif status == "pending":
+        # The chain's word counts too: a transfer it included before funding recorded the receipt.
+        landed = any(lin["purpose"] == "deposit" and "applied" in (lin["state"], (lin["chain"] or {}).get("decision"))
+                     for lin in shown)
+        where = (f"in the billing contract, not yet credited to {row['account']}" if landed
+                 else f"with the user ({row['account']}): the transfer has not landed")
         if consumed and not ours:
             regimes.append(("unexplained", f"nonce {row['auth_nonce']} is consumed on chain and no lineage of ours "
                                            "holds a transaction for it"))
+            where = "unknown: a transaction paygate never journaled spent the authorisation"
         elif not db["lineages"]:
             regimes.append(("in_flight", "admitted; funding has not claimed it yet"))
         else:
             regimes.append(("in_flight", "funding is moving it"))
-        landed = any(lin.state == "applied" for lin in deposit_lins)
-        where = (f"in the billing contract, not yet credited to {row['account']}" if landed
-                 else f"with the user ({row['account']}): the transfer has not landed")
     else:  # expired, failed
         if consumed and not any(lin.state == "applied" for lin in deposit_lins):
             regimes.append(("unexplained", f"the deposit is {status}, but its authorisation nonce is consumed on "
