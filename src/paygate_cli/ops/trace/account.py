@@ -200,8 +200,13 @@ def trace_account(conn: psycopg.Connection, chain: Chain, address: str) -> dict[
             regimes.append(("in_flight", f"chain {chain_balance} − cached {cached} = {drift}: in flight {authorized}, "
                                          f"lagging {lagging}, and the credits of deposits {ids} under way"))
         else:
+            why = ""
+            if held and residual == held:
+                why = f"; the charges a human holds ({held}) are debited here and not on chain"
+            elif past is None and not chain.errors:
+                why = "; the observer has no position, so events past it were not read"
             regimes.append(("unexplained", f"chain {chain_balance} − cached {cached} = {drift}; in flight "
-                                           f"{authorized}, lagging {lagging}: {residual} unexplained"))
+                                           f"{authorized}, lagging {lagging}: {residual} unexplained{why}"))
     regimes += [("unexplained", f"open finding {f['id']} ({f['kind']}): {f['summary']}"[:300])
                 for f in findings if f["resolved_at"] is None]
     where = (f"{balance[0]} in the billing contract for {address} (ledger {balance[1]}); cached {cached}"
