@@ -31,8 +31,9 @@ SCENARIO ?= chaos
 SOAK_TESTS_chaos    := tests/chaos/test_soak.py
 SOAK_TESTS_restore  := tests/chaos/test_restore_drill.py
 SOAK_TESTS_failover := tests/chaos/test_failover_drill.py
+SOAK_TESTS_patroni  := tests/chaos/test_patroni_failover.py
 soak: $(STAMP)
-	@test -n "$(SOAK_TESTS_$(SCENARIO))" || { echo "SCENARIO must be chaos, restore or failover"; exit 2; }
+	@test -n "$(SOAK_TESTS_$(SCENARIO))" || { echo "SCENARIO must be chaos, restore, failover or patroni"; exit 2; }
 	PAYGATE_SOAK_SECONDS=$(DURATION) PAYGATE_DRILL_SECONDS=$(DURATION) $(if $(SEED),PAYGATE_SOAK_SEED=$(SEED)) \
 	  $(VENV)/bin/pytest -q -p no:cacheprovider -s -m soak $(SOAK_TESTS_$(SCENARIO))
 

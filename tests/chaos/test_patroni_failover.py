@@ -18,8 +18,9 @@ kill on. Asserted:
 - the old leader rejoins as a replica of the new one by itself.
 
 It prints the RTO: kill -> first successful tick, -> first money tick that moved something, ->
-restore halt cleared. PAYGATE_DRILL_SECONDS (default 8) is the load's time, half before the kill;
-PAYGATE_SOAK_SEED=N replays the load's choices."""
+restore halt cleared. `make test` runs it with PAYGATE_DRILL_SECONDS (default 8) of load, half
+before the kill; `make soak SCENARIO=patroni DURATION=10m` runs it longer. PAYGATE_SOAK_SEED=N
+replays the load's choices."""
 
 from __future__ import annotations
 
