@@ -30,6 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.chain.drift import classify, lagging_effect
 from paygate_cli.context import TickContext, TickResult
 from paygate_cli.journal import lineage as lineages
 from paygate_cli.queues.findings import Finding, clear_findings, record_findings
@@ -144,16 +145,6 @@ def subset_sums(amounts: list[int], cap: int = 4096) -> set[int]:
         if len(sums) > cap:
             break
     return sums
-
-
-def classify(drift: int, in_flight: int, lagging: int, saw_events: bool) -> str:
-    """chain - cached = drift; explained by admitted-but-unobserved charges (in_flight) plus the
-    net effect of events past the cursor (lagging)?"""
-    if drift != in_flight + lagging:
-        return "unexplained"
-    if saw_events:
-        return "lagging"
-    return "in_flight" if in_flight else "match"
 
 
 @dataclass
@@ -400,16 +391,9 @@ def _check_accounts(outcome: Outcome, before: DatabaseSide, chain: ChainSide, af
                 or (events.complete_to is not None and ledger > events.complete_to):
             counts["moving"] += 1
             continue
-        lagging, saw = 0, False
-        for event_ledger, event in events.by_account.get(account, []):
-            if event_ledger > ledger:
-                continue  # after the balance was read: not in it
-            if event.kind == "charge":
-                lagging -= event.amount
-                saw = True
-            elif event.kind == "credit" and event.ref.hex() not in after.settled_deposits:
-                lagging += event.amount
-                saw = True
+        lagging, saw = lagging_effect(((at, event.kind, event.amount, event.ref.hex())
+                                       for at, event in events.by_account.get(account, [])),
+                                      ledger, after.settled_deposits)
         drift = chain_balance - cached
         regime = classify(drift, in_flight, lagging, saw)
         counts[regime] += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from paygate_cli.chain.drift import classify, lagging_effect
 from paygate_cli.errors import UsageError
 
 if TYPE_CHECKING:
@@ -175,16 +176,10 @@ def trace_account(conn: psycopg.Connection, chain: Chain, address: str) -> dict[
     else:
         chain_balance = balance[0]
         drift = chain_balance - cached
-        lagging, saw = 0, False
-        for event in past or []:
-            # As the reconciler counts them: charges the chain took and credits it gave that the
-            # observer has not applied yet, up to the ledger the balance was read at.
-            if event["ledger"] > balance[1]:
-                continue
-            if event["kind"] == "charge":
-                lagging, saw = lagging - event["amount"], True
-            elif event["kind"] == "credit" and event["ref"] not in settled_txs:
-                lagging, saw = lagging + event["amount"], True
+        # As the reconciler counts them (chain/drift.py): charges the chain took and credits it gave
+        # that the observer has not applied yet, up to the ledger the balance was read at.
+        lagging, saw = lagging_effect(((e["ledger"], e["kind"], e["amount"], e["ref"]) for e in past or []),
+                                      balance[1], settled_txs)
         residual = drift - authorized - lagging
         # Credits under way that the events past the cursor do not already count.
         counted = {e["ref"] for e in past or [] if e["kind"] == "credit" and e["ledger"] <= balance[1]}
@@ -192,7 +187,7 @@ def trace_account(conn: psycopg.Connection, chain: Chain, address: str) -> dict[
                    and u["lineage_state"] in ("applied", "signed", "sent")]
         picked = _subset_explains(residual, [u["amount"] for u in credits]) if residual > 0 else None
         if residual == 0:
-            regime = "lagging" if saw else "in_flight" if authorized else "match"
+            regime = classify(drift, authorized, lagging, saw)
             regimes.append((regime, f"chain {chain_balance} − cached {cached} = {drift}: in flight {authorized}, "
                                     f"lagging {lagging}"))
         elif picked is not None:
