@@ -26,7 +26,8 @@ from tests.support.rpc_proxy import RpcProxy
 GROUPS = ("config", "schema", "rpc", "lanes", "fee_account", "journal", "ttl", "clock", "db", "metrics")
 FIXED_IDS = {"config.settings", "config.secret_files", "schema.version", "roles.grants", "rpc.distinct_hosts",
              "lanes.known", "fee_account.balance", "fee_account.runway", "journal.active_key",
-             "journal.envelope_keys", "ttl.horizon", "clock.skew", "db.reachable", "db.pooling", "metrics.dir"}
+             "journal.envelope_keys", "ttl.horizon", "clock.skew", "db.reachable", "db.writer", "db.restore_gate",
+             "db.pooling", "metrics.dir"}
 
 
 class BehindHead(RpcProxy):

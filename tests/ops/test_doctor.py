@@ -23,8 +23,10 @@ from paygate_cli.ops.doctor import (
     ok,
     parse_groups,
     report,
+    restore_gate_check,
     ttl_check,
     warn,
+    writer_check,
 )
 from paygate_cli.settings import load_settings
 from tests.support.cli import base_environ, run_cli
@@ -114,3 +116,16 @@ def test_a_database_password_in_plain_sight(tmp_path: Path) -> None:
     checks, _ = config_checks(base_environ(None), {}, str(config))
     assert next(c for c in checks if c.id == "config.settings").verdict == "ok"
     assert all(password not in c.evidence + c.fix for c in checks)
+
+
+def test_a_restore_halt_and_a_read_only_database_fail_the_db_group(db: psycopg.Connection) -> None:
+    assert restore_gate_check(db).verdict == "ok"
+    db.execute("INSERT INTO paygate.halts (kind, reason, set_by) VALUES ('restore', 'timeline 2, recorded 1', 't')")
+    check = restore_gate_check(db)
+    assert (check.verdict, check.kind) == ("fail", "human"), check
+    assert "timeline 2, recorded 1" in check.evidence and "recover-check" in check.fix
+    assert writer_check(db).verdict == "ok"
+    db.execute("SET default_transaction_read_only = on")  # reported to the client: what a read-only primary says
+    check = writer_check(db)
+    assert (check.verdict, check.kind) == ("fail", "unavailable"), check
+    assert "read-only" in check.evidence and "target_session_attrs=read-write" in check.fix

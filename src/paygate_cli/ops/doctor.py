@@ -235,6 +235,32 @@ def config_checks(environ: dict[str, str], overrides: dict[str, Any], config_pat
 PIN_SQL = "SELECT pg_backend_pid()"
 
 
+def writer_check(conn: psycopg.Connection) -> Check:
+    """The database reached takes writes: a tick refuses a standby or a read-only database (69)."""
+    from paygate_cli.db.connect import no_writer_reason
+
+    reason = no_writer_reason(conn)
+    if reason is not None:
+        return fail("db.writer", "db", "unavailable", reason,
+                    "point the database URL at the primary, or list every host with "
+                    "target_session_attrs=read-write (docs/configuration.md)")
+    return ok("db.writer", "db", "the database takes writes (not a standby, not read-only)")
+
+
+def restore_gate_check(conn: psycopg.Connection) -> Check:
+    """No restore halt (docs/architecture.md §8): while one is set, no tick signs anything new."""
+    from paygate_cli.state import list_halts
+
+    halt = next((h for h in list_halts(conn) if h["kind"] == "restore"), None)
+    if halt is not None:
+        return fail("db.restore_gate", "db", "human",
+                    f"submissions are closed by the restore halt set by {halt['set_by']} at {halt['set_at']}: "
+                    f"{halt['reason']}",
+                    "let the recovery worker's pass clear it, or run `paygate recover-check --yes` "
+                    "(runbooks/postgres-failover-restore.md)")
+    return ok("db.restore_gate", "db", "no restore halt: the database's identity is the one the journal recorded")
+
+
 def pooling_check(conn: psycopg.Connection, open_conn: Callable[[str], AbstractContextManager[Any]]) -> Check:
     """Advisory locks are session state: they need the connection's server session to stay its own
     (direct, or PgBouncer in session mode). Transaction pooling hands a client's next statement to
@@ -870,8 +896,9 @@ def _database_groups(given: DoctorInput, settings: Settings, groups: tuple[str, 
         if "db" in groups:
             version = conn.info.parameter_status("server_version") or "?"
             checks.append(ok("db.reachable", "db", f"{describe_target(connection_target(conn))}, PostgreSQL {version}"))
-            checks += _guarded("db", {"db.reachable"}, lambda: [pooling_check(
-                conn, lambda purpose: given.open_conn(settings, purpose))])
+            checks += _guarded("db", {"db.reachable"}, lambda: [
+                writer_check(conn), restore_gate_check(conn),
+                pooling_check(conn, lambda purpose: given.open_conn(settings, purpose))])
         if "schema" in groups:
             checks += _guarded("schema", set(), lambda: schema_checks(conn))
         if "journal" in groups:
