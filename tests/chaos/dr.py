@@ -126,7 +126,7 @@ def read_lost(dsn: str) -> tuple[LostDatabase, dict[str, dict[int, str]]]:
                                "FROM paygate.lineages WHERE source_seq IS NOT NULL")
         lost = LostDatabase(
             hashes=_hash_map(conn),
-            deposits=_rows(conn, "SELECT id, account, amount, status, deposit_tx, deposit_lineage_id, "
+            deposits=_rows(conn, "SELECT id, account, auth_nonce, amount, status, deposit_tx, deposit_lineage_id, "
                                  "credit_lineage_id, reason FROM paygate.deposits ORDER BY id"),
             charge_ids={bytes(r[0]) for r in conn.execute("SELECT charge_id FROM paygate.charges")},
             by_seq={(r["lane"], int(r["source_seq"])): r for r in lineages},
@@ -205,6 +205,7 @@ class Disaster:
     lost: LostDatabase
     lost_statuses: dict[str, dict[int, str]]  # every unit the lost database knew: id -> status
     in_flight_at_t: dict[str, list[int]]  # read from the recovered database before any worker ran
+    known_at_recovery: dict[str, dict[int, str]]  # its units then (id -> status)
     chain_seq_at_recovery: dict[str, int]
     journal_seq_at_recovery: dict[str, int | None]
     max_lineage_at_recovery: int
@@ -323,7 +324,9 @@ def outcomes(dsn: str, disaster: Disaster, chain: ChainEnv) -> dict[str, Any]:
     events = chain_events(chain, chain.genesis["contracts"]["billing"])
     debited = {bytes(e["value"][1]) for e in events if e["topics"][0] == "charge"}
     credited = {bytes(e["value"][1]) for e in events if e["topics"][0] == "credit"}
-    lost_deposits = [d for d in disaster.lost.deposits if d["id"] not in now["deposits"]]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        known_auth = set(conn.execute("SELECT account, auth_nonce FROM paygate.deposits").fetchall())
+    lost_deposits = [d for d in disaster.lost.deposits if (d["account"], d["auth_nonce"]) not in known_auth]
     report["deposits lost (on chain / not)"] = (
         sum(1 for d in lost_deposits if d["deposit_tx"] and bytes(d["deposit_tx"]) in credited),
         sum(1 for d in lost_deposits if not (d["deposit_tx"] and bytes(d["deposit_tx"]) in credited)))
@@ -331,30 +334,27 @@ def outcomes(dsn: str, disaster: Disaster, chain: ChainEnv) -> dict[str, Any]:
         known = {bytes(r[0]) for r in conn.execute("SELECT charge_id FROM paygate.charges")}
     lost_charges = disaster.lost.charge_ids - known
     report["charges lost (debited on chain / not)"] = (len(lost_charges & debited), len(lost_charges - debited))
-    report["relays lost"] = len(set(disaster.lost_statuses["relays"]) - set(now["relays"]))
+    report["relays lost"] = len(set(disaster.lost_statuses["relays"]) - set(disaster.known_at_recovery["relays"]))
     return report
 
 
 def wait_quiet(supervisor: Supervisor, dsn: str, *, limit: float, each: Any = None, checks: int = 3
                ) -> tuple[dict[str, int], float]:
     """Poll the supervisor until the drill's open work is zero `checks` times in a row, or `limit`
-    seconds; `each()` runs every round (the operator's step). -> (the open work last seen, seconds)."""
+    seconds; `each()` runs every round (the operator's step) and returns whether it still makes
+    work (not quiet while it does). -> (the open work last seen, seconds)."""
     from tests.chaos.soak import open_work
 
     started = time.monotonic()
     quiet, open_now = 0, {}
     while quiet < checks and time.monotonic() < started + limit:
         supervisor.poll()
-        if each is not None:
-            each()
+        making = bool(each()) if each is not None else False
         time.sleep(1.5)
         open_now = open_work(dsn, DRILL_OPEN_WORK_SQL)
-        quiet = quiet + 1 if not any(open_now.values()) else 0
+        quiet = quiet + 1 if not any(open_now.values()) and not making else 0
     return open_now, time.monotonic() - started
 
-
-def exits_70(supervisor: Supervisor) -> list[tuple[str, int, str]]:
-    return [c for c in supervisor.crashes if c[1] == 70]
 
 
 
@@ -370,6 +370,7 @@ def children_cpu() -> float:
 # ----- one drill, start to end: load, the disaster (the test's), recovery, the checks ------------------
 
 QUIESCE_LIMIT = 240.0  # under a loaded CI box the pass and the fences take minutes, not seconds
+AFTER_LOAD_SECONDS = 8.0
 PRE_T_LIMIT = 60.0  # at most this long past half the load's time waiting for money to move
 
 
@@ -385,6 +386,8 @@ class Drill:
     stats: dict[str, Any] = field(default_factory=dict)
     started: float = 0.0
     cpu_at_start: float = 0.0
+    after_load: LoadGenerator | None = None  # the API's admissions once submissions reopened
+    after_load_until: float = 0.0
 
     @classmethod
     def start(cls, world: World, seed: int, rng: Any) -> Drill:
@@ -419,12 +422,37 @@ class Drill:
             explain_and_accept_fences(self.world.chain, self.world.dsn, lost, self.operator,
                                       landed_inner_hashes(self.world.chain))
 
+    def stop_loads(self) -> None:
+        for load in (self.load, self.after_load):
+            if load is not None:
+                load.stop()
+
+    def resumed(self) -> bool:
+        """Submissions are open again: no restore halt, no lane fence left open."""
+        with psycopg.connect(self.world.dsn, autocommit=True, connect_timeout=5) as conn:
+            return not conn.execute("SELECT EXISTS (SELECT 1 FROM paygate.halts WHERE kind = 'restore') OR EXISTS "
+                                    "(SELECT 1 FROM paygate.findings WHERE kind = 'lane_fence' AND resolved_at IS NULL)"
+                                    ).fetchone()[0]
+
     def recover(self, disaster: Disaster) -> tuple[Findings, Findings, list[tuple[str, str]]]:
-        """Run until quiet (the operator accepting explained fences), stop, the final observer pass,
-        the checks. -> (money, recovery, problems: every violation, first the worst)."""
-        def step() -> None:
+        """Run until quiet (the operator accepting explained fences; once submissions are open
+        again, AFTER_LOAD_SECONDS of new admissions, so lineages are built on the accepted lanes),
+        stop, the final observer pass, the checks. -> (money, recovery, problems: every violation,
+        first the worst)."""
+        import random
+
+        def step() -> bool:
             with contextlib.suppress(psycopg.OperationalError):  # no writer yet: the next round
                 self.operator_step(disaster.lost)
+                if self.after_load is None and self.resumed():
+                    self.after_load = LoadGenerator(
+                        self.world.dsn, self.load.devnet, random.Random(self.seed + 1), max_subscriptions=0,
+                        weights={k: v for k, v in DRILL_WEIGHTS.items() if k != "subscription"}, key_series="a")
+                    self.after_load.start()
+                    self.after_load_until = time.monotonic() + AFTER_LOAD_SECONDS
+            if self.after_load is not None and time.monotonic() >= self.after_load_until:
+                self.after_load.stop()
+            return self.after_load is None or time.monotonic() < self.after_load_until
         limit = QUIESCE_LIMIT + 0.05 * drill_seconds()  # a longer drill leaves more to finish
         open_now, quiesce_seconds = wait_quiet(self.supervisor, self.world.dsn, limit=limit, each=step)
         self.supervisor.stop()
@@ -438,11 +466,16 @@ class Drill:
             "lane fences accepted by the operator (lane: seq)": {k[:8]: v for k, v in self.operator.accepted.items()},
             "lane fences the operator could not explain": self.operator.refused,
             "admitted": dict(self.load.admitted),
+            "admitted once submissions reopened": dict(self.after_load.admitted) if self.after_load else None,
             "exit codes per worker (-9 = our SIGKILL)": self.supervisor.histogram(),
         })
         problems = [(v.invariant, v.detail) for v in recovery.violations + money.violations]
-        if self.load.error is not None:
-            problems.insert(0, ("the load generator ran without error", repr(self.load.error)))
+        for load in (self.load, self.after_load):
+            if load is not None and load.error is not None:
+                problems.insert(0, ("the load generator ran without error", repr(load.error)))
+        if self.after_load is None:
+            problems.append(("submissions reopened after recovery (no restore halt, every fence accepted)",
+                             "they never did: no admission after recovery"))
         if self.supervisor.crashes:  # 70, or any code but 0, 1, 3, 69, 75, 143 and our own signals
             problems.insert(0, ("no tick process exited 70 (or any unexpected code)", "\n\n".join(
                 f"{w} exited {c}:\n{tail}" for w, c, tail in self.supervisor.crashes[:3])))

@@ -170,7 +170,29 @@ def check_deposits(chain: ChainEnv, conn: psycopg.Connection, out: Findings, los
     journal lost may end asking a human (check_terminal: with its reason) instead of settled."""
     g = chain.genesis
     billing, users = g["contracts"]["billing"], {u["public"] for u in g["users"]}
-    hashes = {**(lost.hashes if lost else {}), **_hash_map(conn)}
+    deposits = _rows(conn, "SELECT id, account, auth_nonce, amount, status, deposit_tx, deposit_lineage_id, "
+                           "credit_lineage_id, reason FROM paygate.deposits ORDER BY id")
+    for dep in deposits:
+        dep["name"] = f"deposit:{dep['id']}"
+    # A deposit is the same in both databases by its authorisation (account, nonce), not its id:
+    # ids admitted after the backup are handed out again by the restored database's sequence.
+    by_auth = {(d["account"], d["auth_nonce"]): d["name"] for d in deposits}
+    only_lost, lost_names = [], {}
+    for dep in lost.deposits if lost else []:
+        name = by_auth.get((dep["account"], dep["auth_nonce"]))
+        if name is None:
+            name = f"lost:deposit:{dep['id']}"
+            only_lost.append(dict(dep, status="lost", name=name))
+        lost_names[dep["id"]] = name
+    hashes = _hash_map(conn)
+    for tx_hash, lineage in (lost.hashes if lost else {}).items():
+        kind, _, rest = lineage["entitlement"].partition(":")
+        if tx_hash not in hashes and kind == "deposit":
+            number, _, part = rest.partition(":")
+            name = lost_names.get(int(number), f"lost:deposit:{number}")
+            hashes[tx_hash] = dict(lineage, entitlement=f"{name}:{part}")
+        else:
+            hashes.setdefault(tx_hash, lineage)
     transfers: dict[str, list[str]] = defaultdict(list)
     for ev in chain_events(chain, g["contracts"]["usdc"]):
         if ev["topics"][0] == "transfer" and ev["topics"][2] == billing and ev["topics"][1] in users:
@@ -183,21 +205,17 @@ def check_deposits(chain: ChainEnv, conn: psycopg.Connection, out: Findings, los
     for ev in chain_events(chain, billing):
         if ev["topics"][0] == "credit":
             credits[bytes(ev["value"][1])].append(ev)
-    deposits = _rows(conn, "SELECT id, account, amount, status, deposit_tx, deposit_lineage_id, credit_lineage_id, "
-                           "reason FROM paygate.deposits ORDER BY id")
-    known = {d["id"] for d in deposits}
-    only_lost = [dict(d, status="lost") for d in (lost.deposits if lost else []) if d["id"] not in known]
     out.counts["deposit transfers on chain"] = sum(len(v) for v in transfers.values())
     out.counts["credits on chain"] = sum(len(v) for v in credits.values())
     # The transfer's hash a lost journal recorded for a deposit (the credit names it on chain).
-    lost_tx = {d["id"]: bytes(d["deposit_tx"]) for d in (lost.deposits if lost else []) if d["deposit_tx"]}
+    lost_tx = {lost_names[d["id"]]: bytes(d["deposit_tx"]) for d in (lost.deposits if lost else []) if d["deposit_tx"]}
     for dep in deposits + only_lost:
-        ent = f"deposit:{dep['id']}:deposit"
+        ent = f"{dep['name']}:deposit"
         moved = transfers.get(ent, [])
-        deposit_tx = bytes(dep["deposit_tx"]) if dep["deposit_tx"] else lost_tx.get(dep["id"])
+        deposit_tx = bytes(dep["deposit_tx"]) if dep["deposit_tx"] else lost_tx.get(dep["name"])
         credited = credits.get(deposit_tx, []) if deposit_tx else []
         evidence = f"deposit {dep}\n  transfers {moved}\n  credits {credited}\n" + _lineages_of(
-            conn, [ent, f"deposit:{dep['id']}:credit"])
+            conn, [ent, f"{dep['name']}:credit"])
         if len(moved) > 1:
             out.fail("each deposit transferred at most once", evidence)
         if len(credited) > 1:

@@ -495,6 +495,7 @@ class LoadGenerator:
     # How often each kind is admitted once the plan ran out; a kind left out is never admitted.
     weights: dict[str, int] = field(default_factory=lambda: {"deposit": 2, "charge": 6, "relay": 3, "bot_job": 2,
                                                              "subscription": 1})
+    key_series: str = ""  # set apart from another generator's keys on the same database: `deposit-a1`
     admitted: Counter = field(default_factory=Counter)
     refused: Counter = field(default_factory=Counter)
     unavailable: Counter = field(default_factory=Counter)
@@ -565,7 +566,7 @@ class LoadGenerator:
 
     def _key(self, kind: str) -> str:
         self._n += 1
-        return f"{kind}-{self._n}"
+        return f"{kind}-{self.key_series}{self._n}"
 
     def _refused(self, kind: str, exc: psycopg.Error) -> None:
         # 402 no balance yet, 55000 admission halted (the gas halt), 53400 over the fee budget

@@ -109,7 +109,7 @@ def test_a_failover_to_a_lagging_standby_ends_every_unit_at_most_once_on_chain(t
             wal_lost = int(conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)",
                                         (primary_lsn, received_lsn)).fetchone()[0])
         rows_promoted = _rows(world.dsn)
-        disaster = Disaster(lost=lost, lost_statuses=lost_statuses, in_flight_at_t=at_t_units,
+        disaster = Disaster(lost=lost, lost_statuses=lost_statuses, in_flight_at_t=at_t_units, known_at_recovery=known,
                             chain_seq_at_recovery=chain_lane_sequences(world.chain),
                             journal_seq_at_recovery=journal_seq, max_lineage_at_recovery=max_lineage,
                             recovered_at=db_now(world.dsn), recovered_monotonic=promoted)
@@ -130,7 +130,7 @@ def test_a_failover_to_a_lagging_standby_ends_every_unit_at_most_once_on_chain(t
         drill.stats["RTO: kill to first successful tick (s)"] = rto
         drill.stats["kill to first tick that moved money (s)"] = first_money_ticks(world.dsn, killed_at)
     finally:
-        drill.load.stop()
+        drill.stop_loads()
         drill.supervisor.kill_all()
         world.close()
         pair.close()
@@ -141,3 +141,4 @@ def test_a_failover_to_a_lagging_standby_ends_every_unit_at_most_once_on_chain(t
     assert no_writer, f"no tick exited 69 while there was no writer\n{report}"
     assert all(rto[w] is not None for w in MONEY_WORKERS), \
         f"a money worker never ticked ok after the failover\n{report}"
+    assert recovery.counts["lineages built after recovery"] > 0, f"no lineage was built after the failover\n{report}"

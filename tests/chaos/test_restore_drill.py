@@ -69,6 +69,7 @@ def test_a_restore_from_a_dump_taken_mid_run_ends_every_unit_at_most_once_on_cha
             journal_seq = journal_consumed(conn)
             max_lineage = int(conn.execute("SELECT coalesce(max(id), 0) FROM paygate.lineages").fetchone()[0])
         disaster = Disaster(lost=lost, lost_statuses=lost_statuses, in_flight_at_t=at_t_units,
+                            known_at_recovery=known_at_recovery,
                             chain_seq_at_recovery=chain_lane_sequences(world.chain),
                             journal_seq_at_recovery=journal_seq, max_lineage_at_recovery=max_lineage,
                             recovered_at=db_now(world.dsn), recovered_monotonic=time.monotonic())
@@ -82,7 +83,7 @@ def test_a_restore_from_a_dump_taken_mid_run_ends_every_unit_at_most_once_on_cha
         money_ticks = first_money_ticks(world.dsn, disaster.recovered_at)
         drill.stats["first successful money tick after the restore (s)"] = money_ticks
     finally:
-        drill.load.stop()
+        drill.stop_loads()
         drill.supervisor.kill_all()
         world.close()
     report = drill.report("restore drill", money.counts, recovery.counts)
@@ -92,10 +93,11 @@ def test_a_restore_from_a_dump_taken_mid_run_ends_every_unit_at_most_once_on_cha
     assert any(set(lost_statuses[t]) - set(known_at_recovery[t]) for t in lost_statuses), \
         f"the restore lost no unit: nothing was admitted after T\n{report}"
     assert any(v is not None for v in money_ticks.values()), f"no money tick moved anything after the restore\n{report}"
+    assert recovery.counts["lineages built after recovery"] > 0, f"no lineage was built after the restore\n{report}"
 
 
 def _disaster(**over: Any) -> Disaster:
-    base: dict[str, Any] = dict(lost=LostDatabase(), lost_statuses={}, in_flight_at_t={},
+    base: dict[str, Any] = dict(lost=LostDatabase(), lost_statuses={}, in_flight_at_t={}, known_at_recovery={},
                                 chain_seq_at_recovery={}, journal_seq_at_recovery={}, max_lineage_at_recovery=0,
                                 recovered_at=None, recovered_monotonic=0.0)
     return Disaster(**{**base, **over})
