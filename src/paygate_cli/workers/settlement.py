@@ -184,7 +184,10 @@ def tick(ctx: TickContext) -> TickResult:
         # another lane (the failing lane is fenced); bounded by the number of lanes.
         retries = len(deps.signer.lanes)
         # Driving may have handed rows back (a dead lineage): claim them in this tick too.
-        while not ctx.draining and started < max(1, int(ctx.settings.settlement_batches_per_tick)):
+        # One lane carries one transaction per ledger: a tick that may start fewer batches than there are
+        # lanes leaves lanes idle for a ledger (0, the default, bounds it by the lanes alone).
+        per_tick = int(ctx.settings.settlement_batches_per_tick) or len(deps.signer.lanes)
+        while not ctx.draining and started < max(1, per_tick):
             step = _start_batch(deps, result)
             if step == "lane_failed" and retries > 0:
                 retries -= 1

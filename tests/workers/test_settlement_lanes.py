@@ -1,0 +1,53 @@
+"""One settlement tick fills every lane: a lane carries one transaction per ledger, so a tick that
+starts fewer batches than it has lanes leaves lanes idle for a ledger (docs/performance.md,
+"throughput at the chain's ceiling"). Real devnet, real Postgres."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.support.chain_env import ChainEnv
+from tests.support.charges_support import admit_charge, charge_chain, fund
+from tests.support.devnet_support import DevnetHandle, start_devnet
+
+LANES = 8
+DEPOSIT = 50_000_000
+
+
+@pytest.fixture
+def devnet(tmp_path: Path) -> Iterator[DevnetHandle]:
+    handle = start_devnet(tmp_path / "devnet", lanes=LANES, users=2)
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def chain(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> ChainEnv:
+    return charge_chain(devnet, dsn, tmp_path / "keys")
+
+
+def test_one_tick_starts_a_batch_on_every_lane_by_default(chain: ChainEnv, db: psycopg.Connection) -> None:
+    users = chain.genesis["users"][:2]
+    fund(chain, db, [(u, DEPOSIT) for u in users])
+    for i in range(3 * LANES):  # more than one tick's worth at --batch 2: lanes are the bound, not the backlog
+        admit_charge(db, users[i % 2]["public"], 1000 + i, f"c{i}")
+    result = chain.tick("settlement", "--batch", "2")
+    assert result.code == 0, result.err
+    lanes = db.execute("SELECT DISTINCT lane FROM paygate.lineages WHERE purpose = 'charge_batch' "
+                       "AND state = 'sent'").fetchall()
+    assert len(lanes) == LANES
+    assert db.execute("SELECT count(*) FROM paygate.charge_batches").fetchone()[0] == LANES
+
+
+def test_a_configured_bound_still_holds(chain: ChainEnv, db: psycopg.Connection) -> None:
+    users = chain.genesis["users"][:2]
+    fund(chain, db, [(u, DEPOSIT) for u in users])
+    for i in range(3 * LANES):
+        admit_charge(db, users[i % 2]["public"], 1000 + i, f"c{i}")
+    result = chain.tick("settlement", "--batch", "2", PAYGATE_SETTLEMENT_BATCHES_PER_TICK="3")
+    assert result.code == 0, result.err
+    assert db.execute("SELECT count(*) FROM paygate.charge_batches").fetchone()[0] == 3
