@@ -105,7 +105,7 @@ def baseline_lanes(genesis: dict[str, Any], lanes: int) -> list[dict[str, str]]:
 
 
 @contextmanager
-def chain_world(prefix: str, lanes: int) -> Iterator[tuple[Any, Any]]:
+def chain_world(prefix: str, lanes: int, users: int = 8) -> Iterator[tuple[Any, Any]]:
     """A private Postgres (migrated) and a devnet in manual mode: yields (devnet, (ChainEnv, autocommit
     connection)), and removes both afterwards. The devnet has twice `lanes` lanes: paygate is given
     the first half, a bare baseline loop takes the second (`baseline_lanes`). A baseline sharing
@@ -123,7 +123,7 @@ def chain_world(prefix: str, lanes: int) -> Iterator[tuple[Any, Any]]:
     cluster = Cluster.at(tmp / "pg")
     cluster.init(fast=True)
     cluster.start()
-    devnet = start_devnet(tmp / "devnet", lanes=2 * lanes, users=8)
+    devnet = start_devnet(tmp / "devnet", lanes=2 * lanes, users=users)
     try:
         dsn = cluster.dsn()
         with psycopg.connect(dsn, autocommit=True) as db:
