@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/ttl.py
 	$(VENV)/bin/python bench/ops_scale.py
 	$(VENV)/bin/python bench/growth.py
+	$(VENV)/bin/python bench/latency.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
