@@ -15,12 +15,15 @@ machine's load as paygate's; this way a ledger is never closed under a tick that
 and the figure is what paygate's ticks put into each ledger. Each process is a forked worker process
 with its own work connection and slot (as `run-tick <worker> --every` on one host), ticking when told.
 
-Per (lanes, processes): units per ledger over the ledgers that settled anything (the pipeline's first
-ledgers, before anything can settle, left out), its ratio to the ceiling, the wall time per ledger split
-into the ticks (the slowest process), the devnet's close and the observer's tick (if the close
-dominates, the devnet is the bottleneck, not paygate), and the ticks' outcome counts summed (e.g.
-no_free_lane: a claim that found no lane). Then settlement's claim+record without the chain
-(bench/settlement.py's rounds) in 1, 2 and 4 processes sharing the lanes: their scaling.
+Per (lanes, processes): units per ledger over the ledgers the drain used (its rounds of tick + close,
+less one for funding and relay, which count a unit at the tick after its last transaction's ledger;
+the last ledger may be part-full, so small backlogs read a little under the ceiling), its ratio to
+the ceiling, the wall time per ledger split into the ticks (the slowest process), the devnet's close
+and the observer's tick, the devnet process's CPU per ledger (its RPC serving inside the ticks and
+its closes: when it nears the wall time per ledger, the devnet is the bottleneck, not paygate), and
+the ticks' outcome counts summed (no_free_lane: a claim that found no lane free, or lost one to
+another process). Then settlement's claim+record without the chain (bench/settlement.py's rounds)
+in 1, 2 and 4 processes sharing the lanes: their scaling.
 Prints figures; asserts nothing.
 
     .venv/bin/python bench/throughput.py [--charges 100000 --accounts 10000 --deposits 10000 --relays 10000]
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import sys
 import time
 import traceback
@@ -77,6 +81,12 @@ def batch_by_footprint(accounts: list[str], batch: int) -> float:
         sizes.append(n)
         i += n
     return sum(sizes) / max(1, len(sizes))
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ledger_capacity(chain: ChainEnv) -> int:
@@ -153,6 +163,7 @@ class Drain:
     tick_s: float = 0.0
     close_s: float = 0.0
     observer_s: float = 0.0
+    devnet_cpu_s: float = 0.0  # the devnet process's CPU over the drain: its RPC serving and closes
     counts: Counter[str] = field(default_factory=Counter)
 
     @property
@@ -171,7 +182,9 @@ class Drain:
                 f"{self.ledgers:4d} ledgers, {self.per_ledger:7.1f}/ledger, "
                 f"ceiling {self.ceiling:6.1f} -> {self.per_ledger / self.ceiling:4.2f}; per ledger "
                 f"ticks {self.tick_s * 1000 / ledgers:5.0f} ms, close {self.close_s * 1000 / ledgers:4.0f} ms, "
-                f"observer {self.observer_s * 1000 / ledgers:4.0f} ms; {counts}")
+                f"observer {self.observer_s * 1000 / ledgers:4.0f} ms, "
+                f"devnet CPU {self.devnet_cpu_s * 1000 / ledgers:4.0f} ms; "
+                f"{counts}")
 
 
 def drain(chain: ChainEnv, db: psycopg.Connection, run: Drain, done_sql: str, batch: int,
@@ -181,6 +194,7 @@ def drain(chain: ChainEnv, db: psycopg.Connection, run: Drain, done_sql: str, ba
     observe = WORKERS["observer"].load()
     try:
         done_before = last = int(db.execute(done_sql).fetchone()[0])
+        devnet_cpu = process_cpu(chain.devnet.proc.pid)
         target = done_before + run.units
         while last < target:
             seconds, counts = processes.tick_all()
@@ -198,6 +212,7 @@ def drain(chain: ChainEnv, db: psycopg.Connection, run: Drain, done_sql: str, ba
             last = now
             if len(run.done_per_ledger) > 50 + 4 * run.units / max(1.0, run.ceiling):
                 raise SystemExit(f"{run.worker} did not drain: {last - done_before} of {run.units}")
+        run.devnet_cpu_s = process_cpu(chain.devnet.proc.pid) - devnet_cpu
         # What the last ledger applied is resolved by the next ticks (a lane is held until then): ticked
         # out here, not counted, so the next drain starts with every lane free.
         for _ in range(10):
@@ -213,14 +228,13 @@ def drain(chain: ChainEnv, db: psycopg.Connection, run: Drain, done_sql: str, ba
 # -- the three workers ------------------------------------------------------------------------------
 
 def run_funding(chain: ChainEnv, db: psycopg.Connection, users: list[dict[str, str]], deposits: int,
-                lanes: int, procs: int, tag: str) -> Drain:
+                lanes: int, procs: int, tag: str, batch: int) -> Drain:
     for i in range(deposits):
         user = users[i % len(users)]
         entry, nonce, expiration = sign_deposit(chain.devnet, user["secret"], DEPOSIT, valid_ledgers=5000)
         admit_deposit(db, user["public"], DEPOSIT, entry, nonce, expiration, f"{tag}-{i}")
     run = Drain("funding", lanes, procs, deposits, min(lanes, ledger_capacity(chain)) / 2, 1)
-    return drain(chain, db, run, "SELECT count(*) FROM paygate.deposits WHERE status = 'settled'",
-                 WORKERS["funding"].batch or 16)
+    return drain(chain, db, run, "SELECT count(*) FROM paygate.deposits WHERE status = 'settled'", batch)
 
 
 def run_settlement(chain: ChainEnv, db: psycopg.Connection, accounts: list[str], charges: int, lanes: int,
@@ -236,7 +250,7 @@ def run_settlement(chain: ChainEnv, db: psycopg.Connection, accounts: list[str],
 
 
 def run_relay(chain: ChainEnv, db: psycopg.Connection, users: list[dict[str, str]], relays: int,
-              lanes: int, tag: str) -> Drain:
+              lanes: int, tag: str, batch: int) -> Drain:
     allow_market(db, chain.genesis["contracts"]["market"])
     db.execute("UPDATE paygate.relay_config SET fee_budget = %s", (4 * (relays + len(users) + 16) * MAX_FEE,))
     applied = "SELECT count(*) FROM paygate.relays WHERE status = 'applied'"
@@ -244,12 +258,11 @@ def run_relay(chain: ChainEnv, db: psycopg.Connection, users: list[dict[str, str
     # ledger would read more on apply than they declared at simulation): one each first, unmeasured.
     for n, user in enumerate(users):
         admit_relay(db, chain.devnet, user, f"{tag}-warm-up-{n}", valid_ledgers=5000)
-    drain(chain, db, Drain("relay", lanes, 1, len(users), min(lanes, ledger_capacity(chain)), 1), applied,
-          WORKERS["relay"].batch or 16)
+    drain(chain, db, Drain("relay", lanes, 1, len(users), min(lanes, ledger_capacity(chain)), 1), applied, batch)
     for i in range(relays):
         admit_relay(db, chain.devnet, users[i % len(users)], f"{tag}-{i}", "book", 1 + i % 50, valid_ledgers=5000)
     run = Drain("relay", lanes, 1, relays, min(lanes, ledger_capacity(chain)), 1)
-    return drain(chain, db, run, applied, WORKERS["relay"].batch or 16)
+    return drain(chain, db, run, applied, batch)
 
 
 def observer_context(chain: ChainEnv) -> TickContext:
@@ -302,6 +315,10 @@ def main() -> None:
     parser.add_argument("--lanes", default="4,8,16", help="lane counts, comma-separated")
     parser.add_argument("--procs", default="1,2,4", help="processes of each multi-slot worker, comma-separated")
     parser.add_argument("--relay-users", type=int, default=8, help="users the relays are spread over")
+    # A funding or relay claim takes the rows in flight first (their receipts), then new ones, up to the
+    # batch: the registry's 16 cannot fill 16 lanes (docs/performance.md).
+    parser.add_argument("--funding-batch", type=int, default=WORKERS["funding"].batch or 16)
+    parser.add_argument("--relay-batch", type=int, default=WORKERS["relay"].batch or 16)
     parser.add_argument("--quick", action="store_true", help="a short trial: 1,000 charges over 64 accounts, "
                         "64 deposits, 48 relays, lanes 4,8, processes 1,2")
     args = parser.parse_args()
@@ -321,7 +338,8 @@ def main() -> None:
             chain.environ.update(PAYGATE_OBSERVER_START_LEDGER="1", PAYGATE_TX_VALIDITY="600s",
                                  PAYGATE_LOG_LEVEL="warning")
             for procs in proc_counts:
-                drains.append(run_funding(chain, db, users[:accounts], args.deposits, lanes, procs, f"d{procs}"))
+                drains.append(run_funding(chain, db, users[:accounts], args.deposits, lanes, procs, f"d{procs}",
+                                          args.funding_batch))
                 print(drains[-1].line(), flush=True)
             observer = observer_context(chain)
             for procs in proc_counts:
@@ -329,11 +347,12 @@ def main() -> None:
                                              lanes, procs, f"c{procs}", observer))
                 print(drains[-1].line(), flush=True)
             observer.conn.close()
-            drains.append(run_relay(chain, db, users[:args.relay_users], args.relays, lanes, "r"))
+            drains.append(run_relay(chain, db, users[:args.relay_users], args.relays, lanes, "r", args.relay_batch))
             print(drains[-1].line(), flush=True)
     claims = claim_record_scaling(min(args.charges, 20_000), max(lane_counts), proc_counts)
     print(f"throughput: {args.charges} charges over {accounts} accounts, {args.deposits} deposits, {args.relays} "
-          f"relays over {args.relay_users} users; lanes {args.lanes}, processes {args.procs}; devnet in manual "
+          f"relays over {args.relay_users} users; lanes {args.lanes}, processes {args.procs}; batches: funding "
+          f"{args.funding_batch}, relay {args.relay_batch}, settlement {SETTLEMENT_BATCH}; devnet in manual "
           f"mode, a ledger closed when every process finished its tick ({time.perf_counter() - started:.0f} s)")
     for run in drains:
         print(run.line())
