@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/ops_scale.py
 	$(VENV)/bin/python bench/growth.py
 	$(VENV)/bin/python bench/latency.py
+	$(VENV)/bin/python bench/throughput.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
