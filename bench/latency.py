@@ -227,7 +227,7 @@ class Load:
             else:
                 admit_relay(conn, self.devnet, user, key, f"lat_{self._n}", 7, valid_ledgers=600)
             self.admitted[path] += 1
-        except psycopg.errors.Error as exc:
+        except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 raise
             self.refused[f"{path}:{exc.sqlstate}"] += 1
