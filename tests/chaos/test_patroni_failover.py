@@ -30,7 +30,7 @@ import os
 import random
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +48,12 @@ from tests.chaos.dr import (
     children_cpu,
     first_money_ticks,
     raise_problems,
+    unit_statuses,
     wait_quiet,
 )
 from tests.chaos.invariants import _rows
 from tests.chaos.soak import AdminLedger, LoadGenerator, Supervisor, soak_seed, world_on
+from tests.support.chain_env import ChainEnv
 from tests.support.cli import paygate_cmd, run_proc
 from tests.support.patroni import PatroniPair
 
@@ -121,6 +123,25 @@ def journal_known_seq(conn: psycopg.Connection) -> dict[str, int | None]:
     return {lane: (None if seq is None else int(seq)) for lane, seq in rows}
 
 
+def failover_disaster(dsn: str, chain: ChainEnv, promoted_mono: float) -> Disaster:
+    """The drill's Disaster, read on the new leader right after the promotion: nothing known lost
+    (the old leader's unstreamed commits are gone with its rewind; the chain tells if one mattered),
+    the journal's lanes against the chain. Only the fields Disaster declares are passed: the record
+    is shared with the other drills and grows with them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        known: dict[str, Any] = {
+            "lost": LostDatabase(), "lost_statuses": {}, "in_flight_at_t": {},
+            "known_at_recovery": unit_statuses(conn),
+            "journal_seq_at_recovery": journal_known_seq(conn),
+            "chain_seq_at_recovery": chain_lane_sequences(chain),
+            "max_lineage_at_recovery": int(conn.execute(
+                "SELECT coalesce(max(id), 0) FROM paygate.lineages").fetchone()[0]),
+            "recovered_at": conn.execute("SELECT clock_timestamp()").fetchone()[0],
+            "recovered_monotonic": promoted_mono,
+        }
+    return Disaster(**{name: value for name, value in known.items() if name in {f.name for f in fields(Disaster)}})
+
+
 def wait_identity_on(node_dsn: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     with psycopg.connect(node_dsn, autocommit=True) as conn:
@@ -176,15 +197,7 @@ def test_patroni_promotes_the_replica_after_a_leader_kill_and_the_workers_carry_
             promoted_mono = probes[-1].ended
             phase("first successful tick")
             new_leader = pair.leader()
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                disaster = Disaster(
-                    lost=LostDatabase(), lost_statuses={}, in_flight_at_t={},
-                    journal_seq_at_recovery=journal_known_seq(conn),
-                    chain_seq_at_recovery=chain_lane_sequences(world.chain),
-                    max_lineage_at_recovery=int(conn.execute(
-                        "SELECT coalesce(max(id), 0) FROM paygate.lineages").fetchone()[0]),
-                    recovered_at=conn.execute("SELECT clock_timestamp()").fetchone()[0],
-                    recovered_monotonic=promoted_mono)
+            disaster = failover_disaster(dsn, world.chain, promoted_mono)
 
             drill.run_for(seconds / 2)  # the load goes on against the new leader
             load.stop()

@@ -15,12 +15,12 @@ Replication is asynchronous (Patroni's default), with `use_pg_rewind`, so the ol
 as a replica of the new one by itself.
 
     with PatroniPair() as pair:             # etcd, a leader, a replica streaming; "paygate" migrated
-        pair.leader()                       # the node Patroni's REST API calls the primary (or None)
+        pair.leader()                       # the node whose Patroni REST API answers /primary (or None)
         pair.multihost_dsn("paygate")       # host=S0,S1 port=P0,P1 target_session_attrs=read-write
         pair.node_dsn(node, "paygate")      # one node's database
         pair.wait_streaming()               # a replica streams from the leader
         pair.kill_postmaster(node)          # SIGKILL that node's postmaster (postmaster.pid)
-        pair.wait_leader(other_than=node)   # until Patroni promoted another node -> it
+        pair.wait_leader()                  # until exactly one node is primary -> it
     # close(): Patroni killed, each PostgreSQL stopped (immediate), etcd killed, the directory removed
 
 No test may assume the binaries exist: `patroni_binaries()` skips with the reason outside CI and
@@ -133,11 +133,6 @@ class Node:
     @property
     def log(self) -> Path:
         return self.home / "patroni.log"
-
-    def status(self) -> dict[str, Any]:
-        """Patroni's own view of this node (GET /patroni: state, role, timeline), {} when it is down."""
-        code, body = _http_get(f"{self.api}/patroni")
-        return body if code == 200 and isinstance(body, dict) else {}
 
     def is_primary(self) -> bool:
         return _http_get(f"{self.api}/primary")[0] == 200
@@ -286,13 +281,9 @@ class PatroniPair:
                 raise TimeoutError(f"waited {timeout:.0f} s for {what}:\n{tail}")
             time.sleep(0.1)
 
-    def wait_leader(self, *, other_than: Node | None = None, timeout: float = STARTUP_TIMEOUT) -> Node:
-        """Until exactly one node is primary (and, with `other_than`, not that one) -> it."""
-        def found() -> Node | None:
-            leader = self.leader()
-            return leader if leader is not None and leader is not other_than else None
-        return self._wait(found, "a leader" + (f" other than {other_than.name}" if other_than else ""),
-                          (other_than or self.nodes[0]).log, timeout)
+    def wait_leader(self, timeout: float = STARTUP_TIMEOUT) -> Node:
+        """Until exactly one node is primary -> it."""
+        return self._wait(self.leader, "a leader", self.nodes[0].log, timeout)
 
     def wait_streaming(self, timeout: float = STARTUP_TIMEOUT) -> Node:
         """Until the leader has a replica streaming from it -> the replica."""
