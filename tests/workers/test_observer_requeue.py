@@ -20,7 +20,7 @@ import pytest
 from stellar_sdk import Keypair, TransactionBuilder, scval
 
 from tests.support.chain_env import ChainEnv, billing_balance, chain_environ
-from tests.support.cli import Result
+from tests.support.cli import Result, run_cli
 from tests.support.devnet_support import DevnetHandle, start_devnet
 from tests.support.funding import admit, row_of
 from tests.support.pg import PgServer
@@ -237,3 +237,53 @@ def test_a_deposit_whose_whole_journal_the_restore_lost_settles_from_the_chain(
         cached = db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s", (user,)).fetchone()[0]
         assert cached == AMOUNT and billing_balance(chain, user) == 2 * AMOUNT  # the decoy is not ours
         assert set(quarantined(db)) == {decoy.hex()}
+
+
+SUBSCRIPTION = 5_000_000
+
+
+def test_a_subscription_period_the_restore_lost_is_charged_again_under_its_own_id_and_debited_once(
+        chain: ChainEnv, pg_server: PgServer, restored: list[str], tmp_path: Path) -> None:
+    """The period was charged on chain after the backup; the restored database admits it again. Its
+    charge id is derived from the period (sql/functions/admit_charge.sql), so the chain's debit, read by
+    the observer before the period was admitted again (quarantined: unknown charge id), settles the
+    re-admitted row, and the contract would refuse a second debit of that id anyway."""
+    from tests.support.charges_support import run_until_quiet as settle_charges
+    from tests.support.funding import run_until_quiet
+
+    user = chain.genesis["users"][0]["public"]
+    with psycopg.connect(chain.dsn, autocommit=True) as db:
+        admit(chain, db, user=0, amount=AMOUNT)
+        run_until_quiet(chain, db)
+        db.execute("SELECT paygate.create_subscription(%s, %s, interval '1 hour', now() - interval '10 minutes', "
+                   "'sub-restore')", (user, SUBSCRIPTION))
+    backup = restored_copy(pg_server, chain.dsn, tmp_path)  # before the period was charged
+    restored.append(backup)
+    assert chain.tick("subscriptions").code == 0
+    with psycopg.connect(chain.dsn, autocommit=True) as db:
+        settle_charges(chain, db)
+        charge_id, status = db.execute("SELECT charge_id, status FROM paygate.charges").fetchone()
+    assert status == "settled" and billing_balance(chain, user) == AMOUNT - SUBSCRIPTION
+
+    after = ChainEnv(chain.devnet, backup, {**chain.environ, "PAYGATE_DATABASE_URL": backup})
+    with psycopg.connect(after.dsn, autocommit=True) as db:
+        assert db.execute("SELECT count(*) FROM paygate.charges").fetchone()[0] == 0
+        first = after.tick("observer")  # the debit, for an id the restored database does not know yet
+        assert first.code == 3, first.err
+        assert "unknown charge id" in quarantined(db)[bytes(charge_id).hex()]
+        # The tick saw the recreated database and closed submissions; the pass reopens them (the lane
+        # the lost batch used is fenced: exit 3, not a blocker).
+        cleared = run_cli("recover-check", "--yes", "--json", environ=after.environ)
+        assert cleared.code == 3, cleared.err
+        assert db.execute("SELECT count(*) FROM paygate.halts WHERE kind = 'restore'").fetchone()[0] == 0
+        assert after.tick("subscriptions").code == 0
+        again, status = db.execute("SELECT charge_id, status FROM paygate.charges").fetchone()
+        assert bytes(again) == bytes(charge_id) and status == "authorized"
+        second = after.tick("observer")
+        assert second.code == 0, second.err
+        assert details(second)["quarantine_lifted"] == 1
+        assert db.execute("SELECT status FROM paygate.charges").fetchone()[0] == "settled"
+        assert quarantined(db) == {}
+        assert after.tick("settlement").code == 0  # nothing left to batch
+        cached = db.execute("SELECT cached_balance FROM paygate.accounts WHERE address = %s", (user,)).fetchone()[0]
+    assert billing_balance(chain, user) == AMOUNT - SUBSCRIPTION == cached  # debited once

@@ -13,19 +13,20 @@ Every event is inserted into chain_events first (event id unique): a page read t
 nothing twice. An event that cannot be applied (undecodable, unknown charge id or deposit, account
 or amount differing from the row, a charge already terminal) is stored quarantined with the reason
 and alarmed (error log, exit 3); the cursor moves on regardless (an Anchor Platform lesson: one
-poison event must never stall the stream). One reason can stop being true: a `credit` for a deposit
-the database does not know yet (after a restore the observer can read the chain's credit before
-funding has re-learned the deposit's hash). Each tick first re-examines a bounded batch of those
-whose deposit is known now, through the same apply code as a fresh event: applied, the quarantine
-is lifted (and audited, with the reason it had); still wrong, it keeps a quarantine with the new
-reason. A deposit is known by its recorded `deposit_tx`, or by the applied deposit lineage the row
-points at (the hash funding would record with its credit): the credit event names that hash, the
-chain's own evidence. Every other reason is final: an undecodable event, an account or amount that
-differs from the row, a second event for one charge id, and an unknown charge id too (charge ids
-are random per admission and written before any batch carries them: an id the database does not
-know now is never written later). A cursor older than the RPC's retention window stops the
-observer with exit 3: events in between may be lost and a human must reconcile. A read node behind
-the cursor is not that: the next read endpoint is tried, and when none has caught up the tick ends
+poison event must never stall the stream). Two reasons can stop being true after a restore: a
+`credit` for a deposit the database does not know yet (the observer can read the chain's credit
+before funding has re-learned the deposit's hash), and a charge event for an unknown charge id (a
+subscription period's id is derived from the period, so a restored database admits a lost period
+again under the id the chain already debited). Each tick first re-examines a bounded batch of those
+whose deposit or charge is known now, through the same apply code as a fresh event: applied, the
+quarantine is lifted (and audited, with the reason it had); still wrong, it keeps a quarantine with
+the new reason. A deposit is known by its recorded `deposit_tx`, or by the applied deposit lineage
+the row points at (the hash funding would record with its credit): the credit event names that
+hash, the chain's own evidence. Every other reason is final: an undecodable event, an account or
+amount that differs from the row, a second event for one charge id (those name the row they
+concern: only an event naming none is re-examined). A cursor older than the RPC's retention window
+stops the observer with exit 3: events in between may be lost and a human must reconcile. A read
+node behind the cursor is not that: the next read endpoint is tried, and when none has caught up the tick ends
 without moving the cursor and says so (details `waiting`, log `observer.readers_behind`)."""
 
 from __future__ import annotations
@@ -126,6 +127,18 @@ WHERE e.quarantined AND e.kind = 'credit' AND e.applied_to IS NULL
        OR EXISTS (SELECT 1 FROM paygate.lineages d JOIN paygate.deposits p ON p.deposit_lineage_id = d.id
                   WHERE d.inner_hash = decode(e.payload->>'ref', 'hex') AND d.purpose = 'deposit'
                     AND d.state = 'applied'))
+ORDER BY e.ledger, e.event_id
+LIMIT %s
+"""
+# The same for charge events whose charge id was unknown: a subscription period's id is derived from
+# the period (sql/functions/admit_charge.sql), so after a restore the period is admitted again under the
+# id the chain already debited, possibly after the observer read that debit.
+REEXAMINE_CHARGES_SQL = """
+SELECT e.event_id, e.kind, e.payload->>'account', e.payload->>'amount', e.payload->>'ref',
+       coalesce(e.payload->>'reason', ''), e.ledger, e.quarantine_reason
+FROM paygate.chain_events e
+WHERE e.quarantined AND e.kind IN ('charge', 'charge_failed') AND e.applied_to IS NULL
+  AND EXISTS (SELECT 1 FROM paygate.charges c WHERE c.charge_id = decode(e.payload->>'ref', 'hex'))
 ORDER BY e.ledger, e.event_id
 LIMIT %s
 """
@@ -307,7 +320,8 @@ def apply_page(conn: psycopg.Connection, page: EventsPage, old_cursor: str | Non
             if eid in applied:
                 outcome[eid] = (f"charge:{applied[eid]}", effect, None)
             else:
-                outcome[eid] = (None, None, _diagnose_charge(conn, ev))
+                target, reason = _diagnose_charge(conn, ev)
+                outcome[eid] = (target, None, reason)
     for eid, ev in decoded.items():
         if ev.kind == "credit":
             outcome[eid] = _apply_credit(conn, stats, ev)
@@ -336,16 +350,33 @@ def apply_page(conn: psycopg.Connection, page: EventsPage, old_cursor: str | Non
 
 
 def reexamine(conn: psycopg.Connection, log: logging.Logger, limit: int = REEXAMINE_BATCH) -> tuple[int, int]:
-    """Quarantined credits whose deposit is known now, applied as a fresh event is (_apply_credit);
-    the caller holds the transaction. -> (quarantines lifted, events quarantined again for a reason
-    that is final: the deposit differs from the event, or it is no longer pending)."""
+    """Quarantined credits whose deposit is known now, and charge events whose charge id is known
+    now, applied as a fresh event is (_apply_credit, the page's charge statements); the caller holds
+    the transaction. -> (quarantines lifted, events quarantined again for a reason that is final: the
+    row differs from the event, or it is no longer open)."""
     from paygate_cli.chain.charges import BillingEvent
 
     lifted = requarantined = 0
     stats = PageStats()
+    found: list[tuple[str, str, tuple[str | None, str | None, str | None]]] = []
     for event_id, account, amount, ref, was in conn.execute(REEXAMINE_SQL, (limit,)).fetchall():
         ev = BillingEvent("credit", account, int(amount), bytes.fromhex(ref))
-        applied_to, effect, reason = _apply_credit(conn, stats, ev)
+        found.append((event_id, was, _apply_credit(conn, stats, ev)))
+    statements = {"charge": (charges.SETTLE_CHARGES_SQL, "settled"),
+                  "charge_failed": (charges.FAIL_CHARGES_SQL, "failed")}
+    for event_id, kind, account, amount, ref, why, ledger, was in conn.execute(REEXAMINE_CHARGES_SQL,
+                                                                               (limit,)).fetchall():
+        sql, effect = statements[kind]
+        batch = [{"event_id": event_id, "charge_id": ref, "account": account, "amount": int(amount),
+                  "ledger": ledger, "reason": why}]
+        applied = {r[0]: r[1] for r in conn.execute(sql, (json.dumps(batch),))}
+        if event_id in applied:
+            found.append((event_id, was, (f"charge:{applied[event_id]}", effect, None)))
+        else:
+            target, reason = _diagnose_charge(conn, BillingEvent(kind, account, int(amount), bytes.fromhex(ref),
+                                                                 why or None))
+            found.append((event_id, was, (target, None, reason)))
+    for event_id, was, (applied_to, effect, reason) in found:
         if reason is None:
             # The observer is the one writer of chain_events (its advisory lock): a row that changed
             # meanwhile means a second one, and this transaction (the settle with it) rolls back.
@@ -366,15 +397,18 @@ def reexamine(conn: psycopg.Connection, log: logging.Logger, limit: int = REEXAM
     return lifted, requarantined
 
 
-def _diagnose_charge(conn: psycopg.Connection, ev: Any) -> str:
+def _diagnose_charge(conn: psycopg.Connection, ev: Any) -> tuple[str | None, str]:
+    """Why a charge event did not apply -> (the row it names, or None for an unknown charge id: the
+    one reason re-examined later; the reason)."""
     row = conn.execute(CHARGE_ROW_SQL, (ev.ref,)).fetchone()
     if row is None:
-        return f"{ev.kind}: unknown charge id {ev.ref.hex()}"
+        return None, f"{ev.kind}: unknown charge id {ev.ref.hex()}"
     charge_row_id, account, amount, status = row
     if account != ev.account or int(amount) != ev.amount:
-        return (f"{ev.kind}: charge {charge_row_id} is {amount} from {account}, the event says {ev.amount} "
-                f"from {ev.account} (amount/account mismatch)")
-    return f"{ev.kind}: charge {charge_row_id} is already {status} (a second event for one charge id)"
+        return f"charge:{charge_row_id}", (f"{ev.kind}: charge {charge_row_id} is {amount} from {account}, the event "
+                                           f"says {ev.amount} from {ev.account} (amount/account mismatch)")
+    return f"charge:{charge_row_id}", (f"{ev.kind}: charge {charge_row_id} is already {status} (a second event "
+                                       "for one charge id)")
 
 
 def _apply_credit(conn: psycopg.Connection, stats: PageStats, ev: Any) -> tuple[str | None, str | None, str | None]:

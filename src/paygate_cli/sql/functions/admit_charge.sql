@@ -92,9 +92,19 @@ BEGIN
             USING ERRCODE = 'PG402';
     END IF;
 
-    -- 32 bytes from two random UUIDs (244 random bits): unguessable and collision-free in practice;
-    -- the UNIQUE constraint makes a collision an error, never a shared id.
-    v_charge_id := uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid());
+    -- A one-off charge: 32 bytes from two random UUIDs (244 random bits), unguessable and
+    -- collision-free in practice; the UNIQUE constraint makes a collision an error, never a shared id.
+    -- A subscription period: derived from what names the period for good (the subscription's own
+    -- idempotency key, its account, the period's start), so a database restored to before the period
+    -- was charged admits it again under the SAME id, and the contract, which never debits an id twice,
+    -- refuses the second debit (docs/architecture.md §8). A random id there would be charged twice.
+    IF p_subscription_id IS NULL THEN
+        v_charge_id := uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid());
+    ELSE
+        v_charge_id := sha256(convert_to(concat_ws('|', 'paygate:subscription-period',
+            (SELECT idempotency_key FROM paygate.subscriptions WHERE id = p_subscription_id), p_account,
+            to_char(p_period_start AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US')), 'UTF8'));
+    END IF;
     INSERT INTO paygate.charges (charge_id, account, amount, idempotency_key, description, subscription_id,
                                  period_start)
     VALUES (v_charge_id, p_account, p_amount, p_idempotency_key, p_description, p_subscription_id, p_period_start)
