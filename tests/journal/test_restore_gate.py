@@ -1,5 +1,5 @@
 """The restore gate (docs/architecture.md §8) on the money path, against a real devnet and real
-restores (pg_dump -> pg_restore into a new database, tests/support/pg_restore_copy.py):
+restores (pg_dump -> pg_restore into a new database, tests/support/pg_backup.py restored_copy):
 
 - a restored database signs nothing new (the funding tick is stalled, exit 1, naming the halt)
   while its live lineage is still driven; `recover-check` keeps the halt while that lineage is live
@@ -29,7 +29,7 @@ from tests.support.devnet_support import start_devnet
 from tests.support.drill_support import crash_tick
 from tests.support.funding import wait_for_leases
 from tests.support.pg import PgServer
-from tests.support.pg_restore_copy import oid_of, restored_copy
+from tests.support.pg_backup import oid_of, restored_copy
 
 AMOUNT = 5_000_000
 

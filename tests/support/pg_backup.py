@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from paygate_cli.sandbox.pg_cluster import find_bindir
+from tests.support.pg import PgServer, with_dbname
 
 
 @dataclass
@@ -41,7 +43,7 @@ def take_dump(dsn: str, path: Path) -> Dump:
 
 def database_oid(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return int(conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0])
+        return oid_of(conn)
 
 
 def restore_over(dsn: str, dump: Path, *, keep_old_as: str | None = None) -> str:
@@ -71,3 +73,20 @@ def restore_over(dsn: str, dump: Path, *, keep_old_as: str | None = None) -> str
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     _tool("pg_restore", "--exit-on-error", "--no-owner", f"--dbname={dsn}", str(dump))
     return dsn
+
+
+def restored_copy(pg_server: PgServer, dsn: str, directory: Path) -> str:
+    """`dsn`'s database dumped and restored into a new database of the same server, as an operator
+    restoring last night's backup beside the live one: the same rows (the db_identity row included),
+    a new database OID. -> the copy's DSN (the caller drops it: pg_server.drop_database)."""
+    dump = take_dump(dsn, directory / f"backup-{uuid.uuid4().hex[:8]}.dump")
+    name = f"r_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_server.admin_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} TEMPLATE template0").format(sql.Identifier(name)))
+    target = with_dbname(pg_server.admin_dsn, name)
+    _tool("pg_restore", "--no-owner", "--exit-on-error", f"--dbname={target}", str(dump.path))
+    return target
+
+
+def oid_of(conn: psycopg.Connection) -> int:
+    return int(conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0])

@@ -15,7 +15,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from tests.support.cli import run_cli, run_proc
 from tests.support.pg import PgServer
-from tests.support.pg_restore_copy import oid_of, restored_copy
+from tests.support.pg_backup import oid_of, restored_copy
 
 
 @pytest.fixture

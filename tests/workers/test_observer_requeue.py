@@ -4,7 +4,7 @@ the cached balance equals the chain, the quarantine is lifted (audited), never n
 ordering. Funding, finding its credit already on chain, leaves the row to the observer. An event that is
 truly bad (a credit for a hash no deposit of ours has) stays quarantined with its reason.
 
-The restore is real: pg_dump and pg_restore into a new database (tests/support/pg_restore_copy.py)
+The restore is real: pg_dump and pg_restore into a new database (tests/support/pg_backup.py restored_copy)
 while the deposit's transfer is in flight; paygate carries on in the original until the chain has
 the credit, then runs against the restored copy."""
 
@@ -24,7 +24,7 @@ from tests.support.cli import Result, run_cli
 from tests.support.devnet_support import DevnetHandle, start_devnet
 from tests.support.funding import admit, row_of
 from tests.support.pg import PgServer
-from tests.support.pg_restore_copy import restored_copy
+from tests.support.pg_backup import restored_copy
 
 AMOUNT = 30_000_000
 

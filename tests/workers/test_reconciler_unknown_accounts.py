@@ -3,7 +3,7 @@ database has no row for at all, one whose row is behind. The reconciler reports 
 (a finding naming it, its chain balance, unexplained), not only in the contract-wide total, and
 `paygate reconcile-report` lists them per account, with the exit codes of any unexplained drift.
 
-The restore is real: pg_dump and pg_restore into a new database (tests/support/pg_restore_copy.py)
+The restore is real: pg_dump and pg_restore into a new database (tests/support/pg_backup.py restored_copy)
 taken while paygate runs, paygate carrying on in the original until the chain has the new credits."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tests.support.charges_support import charge_chain, fund
 from tests.support.cli import run_cli
 from tests.support.devnet_support import DevnetHandle, start_devnet
 from tests.support.pg import PgServer
-from tests.support.pg_restore_copy import restored_copy
+from tests.support.pg_backup import restored_copy
 
 DEPOSIT = 10_000_000
 LATER = 3_000_000
