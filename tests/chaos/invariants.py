@@ -289,17 +289,27 @@ def check_relays(chain: ChainEnv, conn: psycopg.Connection, out: Findings) -> No
     for ev in chain_events(chain, chain.genesis["contracts"]["market"]):
         if ev["topics"][0] == "order":
             orders[str(ev["value"][0])].append(ev)
-    relays = _rows(conn, "SELECT id, idempotency_key, status, reason, fee_charged, encode(tx_hash, 'hex') AS tx "
-                         "FROM paygate.relays ORDER BY id")
+    relays = _rows(conn, "SELECT id, idempotency_key, status, reason, fee_charged, lineage_id, "
+                         "encode(tx_hash, 'hex') AS tx FROM paygate.relays ORDER BY id")
+    carried: dict[str, str] = {}  # any hash that landed (inner or fee-bump outer) -> its inner hash
+    if any(r["lineage_id"] is None and r["status"] == "applied" for r in relays):
+        for tx in chain_transactions(chain):
+            carried[tx["outer"]] = carried[tx["inner"]] = tx["inner"]
     for relay in relays:
         item = relay["idempotency_key"].replace("-", "_")
         landed = orders.get(item, [])
         evidence = f"relay {relay}\n  orders {landed}\n" + _lineages_of(conn, [f"relay:{relay['id']}"])
         if len(landed) > 1:
             out.fail("each relay applied at most once on chain", evidence)
-        if landed and (relay["status"] != "applied" or hashes.get(landed[0]["tx"], {}).get("entitlement")
-                       != f"relay:{relay['id']}"):
-            out.fail("an order on chain ⇒ its relay applied, by its own lineage", evidence)
+        # Its own lineage's transaction, or (a restore lost that lineage) settled from the receipt of
+        # the very transaction that carried the order.
+        by_own_lineage = hashes.get(landed[0]["tx"], {}).get("entitlement") == f"relay:{relay['id']}" if landed \
+            else False
+        from_receipt = bool(landed) and relay["lineage_id"] is None and relay["tx"] is not None \
+            and carried.get(landed[0]["tx"]) == relay["tx"]
+        if landed and (relay["status"] != "applied" or not (by_own_lineage or from_receipt)):
+            out.fail("an order on chain ⇒ its relay applied, by its own lineage or from that order's receipt",
+                     evidence)
         if relay["status"] == "applied" and item.startswith("relay_") and not landed:
             out.fail("an applied relay ⇒ its order on chain", evidence)
     out.counts["orders on chain"] = sum(len(v) for v in orders.values())

@@ -147,14 +147,22 @@ def test_settle_and_release_close_a_reservation_exactly_once(allowed: psycopg.Co
     lane = allowed.execute("SELECT address FROM paygate.lanes").fetchone()[0]
     lineage = allowed.execute("INSERT INTO paygate.lineages (purpose, entitlement, lane) VALUES "
                               "('relay', 'relay:1', %s) RETURNING id", (lane,)).fetchone()[0]
-    settle = "SELECT paygate.settle_relay_fee(%s, %s, %s)"
+    settle = "SELECT paygate.settle_relay_fee(%s, %s, %s, %s)"
     release = "SELECT paygate.release_relay_fee(%s, %s)"
-    assert allowed.execute(settle, (a, lineage, 12_345)).fetchone()[0] is True
-    assert allowed.execute(settle, (a, lineage, 12_345)).fetchone()[0] is False  # twice: no effect
+    assert allowed.execute(settle, (a, lineage, 12_345, b"\x01" * 32)).fetchone()[0] is True
+    assert allowed.execute(settle, (a, lineage, 12_345, b"\x01" * 32)).fetchone()[0] is False  # twice: no effect
     assert allowed.execute(release, (a, "late")).fetchone()[0] is False  # both: no effect
     assert allowed.execute(release, (b, "expired")).fetchone()[0] is True
     assert allowed.execute(release, (b, "expired")).fetchone()[0] is False
     assert totals(allowed) == (0, 12_345, 3_000_000)
+    # Settled from the chain's receipt alone (a restore lost the lineage): the transaction names it.
+    c, _, _ = admit(allowed, "r3", max_fee=2_000_000)
+    assert allowed.execute(settle, (c, None, 7_000, b"\x02" * 32)).fetchone()[0] is True
+    assert totals(allowed) == (0, 19_345, 3_000_000)
+    # A settlement names its receipt one way or the other; neither is refused.
+    d, _, _ = admit(allowed, "r4", max_fee=2_000_000)
+    with pytest.raises(psycopg.errors.CheckViolation, match="settled_receipt"):
+        allowed.execute(settle, (d, None, 7_000, None))
     with pytest.raises(psycopg.errors.CheckViolation, match="closed"):
         allowed.execute("UPDATE paygate.fee_reservations SET status = 'released', reason = 'x' WHERE relay_id = %s",
                         (a,))

@@ -84,7 +84,8 @@ def chain_fee(chain: ChainEnv, inner_hash: bytes) -> tuple[str, int | None]:
 def assert_relay_invariants(chain: ChainEnv, db: psycopg.Connection) -> None:
     """After quiescence (the drill invariants (docs/architecture.md §1), proofs):
     - at most one applied lineage per relay / bot job (the journal's unique index, re-checked);
-    - settled fees == the sum of feeCharged of our applied+failed relay transactions on chain;
+    - settled fees == the sum of feeCharged of our applied+failed relay transactions on chain (a
+      relay settled from the chain alone, its lineage lost to a restore, by its reservation's hash);
     - every reservation settled or released (never both, never twice: one status column, CAS);
     - the accumulator agrees with the rows."""
     applied = db.execute("SELECT entitlement, count(*) FROM paygate.lineages WHERE purpose = 'relay' AND "
@@ -96,6 +97,13 @@ def assert_relay_invariants(chain: ChainEnv, db: psycopg.Connection) -> None:
     for _, inner, state in included:
         status, fee = chain_fee(chain, bytes(inner))
         assert status == ("SUCCESS" if state == "applied" else "FAILED"), (status, state)
+        on_chain += fee or 0
+    # Settled from the chain's receipt alone (a restore lost the lineage that sent it): the
+    # reservation names the transaction.
+    for (tx,) in db.execute("SELECT tx_hash FROM paygate.fee_reservations WHERE status = 'settled' "
+                            "AND lineage_id IS NULL").fetchall():
+        status, fee = chain_fee(chain, bytes(tx))
+        assert status == "SUCCESS", (status, bytes(tx).hex())
         on_chain += fee or 0
     reservations = db.execute("SELECT status, count(*), coalesce(sum(fee_charged), 0), coalesce(sum(amount), 0) "
                               "FROM paygate.fee_reservations GROUP BY status").fetchall()

@@ -14,7 +14,7 @@ from stellar_sdk import Account, Address, Keypair, MuxedAccount, Network, Transa
 from stellar_sdk.auth import authorization_payload_hash, build_authorization_preimage
 from stellar_sdk.exceptions import BadSignatureError
 
-from paygate_cli.chain.rpc import ChainClient, MalformedAnswer
+from paygate_cli.chain.rpc import ChainClient, MalformedAnswer, fee_charged_of
 from paygate_cli.errors import ConfigError, PaygateError, Unavailable
 
 
@@ -165,16 +165,27 @@ def nonce_consumed(chain: ChainClient, account: str, nonce: int) -> tuple[bool, 
     return bool(answer.entries), int(answer.latest_ledger)
 
 
-def landed_with_authorisation(chain: ChainClient, inner_hash: bytes, *, account: str, nonce: int) -> bool:
+@dataclass(frozen=True)
+class LandedReceipt:
+    """What a majority of the read endpoints agree a landed transaction was (landed_with_authorisation)."""
+    inner_hash: bytes
+    ledger: int
+    fee_charged: int
+    fee_source: str | None  # the fee bump's fee account, else None
+
+
+def landed_with_authorisation(chain: ChainClient, inner_hash: bytes, *, account: str, nonce: int
+                              ) -> LandedReceipt | None:
     """Did the transaction with this inner hash land successfully carrying `account`'s authorisation
-    with this nonce, as a majority of the read endpoints show it (each answer's envelope hashed
-    again: an answer about another transaction counts for nothing)? Funding asks it of a deposit
-    whose nonce is consumed with no lineage of its own, for a hash the chain's credit names."""
+    with this nonce? Only when a majority of the read endpoints each show it (each answer's envelope
+    hashed again: an answer about another transaction counts for nothing) and agree on its ledger,
+    its fee charged and who paid it: the receipt they agree on, else None. Asked of a deposit or a
+    relay whose nonce is consumed with no lineage of this database's (a restore lost it)."""
     from stellar_sdk import FeeBumpTransactionEnvelope
     from stellar_sdk.exceptions import SorobanRpcErrorResponse
 
     chain._guard("landed transaction read")
-    votes = 0
+    votes: dict[tuple[int, int, str | None], int] = {}
     for srv in chain.readers:
         try:
             answer = chain._retrying("getTransaction", lambda srv=srv: srv.get_transaction(inner_hash.hex()), 2)
@@ -184,20 +195,53 @@ def landed_with_authorisation(chain: ChainClient, inner_hash: bytes, *, account:
             continue
         try:
             envelope = TransactionBuilder.from_xdr(answer.envelope_xdr, chain.passphrase)
-            inner = (envelope.transaction.inner_transaction_envelope
-                     if isinstance(envelope, FeeBumpTransactionEnvelope) else envelope)
+            bumped = isinstance(envelope, FeeBumpTransactionEnvelope)
+            inner = envelope.transaction.inner_transaction_envelope if bumped else envelope
             if inner.hash() != inner_hash:
                 continue
-            entries = [entry for op in inner.transaction.operations for entry in getattr(op, "auth", None) or []]
+            carries = carries_authorisation(inner.transaction, account=account, nonce=nonce)
+            fee = fee_charged_of(answer.result_xdr)
+            said = (int(answer.ledger), fee, envelope.transaction.fee_source.account_id if bumped else None)
         except Exception:  # foreign bytes that do not decode: this endpoint's word counts for nothing
             continue
-        for entry in entries:
+        if carries and fee is not None:
+            votes[said] = votes.get(said, 0) + 1
+    need = len(chain.read_urls) // 2 + 1
+    for (ledger, fee, fee_source), count in votes.items():
+        if count >= need:
+            return LandedReceipt(inner_hash, ledger, fee, fee_source)
+    return None
+
+
+def authorising_transactions(chain: ChainClient, account: str, nonce: int) -> list[bytes]:
+    """Candidates, never a decision: the inner hashes of the successful transactions that carry
+    `account`'s authorisation with this nonce, in the ledger where its nonce entry was written (the
+    entry's lastModifiedLedgerSeq: the host writes a nonce once, when a transaction consumes it).
+    Empty when the nonce is not consumed, or when that ledger is beyond the read hosts' history
+    (getTransactions refuses it): then nothing here can name the transaction."""
+    from stellar_sdk.exceptions import SorobanRpcErrorResponse
+
+    answer = chain.ledger_entries([nonce_key(account, nonce)])
+    if not answer.entries:
+        return []
+    ledger = int(answer.entries[0].last_modified_ledger)
+    try:
+        transactions = chain.ledger_transactions(ledger)
+    except (Unavailable, SorobanRpcErrorResponse):
+        return []
+    return [tx.inner_hash for tx in transactions
+            if tx.status == "SUCCESS" and carries_authorisation(tx.transaction, account=account, nonce=nonce)]
+
+
+def carries_authorisation(transaction: Any, *, account: str, nonce: int) -> bool:
+    """Does this (inner, stellar_sdk) transaction carry `account`'s authorisation with this nonce?"""
+    for op in transaction.operations:
+        for entry in getattr(op, "auth", None) or []:
             creds = entry.credentials.address_v2 or entry.credentials.address
             if creds is not None and int(creds.nonce.int64) == nonce \
                     and Address.from_xdr_sc_address(creds.address).address == account:
-                votes += 1
-                break
-    return votes >= len(chain.read_urls) // 2 + 1
+                return True
+    return False
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,13 @@ from typing import Any
 
 from stellar_sdk import Address, Keypair, scval, xdr
 
-from paygate_cli.chain.contracts import Invocation, SignedTransaction
+from paygate_cli.chain.contracts import (
+    Invocation,
+    LandedReceipt,
+    SignedTransaction,
+    authorising_transactions,
+    landed_with_authorisation,
+)
 from paygate_cli.chain.rpc import ChainClient
 from paygate_cli.errors import PaygateError
 
@@ -187,6 +193,19 @@ def nonces_consumed_many(chain: ChainClient, wanted: list[tuple[str, list[int]]]
         if data is not None and data.key.nonce_key is not None:
             consumed.add((Address.from_xdr_sc_address(data.contract).address, int(data.key.nonce_key.nonce.int64)))
     return [[n for n in nonces if (account, n) in consumed] for account, nonces in wanted], int(answer.latest_ledger)
+
+
+def landed_relay(chain: ChainClient, *, account: str, nonce: int, fee_account: str) -> LandedReceipt | None:
+    """The transaction of this gateway's that consumed a relay's authorisation nonce, proven from the
+    chain: one that carries `account`'s authorisation with this nonce (found in the ledger that wrote
+    the nonce), landed as a majority of the read endpoints show it, fee-bumped by our fee account
+    (so it was ours and its fee is ours to settle). None when the chain cannot show one: then the
+    nonce was spent by someone else, or beyond the read hosts' history, and a human decides."""
+    for inner_hash in authorising_transactions(chain, account, nonce):
+        receipt = landed_with_authorisation(chain, inner_hash, account=account, nonce=nonce)
+        if receipt is not None and receipt.fee_source == fee_account:
+            return receipt
+    return None
 
 
 def envelope_fee(signed: SignedTransaction) -> int:

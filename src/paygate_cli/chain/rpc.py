@@ -108,6 +108,16 @@ FEE_DISTRIBUTION_FIELDS = ("max", "min", "mode", "p10", "p20", "p30", "p40", "p5
 
 
 @dataclass(frozen=True)
+class LedgerTransaction:
+    """One transaction of a ledger as getTransactions shows it (ChainClient.ledger_transactions)."""
+    inner_hash: bytes  # computed from the envelope: a fee bump's inner transaction's hash
+    transaction: Any  # the inner stellar_sdk Transaction
+    fee_source: str | None  # a fee bump's fee account, else None
+    status: str
+    ledger: int
+
+
+@dataclass(frozen=True)
 class FeeDistribution:
     """One of getFeeStats' distributions: inclusion fees charged per operation (stroops) over the
     node's recent ledgers, by percentile (`p10`..`p99`, `max`, `min`, `mode`)."""
@@ -291,39 +301,56 @@ class ChainClient:
                                                                                   strict=True)])
         return read_account_views(address, readers=self._sequence_endpoints[1], guard=self._guard)
 
-    def source_transactions(self, source: str, ledger: int, *, above: int, through: int,
-                            limit: int = 200) -> list[dict[str, Any]]:
-        """Evidence, never a decision: the transactions of `ledger` (one getTransactions page, first
-        healthy read endpoint) whose inner transaction has `source` as its source account and a
-        sequence number in (above, through]. Hash, sequence, status and operation types only."""
+    def ledger_transactions(self, ledger: int, *, page_limit: int = 200, max_pages: int = 10
+                            ) -> list[LedgerTransaction]:
+        """Evidence, never a decision: the transactions of `ledger` as the first healthy read endpoint
+        pages them (getTransactions from that ledger, by cursor until a page passes it or `max_pages`
+        pages), each envelope decoded and its inner hash computed here, never taken from the answer.
+        Foreign bytes that do not decode are no evidence either way and are skipped."""
         from stellar_sdk import FeeBumpTransactionEnvelope, TransactionEnvelope
 
         self._guard("getTransactions")
 
-        def page(srv: SorobanServer) -> Any:
-            answer = srv._client.post(srv.server_url, json_data=request_body(
-                "getTransactions", {"startLedger": ledger, "pagination": {"limit": limit}}))
-            return result_of(answer.status_code, answer.text)
+        def page(params: dict[str, Any]) -> Callable[[SorobanServer], Any]:
+            def one(srv: SorobanServer) -> Any:
+                answer = srv._client.post(srv.server_url, json_data=request_body("getTransactions", params))
+                return result_of(answer.status_code, answer.text)
+            return one
 
-        found = []
-        for item in self._first_healthy("getTransactions", page).get("transactions") or []:
-            if item.get("ledger") != ledger:
-                continue
-            try:
-                envelope = xdr.TransactionEnvelope.from_xdr(item["envelopeXdr"])
-                if envelope.type == xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP:
-                    tx = FeeBumpTransactionEnvelope.from_xdr(item["envelopeXdr"], self.passphrase
-                                                             ).transaction.inner_transaction_envelope.transaction
-                else:
-                    tx = TransactionEnvelope.from_xdr(item["envelopeXdr"], self.passphrase).transaction
-            except Exception:  # foreign bytes we cannot read are no evidence either way
-                continue
-            if tx.source.account_id != source or not above < tx.sequence <= through:
-                continue
-            found.append({"hash": str(item.get("txHash")), "ledger": ledger, "seq": tx.sequence,
-                          "status": item.get("status"),
-                          "operations": [type(op).__name__ for op in tx.operations]})
+        found: list[LedgerTransaction] = []
+        params: dict[str, Any] = {"startLedger": ledger, "pagination": {"limit": page_limit}}
+        for _ in range(max_pages):
+            answer = self._first_healthy("getTransactions", page(params))
+            items = answer.get("transactions") or []
+            for item in items:
+                if item.get("ledger") != ledger:
+                    continue
+                try:
+                    envelope = xdr.TransactionEnvelope.from_xdr(item["envelopeXdr"])
+                    if envelope.type == xdr.EnvelopeType.ENVELOPE_TYPE_TX_FEE_BUMP:
+                        bump = FeeBumpTransactionEnvelope.from_xdr(item["envelopeXdr"], self.passphrase)
+                        inner, fee_source = bump.transaction.inner_transaction_envelope, \
+                            bump.transaction.fee_source.account_id
+                    else:
+                        inner, fee_source = TransactionEnvelope.from_xdr(item["envelopeXdr"], self.passphrase), None
+                except Exception:  # foreign bytes we cannot read are no evidence either way
+                    continue
+                found.append(LedgerTransaction(inner_hash=inner.hash(), transaction=inner.transaction,
+                                               fee_source=fee_source, status=str(item.get("status")), ledger=ledger))
+            last = items[-1].get("ledger") if items else None
+            if len(items) < page_limit or not isinstance(last, int) or last > ledger or not answer.get("cursor"):
+                break
+            params = {"pagination": {"cursor": answer["cursor"], "limit": page_limit}}
         return found
+
+    def source_transactions(self, source: str, ledger: int, *, above: int, through: int) -> list[dict[str, Any]]:
+        """Evidence, never a decision: the transactions of `ledger` whose inner transaction has
+        `source` as its source account and a sequence number in (above, through]. Hash, sequence,
+        status and operation types only."""
+        return [{"hash": t.inner_hash.hex(), "ledger": ledger, "seq": t.transaction.sequence, "status": t.status,
+                 "operations": [type(op).__name__ for op in t.transaction.operations]}
+                for t in self.ledger_transactions(ledger)
+                if t.transaction.source.account_id == source and above < t.transaction.sequence <= through]
 
     def simulate(self, tx: Any) -> Any:
         self._guard("simulateTransaction")

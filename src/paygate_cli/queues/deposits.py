@@ -213,6 +213,8 @@ LIMIT 10
 """
 # The hash a majority of read hosts show carrying the row's authorisation: the row records it under
 # its lease, and the observer settles the row from the credit event naming it.
+ADMITTED_BEFORE_RESTORE_SQL = ("SELECT paygate.admitted_before_restore(created_at) FROM paygate.deposits "
+                               "WHERE id = %(id)s")
 RECORD_LANDED_TX_SQL = """
 UPDATE paygate.deposits SET deposit_tx = %(deposit_tx)s, updated_at = now()
 WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s AND deposit_tx IS NULL

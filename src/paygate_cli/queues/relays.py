@@ -129,11 +129,12 @@ WITH flipped AS (
     FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(lineages)s::bigint[], %(statuses)s::text[],
                 %(fees)s::bigint[], %(txs)s::bytea[], %(reasons)s::text[], %(payloads)s::jsonb[])
          AS d(id, token, lineage, status, fee, tx, reason, payload)
-    WHERE r.id = d.id AND r.status = 'queued' AND r.lease_token = d.token AND r.lineage_id = d.lineage
-    RETURNING r.id, d.lineage, d.fee, d.status, d.payload
+    WHERE r.id = d.id AND r.status = 'queued' AND r.lease_token = d.token
+      AND r.lineage_id IS NOT DISTINCT FROM d.lineage  -- NULL: settled from the chain's receipt alone
+    RETURNING r.id, d.lineage, d.fee, d.tx, d.status, d.payload
 )
 SELECT f.id,
-       paygate.require(paygate.settle_relay_fee(f.id, f.lineage, f.fee), 'reservation not open at settlement'),
+       paygate.require(paygate.settle_relay_fee(f.id, f.lineage, f.fee, f.tx), 'reservation not open at settlement'),
        paygate.emit_event('relay.' || f.status, f.payload), set_config('synchronous_commit', 'off', true)
 FROM flipped f ORDER BY f.id
 """
@@ -161,6 +162,9 @@ WITH expiring AS (
     WHERE r.status = 'queued' AND r.auth_expiration_ledger < %(latest)s
       AND (r.lease_expires_at IS NULL OR r.lease_expires_at < now())
       AND (r.lineage_id IS NULL OR x.state IN ('expired', 'superseded', 'abandoned'))
+      -- Admitted before a restore: a lost transaction of ours may have used it; the relay worker
+      -- settles it from the chain or hands it to a human (workers/relay.py), never an expiry.
+      AND NOT paygate.admitted_before_restore(r.created_at)
     ORDER BY r.auth_expiration_ledger, r.id
     LIMIT %(batch)s
     FOR UPDATE OF r SKIP LOCKED
@@ -180,6 +184,8 @@ SELECT f.id, paygate.release_relay_fee(f.id, f.reason),
            'released_fee', f.max_fee, 'reason', f.reason))
 FROM flipped f
 """
+ADMITTED_BEFORE_RESTORE_SQL = ("SELECT paygate.admitted_before_restore(created_at) FROM paygate.relays "
+                               "WHERE id = %(id)s")
 # Cheap check before any chain read: is anything queued at all?
 ANY_QUEUED_SQL = "SELECT min(auth_expiration_ledger) FROM paygate.relays WHERE status = 'queued'"
 

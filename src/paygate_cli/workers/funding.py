@@ -328,6 +328,14 @@ def _deposit_phase(deps: Deps, row: Deposit) -> str:
     if latest >= row.auth_expiration_ledger:
         # A transaction applies at the earliest in the next ledger: once the latest ledger reached
         # the expiration ledger, no future ledger can accept the authorisation.
+        if deps.conn.execute(deposits.ADMITTED_BEFORE_RESTORE_SQL, {"id": row.id}).fetchone()[0]:
+            # A lost transfer of ours may have used it; once expired, its nonce entry no longer says.
+            if _landed_and_credited(deps, row):
+                return "credited_on_chain"  # the chain's credit names it: settled from that
+            raise NeedsHuman(f"deposit {row.id}: its authorisation expired at ledger {row.auth_expiration_ledger} "
+                             "after this database went back in time (a restore): a lost transfer of ours may have "
+                             "used it, and the chain no longer shows its nonce either way",
+                             msgid="funding.expired_across_restore")
         _finish(deps, row, "expired", f"authorisation expired at ledger {row.auth_expiration_ledger} "
                 f"(latest {latest}) before it could be used", event="deposit.expired")
         return "expired"
@@ -407,7 +415,7 @@ def _landed_and_credited(deps: Deps, row: Deposit) -> bool:
     candidates = [bytes(h) for (h,) in deps.conn.execute(deposits.UNMATCHED_CREDITS_SQL, {
         "account": row.account, "amount": str(row.amount)})]
     for deposit_tx in candidates:
-        if landed_with_authorisation(deps.chain, deposit_tx, account=row.account, nonce=row.auth_nonce):
+        if landed_with_authorisation(deps.chain, deposit_tx, account=row.account, nonce=row.auth_nonce) is not None:
             _write(deps, deposits.RECORD_LANDED_TX_SQL, {"deposit_tx": deposit_tx, "id": row.id, "token": row.token})
             row.deposit_tx = deposit_tx
             deps.ctx.log.warning("deposit %s: its authorisation was consumed by transaction %s, which the billing "

@@ -76,6 +76,24 @@ class LeaseLost(PaygateError):
     msgid = "relay.lease_lost"
 
 
+@dataclass(frozen=True)
+class Inclusion:
+    """A relay's transaction included on chain, as its disposition settles it: from its lineage's
+    receipt, or (`lineage_id` None) from the chain alone, when a restore lost the lineage that sent
+    it (chain/relay.py landed_relay)."""
+    lineage_id: int | None
+    applied: bool
+    fee: int
+    tx: bytes | None
+    ledger: int | None
+    result_code: str | None = None
+
+    @classmethod
+    def of_lineage(cls, lineage: lineages.Lineage) -> Inclusion:
+        return cls(lineage.id, lineage.state == "applied", int(lineage.fee_charged or 0), lineage.inner_hash,
+                   lineage.ledger, lineage.result_code)
+
+
 class RelayJob:
     """What the journal engine needs from the relay path (journal.engine.Job)."""
 
@@ -158,7 +176,7 @@ class Deps:
     # The states drive_all() left the tick's lineages in (relay id -> state, or what stopped that
     # row), and the relays whose lineage was included on chain, disposed of together.
     driven: dict[int, Driven] = field(default_factory=dict)
-    included: list[tuple[Relay, lineages.Lineage]] = field(default_factory=list)
+    included: list[tuple[Relay, Inclusion]] = field(default_factory=list)
     ready: list[RelayJob] = field(default_factory=list)  # relays that may take a new lineage this tick
     rows: list[Relay] = field(default_factory=list)  # what the tick claimed (their leases are renewed)
     renewed_at: float = 0.0  # time.monotonic() of the last renewal (only to skip a needless one)
@@ -363,7 +381,8 @@ def advance(deps: Deps, row: Relay, new_work: bool = True) -> str:
             raise state  # that row's alone (its lease lost, a finding for a human)
         if state in ("applied", "failed"):
             # Disposed of with the tick's others (_dispose_all), once every row has been advanced.
-            deps.included.append((row, engine.finished.get(lineage.id) or engine.load(lineage.id)))
+            finished = engine.finished.get(lineage.id) or engine.load(lineage.id)
+            deps.included.append((row, Inclusion.of_lineage(finished)))
             return "included"
         if state in lineages.LIVE_STATES:
             return "waiting"  # in flight: the same bytes were resent; a ledger decides
@@ -383,7 +402,8 @@ def advance(deps: Deps, row: Relay, new_work: bool = True) -> str:
 def _ready(deps: Deps, row: Relay) -> str:
     """Phase 1's checks of a relay with no lineage in flight; "ready" when it may take a new lineage
     (queued in deps.ready, allocated for with the tick's others), else its terminal outcome."""
-    from paygate_cli.chain.relay import BadRelay, nonces_consumed, relay_invocation
+    from paygate_cli.chain.keys import fee_account_address
+    from paygate_cli.chain.relay import BadRelay, landed_relay, nonces_consumed, relay_invocation
 
     settings = deps.ctx.settings
     if not row.allowed:
@@ -400,8 +420,19 @@ def _ready(deps: Deps, row: Relay) -> str:
     known = deps.nonces.pop(row.id, None)
     consumed, latest = known or nonces_consumed(deps.engine.chain, row.account, list(row.auth_nonces))
     if consumed:
-        # Every lineage of ours is dead and none applied (else we would have converged): something
-        # that is not this gateway spent the authorisation. Never guessed (docs/architecture.md §1 rule 10).
+        # Every lineage this database holds is dead and none applied (else we would have converged).
+        # A lineage it does not hold may have: a restore loses what was journaled after the backup.
+        # The chain alone must show it (our fee account's, carrying this authorisation, by quorum):
+        # then the relay is settled from that receipt. Never guessed (docs/architecture.md §1 rule 10).
+        landed = landed_relay(deps.engine.chain, account=row.account, nonce=consumed[0],
+                              fee_account=fee_account_address(settings))
+        if landed is not None:
+            deps.ctx.log.warning("relay %s: its authorisation was consumed by transaction %s of ours in ledger %s, "
+                                 "which no lineage of this database sent (a restore?): settled from its receipt",
+                                 row.id, landed.inner_hash.hex(), landed.ledger,
+                                 extra={"msgid": "relay.landed_without_lineage", "relay_id": row.id})
+            deps.included.append((row, Inclusion(None, True, landed.fee_charged, landed.inner_hash, landed.ledger)))
+            return "included"
         raise NeedsHuman(f"relay {row.id}: authorisation nonce(s) {consumed} of {row.account} are consumed on "
                          "chain but no journaled lineage of ours applied them", msgid="relay.nonce_consumed_elsewhere")
     if latest >= row.auth_expiration_ledger:
@@ -410,10 +441,20 @@ def _ready(deps: Deps, row: Relay) -> str:
         latest = deps.engine.chain.latest_ledger_quorum().sequence
     if latest >= row.auth_expiration_ledger:
         # The earliest ledger a new transaction could apply in is latest + 1: past the authorisation.
+        if _admitted_before_restore(deps, row):
+            raise NeedsHuman(f"relay {row.id}: its authorisation expired at ledger {row.auth_expiration_ledger} "
+                             "after this database went back in time (a restore): a lost transaction of ours may "
+                             "have used it, and the chain no longer shows its nonce either way",
+                             msgid="relay.expired_across_restore")
         return _finish(deps, row, "expired", f"authorisation expired at ledger {row.auth_expiration_ledger} "
                        f"(latest {latest}) before it could be used")
     deps.ready.append(RelayJob(row, invocation))
     return "ready"
+
+
+def _admitted_before_restore(deps: Deps, row: Relay) -> bool:
+    """Asked only at an expiry (rare): one read, sql/functions/admitted_before_restore.sql."""
+    return bool(deps.conn.execute(relays.ADMITTED_BEFORE_RESTORE_SQL, {"id": row.id}).fetchone()[0])
 
 
 def _prepare(deps: Deps, job: RelayJob, allocation: Allocation | EngineLeaseLost | None) -> str:
@@ -454,7 +495,7 @@ def _dispose_all(deps: Deps) -> list[str]:
     if not included:
         return []
     crashpoint("relay.in_disposition")  # killed here: nothing of the disposition is written
-    dispositions = [_disposition(row, lineage) for row, lineage in included]
+    dispositions = [_disposition(row, inclusion) for row, inclusion in included]
     try:
         won = _dispose(deps, dispositions)
     except psycopg.Error as exc:
@@ -464,15 +505,14 @@ def _dispose_all(deps: Deps) -> list[str]:
     return [_disposed(deps, d, d["id"] in won) for d in dispositions]
 
 
-def _disposition(row: Relay, lineage: lineages.Lineage) -> dict[str, Any]:
-    status = "applied" if lineage.state == "applied" else "failed"
-    fee = int(lineage.fee_charged or 0)
-    reason = None if status == "applied" else f"relayed call failed on chain ({lineage.result_code})"
-    tx = lineage.inner_hash
-    return {"id": row.id, "token": row.token, "lineage": lineage.id, "status": status, "fee": fee, "tx": tx,
-            "reason": reason, "ledger": lineage.ledger, "reserved": row.max_fee, "payload": Jsonb({
+def _disposition(row: Relay, inclusion: Inclusion) -> dict[str, Any]:
+    status = "applied" if inclusion.applied else "failed"
+    fee, tx, ledger = inclusion.fee, inclusion.tx, inclusion.ledger
+    reason = None if status == "applied" else f"relayed call failed on chain ({inclusion.result_code})"
+    return {"id": row.id, "token": row.token, "lineage": inclusion.lineage_id, "status": status, "fee": fee,
+            "tx": tx, "reason": reason, "ledger": ledger, "reserved": row.max_fee, "payload": Jsonb({
                 "relay_id": row.id, "account": row.account, "contract": row.contract, "function": row.function,
-                "tx_hash": tx.hex() if tx else None, "ledger": lineage.ledger, "fee_charged": fee,
+                "tx_hash": tx.hex() if tx else None, "ledger": ledger, "fee_charged": fee,
                 "reserved_fee": row.max_fee, "reason": reason})}
 
 
