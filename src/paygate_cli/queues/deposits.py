@@ -19,19 +19,21 @@ from paygate_cli.queues import leases
 
 # -- claim -------------------------------------------------------------------------------------------
 
-# Rows with a transaction in flight first (resolving them frees lanes), then fresh ones in order.
-# A drained instance takes no new work but still drives what is in flight (a row with a lineage).
-CLAIM_SQL = f"""
-WITH claimable AS (
+# Up to `batch` rows with a transaction in flight and, beside them, up to `batch` fresh ones in
+# order: each counted on its own, so the lanes a tick frees by resolving its in-flight rows get new
+# work in the same tick (queues/relays.py CLAIM_SQL says why). A drained instance takes no new work
+# but still drives what is in flight (a row with a lineage).
+_CLAIMABLE = """
     SELECT ctid, id, deposit_lineage_id, credit_lineage_id FROM paygate.deposits
     WHERE status = 'pending'
       AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
-           OR lease_expires_at < now() - make_interval(secs => %(grace)s))
-      AND (NOT %(draining)s OR deposit_lineage_id IS NOT NULL OR credit_lineage_id IS NOT NULL)
-    ORDER BY (deposit_lineage_id IS NULL AND credit_lineage_id IS NULL), id
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-)
+           OR lease_expires_at < now() - make_interval(secs => %(grace)s))"""
+CLAIM_SQL = f"""
+WITH in_flight AS ({_CLAIMABLE} AND (deposit_lineage_id IS NOT NULL OR credit_lineage_id IS NOT NULL)
+    ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+), fresh AS ({_CLAIMABLE} AND deposit_lineage_id IS NULL AND credit_lineage_id IS NULL AND NOT %(draining)s
+    ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+), claimable AS (SELECT * FROM in_flight UNION ALL SELECT * FROM fresh)
 UPDATE paygate.deposits p
 SET {leases.take()},
     claimed_by = %(owner)s, attempts = p.attempts + 1, updated_at = now()

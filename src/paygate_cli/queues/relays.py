@@ -12,21 +12,24 @@ from paygate_cli.queues import leases
 
 # -- claim, renew, release -------------------------------------------------------------------------
 
-# Rows with a lineage first (resolving them frees lanes), then fresh ones in admission order. A
+# Up to `batch` rows with a lineage in flight and, beside them, up to `batch` fresh ones in admission
+# order: each counted on its own, so a tick that resolves its in-flight rows (freeing their lanes)
+# has new work for those lanes in the same tick, rather than in-flight rows filling the batch and the
+# freed lanes idling a tick (bench/throughput.py: 0.57 of the ceiling at 16 lanes, batch 16). A
 # drained instance finishes what is in flight and takes nothing new. This is the queue's one
 # take-over routine too: the worker takes rows whose lease lapsed (grace 0) with its free ones;
 # recovery takes only those (`lapsed_only`) whose lease lapsed more than its grace ago.
-CLAIM_SQL = f"""
-WITH claimable AS (
+_CLAIMABLE = """
     SELECT ctid, id, lineage_id FROM paygate.relays
     WHERE status = 'queued'
       AND ((lease_expires_at IS NULL AND NOT %(lapsed_only)s)
-           OR lease_expires_at < now() - make_interval(secs => %(grace)s))
-      AND (lineage_id IS NOT NULL OR NOT %(draining)s)
-    ORDER BY (lineage_id IS NULL), id
-    LIMIT %(batch)s
-    FOR UPDATE SKIP LOCKED
-)
+           OR lease_expires_at < now() - make_interval(secs => %(grace)s))"""
+CLAIM_SQL = f"""
+WITH in_flight AS ({_CLAIMABLE} AND lineage_id IS NOT NULL
+    ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+), fresh AS ({_CLAIMABLE} AND lineage_id IS NULL AND NOT %(draining)s
+    ORDER BY id LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+), claimable AS (SELECT * FROM in_flight UNION ALL SELECT * FROM fresh)
 UPDATE paygate.relays r
 SET {leases.take()},
     claimed_by = %(owner)s, attempts = r.attempts + 1, updated_at = now()
