@@ -213,10 +213,11 @@ WHERE e.quarantined AND e.kind = 'credit' AND e.applied_to IS NULL
 ORDER BY e.ledger, e.event_id
 LIMIT 10
 """
-# The hash a majority of read hosts show carrying the row's authorisation: the row records it under
-# its lease, and the observer settles the row from the credit event naming it.
+# Asked at an expiry only (workers/funding.py): sql/functions/admitted_before_restore.sql.
 ADMITTED_BEFORE_RESTORE_SQL = ("SELECT paygate.admitted_before_restore(created_at) FROM paygate.deposits "
                                "WHERE id = %(id)s")
+# The hash a majority of read hosts show carrying the row's authorisation: the row records it under
+# its lease, and the observer settles the row from the credit event naming it.
 RECORD_LANDED_TX_SQL = """
 UPDATE paygate.deposits SET deposit_tx = %(deposit_tx)s, updated_at = now()
 WHERE id = %(id)s AND status = 'pending' AND lease_token = %(token)s AND deposit_tx IS NULL

@@ -187,6 +187,7 @@ SELECT f.id, paygate.release_relay_fee(f.id, f.reason),
            'released_fee', f.max_fee, 'reason', f.reason))
 FROM flipped f
 """
+# Asked at an expiry only (workers/relay.py): sql/functions/admitted_before_restore.sql.
 ADMITTED_BEFORE_RESTORE_SQL = ("SELECT paygate.admitted_before_restore(created_at) FROM paygate.relays "
                                "WHERE id = %(id)s")
 # Cheap check before any chain read: is anything queued at all?
