@@ -107,7 +107,8 @@ FROM paygate.relays r LEFT JOIN paygate.lineages l ON l.id = r.lineage_id WHERE 
 DONE = {"settled", "applied"}
 # Every lineage's life on its lane (created -> resolved): how long a lane stays taken per transaction.
 LANE_SQL = """
-SELECT purpose, extract(epoch FROM created_at)::float8, extract(epoch FROM coalesce(resolved_at, now()))::float8
+SELECT purpose, extract(epoch FROM created_at)::float8, extract(epoch FROM coalesce(resolved_at, now()))::float8,
+       ledger - signed_at_ledger
 FROM paygate.lineages"""
 
 
@@ -303,11 +304,26 @@ class Phase:
     devnet_cpu: float = 0.0
 
 
-def lane_figures(lives: list[tuple[str, float, float]], phase: Phase, lanes: int) -> tuple[float, float, float]:
+def lane_detail(lives: list[tuple[str, float, float, int | None]], phase: Phase) -> str:
+    """Per purpose, for the lineages created in `phase`: how many, the mean seconds each held its lane,
+    and the share that landed in the ledger after the one it was signed at (the rest missed a ledger)."""
+    parts = []
+    for purpose in sorted({p for p, *_ in lives}):
+        mine = [(end - start, gap) for p, start, end, gap in lives if p == purpose and phase.start <= start < phase.end]
+        landed = [gap for _, gap in mine if gap is not None]
+        if mine:
+            next_ledger = sum(1 for gap in landed if gap <= 1) / len(landed) if landed else float("nan")
+            parts.append(f"{purpose} {len(mine)} held {statistics.fmean(h for h, _ in mine):.2f} s, "
+                         f"{next_ledger:.0%} in the next ledger")
+    return "; ".join(parts)
+
+
+def lane_figures(lives: list[tuple[str, float, float, int | None]], phase: Phase, lanes: int
+                 ) -> tuple[float, float, float]:
     """(mean seconds a lineage held its lane, p90 of it, the fraction of lane-time taken) for the
     lineages created in `phase`: the lanes' real turnaround, against the one ledger the ceiling assumes."""
-    held = [end - start for _, start, end in lives if phase.start <= start < phase.end]
-    taken = sum(max(0.0, min(end, phase.end) - max(start, phase.start)) for _, start, end in lives)
+    held = [end - start for _, start, end, _ in lives if phase.start <= start < phase.end]
+    taken = sum(max(0.0, min(end, phase.end) - max(start, phase.start)) for _, start, end, _ in lives)
     busy = taken / (lanes * (phase.end - phase.start)) if phase.end > phase.start else float("nan")
     return (statistics.fmean(held) if held else float("nan")), pct(held, 90), busy
 
@@ -323,14 +339,15 @@ def ceiling(args: argparse.Namespace) -> dict[str, float]:
 
 def report(args: argparse.Namespace, phases: list[Phase], units: dict[str, list[Unit]], clock: LedgerClock,
            ceil: dict[str, float], load: Load, batches: list[int], per_ledger: list[int],
-           lives: list[tuple[str, float, float]]) -> None:
+           lives: list[tuple[str, float, float, int | None]]) -> None:
     closes = clock.closes()
     gaps = [b - a for a, b in itertools.pairwise(closes)]
     plan = {name: every for name, _, every in worker_plan(args.cadence)}
     cadences = ", ".join(f"{w} {plan[w]}" for w in ("funding", "settlement", "observer", "relay", "subscriptions"))
     print(f"latency: {args.lanes} lanes, {args.users} users, devnet closing a ledger every "
           f"{args.ledger_interval}, {args.capacity} Soroban transactions a ledger; workers at "
-          f"{'the documented cadences' if not args.cadence else 'these cadences'} ({cadences})")
+          f"{'the documented cadences' if not args.cadence else 'these cadences'} ({cadences}); "
+          f"lane_shares {args.lane_shares}")
     print(f"  ceiling per ledger: {ceil['txs']:.0f} transactions (min(lanes, capacity)); batch by footprint "
           f"{ceil['batch']:.0f} charges ({MAX_WRITE_ENTRIES} read-write keys - {args.users} accounts; largest "
           f"batch seen {max(batches, default=0)}); shares: deposits {args.deposit_lanes} lanes -> "
@@ -373,6 +390,7 @@ def report(args: argparse.Namespace, phases: list[Phase], units: dict[str, list[
         print(f"  {'':5s} lanes: a lineage held its lane {held:.2f} s on average (p90 {held90:.2f} s), lanes "
               f"taken {busy:.0%} of the time -> at most {args.lanes / held:.1f} transactions a second; "
               f"devnet CPU {phase.devnet_cpu:.0%} of a core")
+        print(f"  {'':5s}   by purpose: {lane_detail(lives, phase)}")
     if load.refused:
         print(f"  refused admissions: {dict(load.refused)}")
     print(f"  the load generator was at most {load.behind:.0f} admissions behind its schedule")
@@ -419,6 +437,10 @@ def main() -> None:
     parser.add_argument("--deposit-lanes", type=float, default=3)
     parser.add_argument("--charge-lanes", type=float, default=2)
     parser.add_argument("--relay-lanes", type=float, default=3)
+    parser.add_argument("--lane-shares", default="ceiling",
+                        help="the workers' lane_shares: 'ceiling' (the split the ceiling assumes: funding, "
+                             "settlement and relay get the deposit, charge and relay lanes), 'none', or "
+                             "WORKER=COUNT,...")
     parser.add_argument("--cadence", action="append", default=[], metavar="WORKER=DURATION",
                         help="run WORKER at another cadence than the documented one (repeatable)")
     args = parser.parse_args()
@@ -440,6 +462,11 @@ def main() -> None:
                               extra_args=["--ledger-max-soroban-txs", str(args.capacity)])
         chain = charge_chain(devnet, dsn, tmp / "keys")
         chain.environ.update(PAYGATE_LOG_LEVEL="warning", PAYGATE_INSTANCE_ID="latency")
+        if args.lane_shares == "ceiling":
+            args.lane_shares = (f"funding={int(args.deposit_lanes)},settlement={int(args.charge_lanes)},"
+                                f"relay={int(args.relay_lanes)}")
+        if args.lane_shares != "none":
+            chain.environ["PAYGATE_LANE_SHARES"] = args.lane_shares
         users = devnet.genesis["users"]
         ceil = ceiling(args)
         with psycopg.connect(dsn, autocommit=True) as db:
@@ -495,7 +522,8 @@ def main() -> None:
                 raise SystemExit(f"the load generator failed: {load.error!r}")
             units = {path: read_units(db, path) for path in PATHS}
             batches = [int(r[0]) for r in db.execute("SELECT entries FROM paygate.charge_batches")]
-            lives = [(str(r[0]), float(r[1]), float(r[2])) for r in db.execute(LANE_SQL)]
+            lives = [(str(r[0]), float(r[1]), float(r[2]), None if r[3] is None else int(r[3]))
+                     for r in db.execute(LANE_SQL)]
             per_ledger = [int(r[0]) for r in db.execute(
                 "SELECT count(*) FROM paygate.lineages WHERE ledger IS NOT NULL GROUP BY ledger")]
         if supervisor.crashes:

@@ -118,3 +118,38 @@ def test_secrets_never_appear_in_any_output_even_on_failure(tmp_path: Path) -> N
             result = run_proc(*args, environ=environ)
             assert KNOWN_SECRET not in result.out + result.err, args
             assert "Pa55word-very-secret" not in result.out + result.err, args
+
+
+def test_lane_shares_parse_from_env_and_toml(tmp_path: Path) -> None:
+    settings = load_settings({"PAYGATE_LANE_SHARES": "relay=3, funding=2"})
+    assert settings.lane_shares == {"relay": 3, "funding": 2}
+    config = tmp_path / "paygate.toml"
+    config.write_text("[lane_shares]\nsettlement = 2\n")
+    assert load_settings({}, config_path=str(config)).lane_shares == {"settlement": 2}
+    assert load_settings({}).lane_shares == {}
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("observer=2", "not a worker that signs on lanes"),
+    ("funding", "not WORKER=COUNT"),
+    ("funding=0", "at least one lane"),
+    ("funding=two", "not an integer"),
+    ("funding=1,funding=2", "named twice"),
+])
+def test_bad_lane_shares_are_one_clear_config_error(value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings({"PAYGATE_LANE_SHARES": value})
+
+
+def test_lanes_for_partitions_the_lanes_by_name_and_shares_the_rest() -> None:
+    from paygate_cli.journal.lineage import lanes_for
+
+    lanes = [f"L{i}" for i in range(8)]
+    shares = {"settlement": 2, "funding": 3}
+    # Names in order (funding, settlement), lanes in address order; L5-L7 are nobody's own.
+    assert lanes_for("funding", reversed(lanes), shares) == ["L0", "L1", "L2", "L5", "L6", "L7"]
+    assert lanes_for("settlement", lanes, shares) == ["L3", "L4", "L5", "L6", "L7"]
+    assert lanes_for("relay", lanes, shares) == lanes  # not named: every lane
+    assert lanes_for("relay", lanes, {}) == lanes
+    with pytest.raises(ConfigError, match="reserve 9 lanes but 8"):
+        lanes_for("funding", lanes, {"funding": 5, "relay": 4})

@@ -23,6 +23,15 @@ class TickContext:
     log: logging.Logger
     # This instance is drained (`paygate drain --instance`): finish held work, take no new claims.
     draining: bool = False
+    # The tick left work the chain will move in the next ledger (a transaction in flight, or the
+    # observer caught up): the latest ledger it knew then. A `--every` loop starts its next tick as
+    # soon as a later ledger closes, not at its next slot (ticks/next_ledger.py).
+    wake_after_ledger: int | None = None
+
+    def wake_after(self, ledger: int) -> None:
+        """Ask for the next tick once a ledger after `ledger` closed (the earliest such ask wins)."""
+        if self.wake_after_ledger is None or ledger < self.wake_after_ledger:
+            self.wake_after_ledger = ledger
 
 
 @dataclass

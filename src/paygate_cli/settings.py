@@ -78,6 +78,34 @@ def _parse_list(text: str | list[str], name: str) -> list[str]:
     return [part.strip() for part in str(text).split(",") if part.strip()]
 
 
+# The workers that sign on lanes: the ones a lane share (`lane_shares`) may name.
+LANE_WORKERS = frozenset({"funding", "settlement", "relay", "relay_drainer", "ttl"})
+
+
+def _parse_lane_shares(text: str | Mapping[str, Any] | list[str], name: str) -> dict[str, int]:
+    """`funding=3,settlement=2,relay=3` (or a TOML table): lanes reserved for each named worker."""
+    if isinstance(text, Mapping):
+        pairs = [(str(k), v) for k, v in text.items()]
+    else:
+        pairs = []
+        for part in _parse_list(text, name):
+            worker, sep, count = part.partition("=")
+            if not sep:
+                raise ConfigError(f"{name}: {part[:80]!r} is not WORKER=COUNT")
+            pairs.append((worker.strip(), count.strip()))
+    shares: dict[str, int] = {}
+    for worker, count in pairs:
+        if worker not in LANE_WORKERS:
+            raise ConfigError(f"{name}: {worker[:40]!r} is not a worker that signs on lanes "
+                              f"({', '.join(sorted(LANE_WORKERS))})")
+        if worker in shares:
+            raise ConfigError(f"{name}: {worker} is named twice")
+        shares[worker] = _parse_int(count, f"{name} {worker}")
+        if shares[worker] == 0:
+            raise ConfigError(f"{name} {worker}: a share is at least one lane (leave the worker out instead)")
+    return shares
+
+
 def _parse_urls(text: str | list[str], name: str) -> list[str]:
     """A list of RPC endpoints, each normalised; exact duplicates (after normalisation) dropped."""
     out: list[str] = []
@@ -306,6 +334,9 @@ FIELDS: tuple[Field, ...] = (
     Field("settlement_max_attempts", 5, _parse_int, "charge_batch lineages proven dead before a charge fails"),
     Field("settlement_batches_per_tick", 0, _parse_int,
           "new charge_batch transactions one tick may start (0: one per lane the process holds keys for)"),
+    Field("lane_shares", {}, _parse_lane_shares,
+          "lanes reserved for a worker (funding=3,settlement=2,relay=3): each named worker signs only on "
+          "its own lanes and the unreserved ones; the others sign on every lane"),
     Field("observer_start_ledger", None, _opt_int, "first ledger the observer reads when it has no cursor"),
     Field("observer_max_pages", 20, _parse_int, "getEvents pages one observer tick may apply"),
     Field("recovery_grace", 180.0, _dur, "a claim this far past its lease is recovery's (> receipt timeout + a tick)"),

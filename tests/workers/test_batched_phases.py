@@ -20,6 +20,7 @@ from paygate_cli.context import TickContext
 from paygate_cli.journal.engine import Allocation, Engine, LeaseLost
 from paygate_cli.journal.lineage import load
 from paygate_cli.journal.resolve import Receipt, record_receipts
+from paygate_cli.settings import load_settings
 
 ROWS_DDL = ("CREATE TABLE public.alloc_rows "
             "(id int PRIMARY KEY, token uuid, lineage_id bigint, follow bool DEFAULT true)")
@@ -67,7 +68,7 @@ def _world(db: psycopg.Connection, rows: int, lanes: int) -> tuple[Engine, list[
     jobs = [RowJob(i) for i in range(1, rows + 1)]
     for job in jobs:
         db.execute("INSERT INTO public.alloc_rows (id, token) VALUES (%s, %s)", (job.row_id, job.token))
-    ctx = TickContext(conn=db, settings=None, worker="test", instance_id="t", slot=0, batch=8,  # type: ignore[arg-type]
+    ctx = TickContext(conn=db, settings=load_settings({}), worker="test", instance_id="t", slot=0, batch=8,
                       log=logging.getLogger("test"))
     # The engine's lanes are those it holds keys for; no key is used here (nothing is signed).
     signer = SimpleNamespace(lanes=dict.fromkeys(addresses))

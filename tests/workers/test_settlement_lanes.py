@@ -51,3 +51,25 @@ def test_a_configured_bound_still_holds(chain: ChainEnv, db: psycopg.Connection)
     result = chain.tick("settlement", "--batch", "2", PAYGATE_SETTLEMENT_BATCHES_PER_TICK="3")
     assert result.code == 0, result.err
     assert db.execute("SELECT count(*) FROM paygate.charge_batches").fetchone()[0] == 3
+
+
+def test_a_lane_share_keeps_settlement_to_its_own_lanes_and_the_unreserved(chain: ChainEnv,
+                                                                          db: psycopg.Connection) -> None:
+    """docs/workers.md "Lane shares": funding=3,relay=2 reserve the first five lanes in address order
+    (funding's three, then relay's two); settlement, named with 1, takes the sixth and the two left."""
+    users = chain.genesis["users"][:2]
+    fund(chain, db, [(u, DEPOSIT) for u in users])
+    for i in range(3 * LANES):
+        admit_charge(db, users[i % 2]["public"], 1000 + i, f"c{i}")
+    result = chain.tick("settlement", "--batch", "2", PAYGATE_LANE_SHARES="funding=3,relay=2,settlement=1")
+    assert result.code == 0, result.err
+    ordered = sorted(p["public"] for p in chain.genesis["lanes"])
+    used = {lane for (lane,) in db.execute("SELECT DISTINCT lane FROM paygate.lineages "
+                                           "WHERE purpose = 'charge_batch'")}
+    assert used == set(ordered[5:]) == {ordered[5], ordered[6], ordered[7]}
+
+
+def test_shares_reserving_more_lanes_than_configured_stop_the_worker_at_start(chain: ChainEnv) -> None:
+    result = chain.tick("settlement", PAYGATE_LANE_SHARES="funding=5,relay=4")
+    assert result.code == 78, result.err
+    assert "lane_shares reserve 9 lanes" in result.err and "holds 8 lane seeds" in result.err

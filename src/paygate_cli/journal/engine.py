@@ -100,6 +100,7 @@ Crash points (PAYGATE_CRASH_AT), with `job.crash` as prefix: `.after_allocate`, 
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from dataclasses import dataclass
@@ -433,6 +434,7 @@ class Engine:
         self.fee_capped: dict[int, int] = {}
         self._paths: set[tuple[str, str]] = set()
         self.replaced = 0  # replacement envelopes this engine journaled and broadcast this tick
+        self._lanes: list[str] | None = None  # this worker's share of the lanes (the lanes property)
 
     @classmethod
     def for_tick(cls, ctx: TickContext) -> Engine:
@@ -470,7 +472,10 @@ class Engine:
 
     @property
     def lanes(self) -> list[str]:
-        return list(self.signer.lanes)
+        """The lanes this worker allocates on: its share of the lanes it holds keys for."""
+        if self._lanes is None:
+            self._lanes = lineages.lanes_for(self.ctx.worker, self.signer.lanes, self.ctx.settings.lane_shares)
+        return self._lanes
 
     @property
     def ours(self) -> Ours:
@@ -709,6 +714,7 @@ class Engine:
         crashpoint(f"{job.crash}.after_broadcast")
         terminal = send.status == "ERROR" and send.code in TERMINAL_SEND_CODES
         if not terminal:
+            self._awaiting_inclusion()
             # Nothing of the path's to record with an ordinary answer: the mark joins the tick's
             # others in one statement (flush_sent). Until then the lineage reads 'signed', which
             # resolve treats exactly as 'sent' (and a crash before the flush leaves what a crash
@@ -721,6 +727,12 @@ class Engine:
                 lineages.mark_sent(self.conn, lineage_id, send.label)
                 job.on_sent(self.conn, lineage_id, send, terminal)
         return Sent(lineage_id, send, terminal)
+
+    def _awaiting_inclusion(self) -> None:
+        """A transaction of this tick's is in flight: the next ledger may include it, and the tick
+        that reads its receipt frees its lane, so the loop should tick again once it closes."""
+        if self._seen_latest is not None:
+            self.ctx.wake_after(self._seen_latest[0])
 
     def flush_sent(self, then: tuple[str, dict[str, Any]] | None = None) -> None:
         """Record the broadcasts send_prepared left pending (a path calls it once a tick, before it
@@ -927,6 +939,8 @@ class Engine:
         resolved.append(prefix)
         self._report(lineage, resolution)
         self._paths.add((lineage.purpose, lineage.entitlement.split(":", 1)[0]))
+        if resolution.state in lineages.LIVE_STATES:
+            self._awaiting_inclusion()
         if resolution.state == "sent" and self.replaces_envelopes and lineage.parked_reason is None \
                 and "parked" not in resolution.evidence:
             self._bid_again(prefix, lineage, resolution)
@@ -1054,7 +1068,11 @@ class Engine:
     def stall_reason(self) -> str | None:
         """Why this tick's work cannot move: no lane (stall_reason below), or units fee-capped
         (the market asks more than their cap: docs/architecture.md §4 "Fees and the fee market").
-        A worker asks when it found no free lane, or when `fee_capped` says this tick saw one."""
+        A worker asks when it found no free lane, or when `fee_capped` says this tick saw one.
+        Either changes with a ledger close (a lane frees when its transaction lands, the market
+        moves per ledger), so the loop ticks again at the next close rather than at its slot."""
+        with contextlib.suppress(PaygateError, ValueError):  # no (usable) chain answer: the loop keeps its cadence
+            self.ctx.wake_after(self._latest().sequence)
         reasons = [self.fee_capped_reason()]
         if not self.broadcasts:  # a tick that broadcast work moves, whatever still waits for a lane
             reasons.append(stall_reason(self.conn, self.ctx.settings, self.lanes))

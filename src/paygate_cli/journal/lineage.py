@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from datetime import datetime
 
     import psycopg
@@ -42,6 +43,25 @@ def free_lane_ctes(*, lanes_param: str = "lanes", only_if: str = "true", limit: 
 ), used AS (
     UPDATE paygate.lanes SET last_allocated_at = clock_timestamp() FROM lane WHERE lanes.address = lane.address
 )"""
+
+
+def lanes_for(worker: str, lanes: Iterable[str], shares: dict[str, int]) -> list[str]:
+    """The lanes `worker` may allocate on, by the lane shares (docs/workers.md "Lane shares"): the
+    lanes in address order go to the named workers in name order, `shares[w]` each; a named worker
+    signs on its own and on the lanes left over, any other worker on every lane. Every process with
+    the same lanes and shares computes the same partition, so no two named workers share a lane."""
+    from paygate_cli.errors import ConfigError
+
+    ordered = sorted(lanes)
+    if not shares:
+        return ordered
+    if sum(shares.values()) > len(ordered):
+        raise ConfigError(f"lane_shares reserve {sum(shares.values())} lanes but {len(ordered)} are configured")
+    if worker not in shares:
+        return ordered
+    start = sum(count for name, count in shares.items() if name < worker)
+    leftover = ordered[sum(shares.values()):]
+    return ordered[start:start + shares[worker]] + leftover
 
 
 ALLOCATE_SQL = "WITH " + free_lane_ctes() + """

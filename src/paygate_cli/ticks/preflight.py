@@ -53,6 +53,9 @@ def check_secrets(spec: WorkerSpec, settings: Settings) -> None:
                 _seed(line, f"{lanes.source} line {number}")
         if not seeds:
             raise ConfigError(f"{lanes.source} holds no lane seeds")
+        reserved = sum(settings.lane_shares.values())
+        if reserved > seeds:
+            raise ConfigError(f"lane_shares reserve {reserved} lanes but {lanes.source} holds {seeds} lane seeds")
     fee = settings.secret("fee_secret")
     if needs & {"fee_key", "fee_account"} and fee is not None:
         seed = _seed(fee.reveal().strip(), fee.source)

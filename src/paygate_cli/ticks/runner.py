@@ -27,6 +27,7 @@ from paygate_cli.errors import CannotWork, ConfigError, ExitCode, NeedsHuman, Pa
 from paygate_cli.logs import get_logger
 from paygate_cli.secrets import scrub
 from paygate_cli.settings import check_read_quorum
+from paygate_cli.ticks.next_ledger import NextLedgerWaiter
 from paygate_cli.ticks.preflight import check_secrets
 
 if TYPE_CHECKING:
@@ -357,10 +358,11 @@ def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Conne
     previous = stop.install() if threading.current_thread() is threading.main_thread() else {}
     worst = ExitCode.OK
     started = env.monotonic()
+    waiter = NextLedgerWaiter(lambda: _chain_client(env.settings), env.monotonic)
     try:
         while True:
             lock_conn.execute("SELECT 1")  # lost lock session = lost exclusivity: stop (69)
-            outcome = _tick_once(env, spec, opts, work, instance, slot, summary, report)
+            outcome, wake_after = _tick_once(env, spec, opts, work, instance, slot, summary, report)
             worst = max(worst, _SEVERITY[outcome])
             if opts.once or stop.event.is_set():
                 break
@@ -371,10 +373,13 @@ def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Conne
             next_at = next_slot(started, now, opts.every)
             if opts.for_seconds is not None and next_at - started >= opts.for_seconds:
                 break
-            stop.event.wait(max(0.0, next_at - now))
+            # Work in flight: tick again as soon as the ledger it awaits closes, at the latest at the slot.
+            if wake_after is None or not waiter.wait_past(wake_after, next_at, stop.event):
+                stop.event.wait(max(0.0, next_at - env.monotonic()))
             if stop.event.is_set():
                 break
     finally:
+        waiter.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if stop.signum is not None:
@@ -382,8 +387,15 @@ def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Conne
     summary.exit_code = int(worst)
 
 
+def _chain_client(settings: Settings) -> Any:
+    from paygate_cli.chain.rpc import ChainClient  # stellar-sdk: only for a loop that waits for a ledger
+
+    return ChainClient(settings)
+
+
 def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Connection, instance: str,
-               slot: int, summary: RunSummary, report: _MetricsReport) -> str:
+               slot: int, summary: RunSummary, report: _MetricsReport) -> tuple[str, int | None]:
+    """One tick: its outcome, and the ledger whose successor its work awaits (TickContext.wake_after)."""
     import psycopg
 
     tick_started = time.monotonic()
@@ -391,6 +403,7 @@ def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Conne
     summary.ticks += 1
     result = TickResult()
     error: str | None = None
+    ctx: TickContext | None = None
     try:
         if drained:
             summary.drained_ticks += 1
@@ -448,7 +461,7 @@ def _tick_once(env: Env, spec: WorkerSpec, opts: RunOptions, work: psycopg.Conne
             result.failed, duration * 1000,
             extra={"msgid": "tick.done", "worker": spec.name, "slot": slot, "outcome": outcome})
     report.tick(duration, result, outcome)
-    return outcome
+    return outcome, ctx.wake_after_ledger if ctx is not None else None
 
 
 def _finish(work: psycopg.Connection, run_id: int, outcome: str, result: TickResult, error: str | None) -> None:

@@ -165,7 +165,7 @@ def tick(ctx: TickContext) -> TickResult:
 
     engine = Engine.for_tick(ctx)
     deps = Deps(ctx, engine.chain, engine.signer, engine.keyring, engine)
-    free, orphans = ctx.conn.execute(deposits.FREE_LANES_AND_ORPHANS_SQL, {"lanes": sorted(deps.signer.lanes),
+    free, orphans = ctx.conn.execute(deposits.FREE_LANES_AND_ORPHANS_SQL, {"lanes": sorted(deps.engine.lanes),
                                                                  "limit": 1}).fetchone()
     deps.free_lanes = int(free)
     # Rows with a transaction in flight first: resolving them frees lanes for the new ones.
@@ -184,8 +184,8 @@ def tick(ctx: TickContext) -> TickResult:
     try:
         _read_nonces(deps, rows)
         if orphans:
-            outcomes["orphans_driven"] = deps.engine.sweep(deposits.ORPHANS_SQL, limit=max(8, len(deps.signer.lanes)))
-            deps.free_lanes = lineages.free_lane_count(ctx.conn, list(deps.signer.lanes))
+            outcomes["orphans_driven"] = deps.engine.sweep(deposits.ORPHANS_SQL, limit=max(8, len(deps.engine.lanes)))
+            deps.free_lanes = lineages.free_lane_count(ctx.conn, list(deps.engine.lanes))
         _drive_in_flight(deps, rows)
         for row in rows:
             count(_step(deps, row, advance, row))
@@ -247,7 +247,7 @@ def _read_nonces(deps: Deps, rows: list[Deposit]) -> None:
             return False
 
     fresh = [r for r in rows if r.deposit_lineage_id is None and r.deposit_tx is None and not r.pending_failure]
-    fresh = [r for r in fresh[:max(deps.free_lanes, 0) + len(deps.signer.lanes)] if readable(r)]
+    fresh = [r for r in fresh[:max(deps.free_lanes, 0) + len(deps.engine.lanes)] if readable(r)]
     if not fresh:
         return
     consumed, latest = nonces_consumed_many(deps.chain, [(r.account, [r.auth_nonce]) for r in fresh])
@@ -609,7 +609,7 @@ def _prepare_and_send(deps: Deps, item: Ready, first: Allocation | LeaseLost | N
 
     job, row = item.job, item.job.row
     allocation = first
-    for attempt in range(len(deps.signer.lanes)):
+    for attempt in range(len(deps.engine.lanes)):
         if attempt:
             allocation = deps.engine.allocate_many([job], [item.entitlement])[0]
             deps.free_lanes -= 1

@@ -259,6 +259,7 @@ def tick(ctx: TickContext) -> TickResult:
             result.processed += stats.new
             result.needs_human += len(stats.quarantined)
             if len(page.events) < limit:
+                ctx.wake_after(page.latest_ledger)  # the next close has the next events
                 break  # caught up with the RPC's latest ledger
     finally:
         chain.close()

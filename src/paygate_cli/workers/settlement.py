@@ -178,15 +178,15 @@ def tick(ctx: TickContext) -> TickResult:
         if drivable:
             _drive_open_batches(deps, result)
         if orphans:
-            deps.count("orphans_driven", deps.engine.sweep(charges.ORPHANS_SQL, limit=max(8, len(deps.signer.lanes))))
+            deps.count("orphans_driven", deps.engine.sweep(charges.ORPHANS_SQL, limit=max(8, len(deps.engine.lanes))))
         started = 0
         # A batch whose lane failed for a lane reason is handed back and claimed again at once on
         # another lane (the failing lane is fenced); bounded by the number of lanes.
-        retries = len(deps.signer.lanes)
+        retries = len(deps.engine.lanes)
         # Driving may have handed rows back (a dead lineage): claim them in this tick too.
         # One lane carries one transaction per ledger: a tick that may start fewer batches than there are
         # lanes leaves lanes idle for a ledger (0, the default, bounds it by the lanes alone).
-        per_tick = int(ctx.settings.settlement_batches_per_tick) or len(deps.signer.lanes)
+        per_tick = int(ctx.settings.settlement_batches_per_tick) or len(deps.engine.lanes)
         while not ctx.draining and started < max(1, per_tick):
             step = _start_batch(deps, result)
             if step == "lane_failed" and retries > 0:
