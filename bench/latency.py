@@ -318,6 +318,23 @@ def lane_detail(lives: list[tuple[str, float, float, int | None]], phase: Phase)
     return "; ".join(parts)
 
 
+TICKS_SQL = """
+SELECT worker, extract(epoch FROM started_at)::float8, extract(epoch FROM finished_at - started_at)::float8
+FROM paygate.worker_runs WHERE finished_at IS NOT NULL AND slot >= 0"""
+
+
+def tick_detail(ticks: list[tuple[str, float, float]], phase: Phase) -> str:
+    """Per money-path worker, for the ticks started in `phase`: ticks a second, mean and p90 milliseconds."""
+    seconds = phase.end - phase.start
+    parts = []
+    for worker in ("funding", "settlement", "relay", "observer"):
+        mine = [d for w, start, d in ticks if w == worker and phase.start <= start < phase.end]
+        if mine and seconds > 0:
+            parts.append(f"{worker} {len(mine) / seconds:.1f}/s {statistics.fmean(mine) * 1000:.0f} ms "
+                         f"(p90 {pct(mine, 90) * 1000:.0f})")
+    return "; ".join(parts)
+
+
 def lane_figures(lives: list[tuple[str, float, float, int | None]], phase: Phase, lanes: int
                  ) -> tuple[float, float, float]:
     """(mean seconds a lineage held its lane, p90 of it, the fraction of lane-time taken) for the
@@ -339,7 +356,7 @@ def ceiling(args: argparse.Namespace) -> dict[str, float]:
 
 def report(args: argparse.Namespace, phases: list[Phase], units: dict[str, list[Unit]], clock: LedgerClock,
            ceil: dict[str, float], load: Load, batches: list[int], per_ledger: list[int],
-           lives: list[tuple[str, float, float, int | None]]) -> None:
+           lives: list[tuple[str, float, float, int | None]], ticks: list[tuple[str, float, float]]) -> None:
     closes = clock.closes()
     gaps = [b - a for a, b in itertools.pairwise(closes)]
     plan = {name: every for name, _, every in worker_plan(args.cadence)}
@@ -391,6 +408,7 @@ def report(args: argparse.Namespace, phases: list[Phase], units: dict[str, list[
               f"taken {busy:.0%} of the time -> at most {args.lanes / held:.1f} transactions a second; "
               f"devnet CPU {phase.devnet_cpu:.0%} of a core")
         print(f"  {'':5s}   by purpose: {lane_detail(lives, phase)}")
+        print(f"  {'':5s}   ticks: {tick_detail(ticks, phase)}")
     if load.refused:
         print(f"  refused admissions: {dict(load.refused)}")
     print(f"  the load generator was at most {load.behind:.0f} admissions behind its schedule")
@@ -524,12 +542,13 @@ def main() -> None:
             batches = [int(r[0]) for r in db.execute("SELECT entries FROM paygate.charge_batches")]
             lives = [(str(r[0]), float(r[1]), float(r[2]), None if r[3] is None else int(r[3]))
                      for r in db.execute(LANE_SQL)]
+            ticks = [(str(r[0]), float(r[1]), float(r[2])) for r in db.execute(TICKS_SQL)]
             per_ledger = [int(r[0]) for r in db.execute(
                 "SELECT count(*) FROM paygate.lineages WHERE ledger IS NOT NULL GROUP BY ledger")]
         if supervisor.crashes:
             for worker, code, tail in supervisor.crashes:
                 print(f"  worker {worker} exited {code}: {tail[-600:]}", file=sys.stderr)
-        report(args, phases, units, clock, ceil, load, batches, per_ledger, lives)
+        report(args, phases, units, clock, ceil, load, batches, per_ledger, lives, ticks)
     finally:
         if load is not None:
             load.stop()

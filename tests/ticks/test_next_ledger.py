@@ -107,3 +107,44 @@ def test_a_loop_with_a_batch_in_flight_ticks_again_at_the_close(chain: ChainEnv,
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
+
+
+def test_on_a_timed_chain_the_waiter_sees_every_close_and_sleeps_between_them(tmp_path: Path, dsn: str) -> None:
+    """A devnet closing a ledger every second: the waiter returns once per close, none skipped, and
+    once it has timed two closes it sleeps until the next is due instead of polling all ledger long."""
+    devnet = start_devnet(tmp_path / "timed", lanes=1, users=1, ledger_interval="1s")
+    try:
+        settings = load_settings(charge_chain(devnet, dsn, tmp_path / "keys").environ)
+        polls = 0
+
+        class Counting:
+            def __init__(self) -> None:
+                self.inner = _chain_client(settings)
+
+            def latest_ledger(self) -> object:
+                nonlocal polls
+                polls += 1
+                return self.inner.latest_ledger()
+
+            def close(self) -> None:
+                self.inner.close()
+
+        waiter = NextLedgerWaiter(Counting, Env().monotonic)  # type: ignore[arg-type]
+        stop = threading.Event()
+        try:
+            ledger = devnet.latest_ledger()
+            for _ in range(3):  # learn the interval
+                assert waiter.wait_past(ledger, time.monotonic() + 5, stop)
+                ledger = devnet.latest_ledger()
+            polls, seen = 0, []
+            for _ in range(5):
+                assert waiter.wait_past(ledger, time.monotonic() + 5, stop)
+                ledger = devnet.latest_ledger()
+                seen.append(ledger)
+        finally:
+            waiter.close()
+        assert seen == list(range(seen[0], seen[0] + 5))  # every close, one at a time
+        # Polling every 0.1 s all ledger long would be about 50 calls for five ledgers.
+        assert polls <= 30, polls
+    finally:
+        devnet.stop()

@@ -30,11 +30,16 @@ def chain(devnet: DevnetHandle, dsn: str, tmp_path: Path) -> ChainEnv:
     return charge_chain(devnet, dsn, tmp_path / "keys")
 
 
-def test_one_tick_starts_a_batch_on_every_lane_by_default(chain: ChainEnv, db: psycopg.Connection) -> None:
+def _backlog(chain: ChainEnv, db: psycopg.Connection) -> None:
+    """Two funded users and more charges than one tick's worth at --batch 2: lanes are the bound."""
     users = chain.genesis["users"][:2]
     fund(chain, db, [(u, DEPOSIT) for u in users])
-    for i in range(3 * LANES):  # more than one tick's worth at --batch 2: lanes are the bound, not the backlog
+    for i in range(3 * LANES):
         admit_charge(db, users[i % 2]["public"], 1000 + i, f"c{i}")
+
+
+def test_one_tick_starts_a_batch_on_every_lane_by_default(chain: ChainEnv, db: psycopg.Connection) -> None:
+    _backlog(chain, db)
     result = chain.tick("settlement", "--batch", "2")
     assert result.code == 0, result.err
     lanes = db.execute("SELECT DISTINCT lane FROM paygate.lineages WHERE purpose = 'charge_batch' "
@@ -44,10 +49,7 @@ def test_one_tick_starts_a_batch_on_every_lane_by_default(chain: ChainEnv, db: p
 
 
 def test_a_configured_bound_still_holds(chain: ChainEnv, db: psycopg.Connection) -> None:
-    users = chain.genesis["users"][:2]
-    fund(chain, db, [(u, DEPOSIT) for u in users])
-    for i in range(3 * LANES):
-        admit_charge(db, users[i % 2]["public"], 1000 + i, f"c{i}")
+    _backlog(chain, db)
     result = chain.tick("settlement", "--batch", "2", PAYGATE_SETTLEMENT_BATCHES_PER_TICK="3")
     assert result.code == 0, result.err
     assert db.execute("SELECT count(*) FROM paygate.charge_batches").fetchone()[0] == 3
@@ -57,10 +59,7 @@ def test_a_lane_share_keeps_settlement_to_its_own_lanes_and_the_unreserved(chain
                                                                           db: psycopg.Connection) -> None:
     """docs/workers.md "Lane shares": funding=3,relay=2 reserve the first five lanes in address order
     (funding's three, then relay's two); settlement, named with 1, takes the sixth and the two left."""
-    users = chain.genesis["users"][:2]
-    fund(chain, db, [(u, DEPOSIT) for u in users])
-    for i in range(3 * LANES):
-        admit_charge(db, users[i % 2]["public"], 1000 + i, f"c{i}")
+    _backlog(chain, db)
     result = chain.tick("settlement", "--batch", "2", PAYGATE_LANE_SHARES="funding=3,relay=2,settlement=1")
     assert result.code == 0, result.err
     ordered = sorted(p["public"] for p in chain.genesis["lanes"])

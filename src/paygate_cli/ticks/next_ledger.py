@@ -34,8 +34,12 @@ class NextLedgerWaiter:
         self._chain_factory = chain_factory
         self._chain: ChainClient | None = None
         self._monotonic = monotonic
-        self._seen: tuple[int, float] | None = None  # (sequence, when this process first saw it)
-        self._interval: float | None = None  # the shortest interval between two closes seen
+        self._last_poll: tuple[int, float] | None = None  # the last answer and when it came
+        # A ledger whose close this waiter saw within one poll (its sequence and that time), and the
+        # shortest interval between two such closes: what predicts the next close. A ledger first
+        # seen after a tick is not timed: it may have closed anywhere during the tick.
+        self._close: tuple[int, float] | None = None
+        self._interval: float | None = None
 
     def close(self) -> None:
         if self._chain is not None:
@@ -52,18 +56,25 @@ class NextLedgerWaiter:
                       extra={"msgid": "tick.ledger_wait_failed"})
             return None
         now = self._monotonic()
-        if self._seen is None or sequence > self._seen[0]:
-            if self._seen is not None and sequence == self._seen[0] + 1:
-                gap = now - self._seen[1]
-                self._interval = gap if self._interval is None else min(self._interval, max(gap, POLL_SECONDS))
-            self._seen = (sequence, now)
+        last = self._last_poll
+        if last is not None and sequence == last[0] + 1 and now - last[1] <= 2 * POLL_SECONDS:
+            if self._close is not None and self._close[0] == last[0]:
+                gap = max(now - self._close[1], POLL_SECONDS)
+                self._interval = gap if self._interval is None else min(self._interval, gap)
+            self._close = (sequence, now)
+        self._last_poll = (sequence, now)
         return sequence
+
+    def _pause(self, sequence: int, now: float) -> float:
+        """Until the next poll: the predicted close less a poll when this ledger's close was timed."""
+        if self._close is not None and self._close[0] == sequence and self._interval is not None:
+            return max(POLL_SECONDS, self._close[1] + self._interval - POLL_SECONDS - now)
+        return POLL_SECONDS
 
     def wait_past(self, ledger: int, deadline: float, stop: threading.Event) -> bool:
         """Return True as soon as a ledger after `ledger` has closed, False at `deadline` or on stop."""
         while not stop.is_set():
-            now = self._monotonic()
-            if now >= deadline:
+            if self._monotonic() >= deadline:
                 return False
             sequence = self._latest()
             if sequence is None:
@@ -71,9 +82,5 @@ class NextLedgerWaiter:
             if sequence > ledger:
                 return True
             now = self._monotonic()
-            pause = POLL_SECONDS
-            if self._seen is not None and self._interval is not None:
-                due = self._seen[1] + self._interval - POLL_SECONDS
-                pause = max(pause, due - now)
-            stop.wait(max(0.0, min(pause, deadline - now)))
+            stop.wait(max(0.0, min(self._pause(sequence, now), deadline - now)))
         return False
