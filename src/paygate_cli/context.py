@@ -23,9 +23,9 @@ class TickContext:
     log: logging.Logger
     # This instance is drained (`paygate drain --instance`): finish held work, take no new claims.
     draining: bool = False
-    # The tick left work the chain will move in the next ledger (a transaction in flight, or the
-    # observer caught up): the latest ledger it knew then. A `--every` loop starts its next tick as
-    # soon as a later ledger closes, not at its next slot (ticks/next_ledger.py).
+    # The tick left work the next ledger moves (a transaction in flight, units waiting for a free
+    # lane or under their fee cap, the observer caught up): the latest ledger it knew then. A
+    # `--every` loop starts its next tick as soon as a later ledger closes (ticks/next_ledger.py).
     wake_after_ledger: int | None = None
 
     def wake_after(self, ledger: int) -> None:

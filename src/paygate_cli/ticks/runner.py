@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from paygate_cli.catalogue import WorkerSpec
+    from paygate_cli.chain.rpc import ChainClient
     from paygate_cli.env import Env
     from paygate_cli.settings import Settings
 
@@ -387,7 +388,7 @@ def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Conne
     summary.exit_code = int(worst)
 
 
-def _chain_client(settings: Settings) -> Any:
+def _chain_client(settings: Settings) -> ChainClient:
     from paygate_cli.chain.rpc import ChainClient  # stellar-sdk: only for a loop that waits for a ledger
 
     return ChainClient(settings)
