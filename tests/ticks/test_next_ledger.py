@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import psycopg
 import pytest
@@ -109,42 +110,83 @@ def test_a_loop_with_a_batch_in_flight_ticks_again_at_the_close(chain: ChainEnv,
     assert proc.returncode == 0, err
 
 
-def test_on_a_timed_chain_the_waiter_sees_every_close_and_sleeps_between_them(tmp_path: Path, dsn: str) -> None:
-    """A devnet closing a ledger every second: the waiter returns once per close, none skipped, and
-    once it has timed two closes it sleeps until the next is due instead of polling all ledger long."""
+def test_on_a_timed_chain_the_waiter_sees_every_close_one_at_a_time(tmp_path: Path, dsn: str) -> None:
+    """A devnet closing a ledger every second: the waiter returns once per close, none skipped."""
     devnet = start_devnet(tmp_path / "timed", lanes=1, users=1, ledger_interval="1s")
     try:
-        settings = load_settings(charge_chain(devnet, dsn, tmp_path / "keys").environ)
-        polls = 0
-
-        class Counting:
-            def __init__(self) -> None:
-                self.inner = _chain_client(settings)
-
-            def latest_ledger(self) -> object:
-                nonlocal polls
-                polls += 1
-                return self.inner.latest_ledger()
-
-            def close(self) -> None:
-                self.inner.close()
-
-        waiter = NextLedgerWaiter(Counting, Env().monotonic)  # type: ignore[arg-type]
+        waiter = _waiter(charge_chain(devnet, dsn, tmp_path / "keys"))
         stop = threading.Event()
         try:
-            ledger = devnet.latest_ledger()
-            for _ in range(3):  # learn the interval
-                assert waiter.wait_past(ledger, time.monotonic() + 5, stop)
-                ledger = devnet.latest_ledger()
-            polls, seen = 0, []
+            ledger, seen = devnet.latest_ledger(), []
             for _ in range(5):
                 assert waiter.wait_past(ledger, time.monotonic() + 5, stop)
                 ledger = devnet.latest_ledger()
                 seen.append(ledger)
         finally:
             waiter.close()
-        assert seen == list(range(seen[0], seen[0] + 5))  # every close, one at a time
-        # Polling every 0.1 s all ledger long would be about 50 calls for five ledgers.
-        assert polls <= 30, polls
+        assert seen == list(range(seen[0], seen[0] + 5))
     finally:
         devnet.stop()
+
+
+class _ScriptedChain:
+    """The chain as the waiter sees it, on a clock the test drives: a ledger closes every `interval`
+    seconds. The timing logic is what is tested here, so time must not depend on the machine's load;
+    the real devnet tests above cover the RPC itself."""
+
+    def __init__(self, clock: list[float], interval: float) -> None:
+        self.clock, self.interval, self.polls = clock, interval, 0
+
+    def latest_ledger(self) -> SimpleNamespace:
+        self.polls += 1
+        return SimpleNamespace(sequence=100 + int(self.clock[0] // self.interval))
+
+    def close(self) -> None:
+        pass
+
+
+class _ScriptedStop:
+    """threading.Event's is_set/wait, where waiting advances the test's clock."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock = clock
+
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, seconds: float) -> bool:
+        self.clock[0] += seconds
+        return False
+
+
+def test_once_it_has_timed_closes_the_waiter_sleeps_until_the_next_is_due() -> None:
+    clock = [0.05]
+    chain = _ScriptedChain(clock, interval=5.0)  # mainnet's pace
+    waiter = NextLedgerWaiter(lambda: chain, lambda: clock[0])  # type: ignore[arg-type,return-value]
+    stop = _ScriptedStop(clock)
+    for ledger in range(100, 103):  # learn the interval from two timed closes
+        assert waiter.wait_past(ledger, clock[0] + 60, stop)  # type: ignore[arg-type]
+    chain.polls = 0
+    for ledger in range(103, 108):
+        assert waiter.wait_past(ledger, clock[0] + 60, stop)  # type: ignore[arg-type]
+        assert clock[0] - (ledger + 1 - 100) * 5.0 <= 0.1 + 1e-9  # within a poll of the close
+        clock[0] += 0.3  # a tick
+    # Polling every 0.1 s would be about 50 calls a ledger; predicting, a handful.
+    assert chain.polls <= 5 * 4, chain.polls
+
+
+def test_a_ledger_first_seen_after_a_long_tick_is_not_taken_as_its_close_time() -> None:
+    """The first sight of a ledger after a tick says nothing of when it closed: predicting from it
+    would sleep past the next close. Here each tick runs 1.6 s of 1 s ledgers, and its work awaits
+    the ledger after the last one it read."""
+    clock = [0.05]
+    chain = _ScriptedChain(clock, interval=1.0)
+    waiter = NextLedgerWaiter(lambda: chain, lambda: clock[0])  # type: ignore[arg-type,return-value]
+    stop = _ScriptedStop(clock)
+    for ledger in range(100, 103):  # timed closes: the interval is known
+        assert waiter.wait_past(ledger, clock[0] + 60, stop)  # type: ignore[arg-type]
+    for _ in range(5):
+        clock[0] += 1.6  # the tick; a ledger closed during it
+        awaited = 100 + int(clock[0])  # the latest ledger the tick read
+        assert waiter.wait_past(awaited, clock[0] + 60, stop)  # type: ignore[arg-type]
+        assert clock[0] % 1.0 <= 0.1 + 1e-9, clock[0]  # within a poll of the close (whole seconds)
