@@ -241,7 +241,7 @@ def main() -> None:
             events = seed(ChainEnv(devnet, cluster.dsn(SEED_DB), environ), db, args.charges)
         seeding = time.perf_counter() - seeding
         contract = environ["PAYGATE_BILLING_CONTRACT"]
-        # Imports out of the timings: a long-running observer (`--every 2s --for 55s`) has them.
+        # Imports out of the timings: a long-running observer (`--every 2s --for 65s`) has them.
         import paygate_cli.chain.rpc
         import paygate_cli.workers.observer  # noqa: F401
 

@@ -272,7 +272,9 @@ def test_crontab_cadence_matches_the_catalogue() -> None:
         worker, params = command[1], parse_run_tick(command)
         if cadence(worker) < 60:
             assert schedule == "* * * * *" and parse_duration(params["every"]) == cadence(worker), command
-            assert parse_duration(params["for_"]) < 60  # the next minute's run takes over, no overlap
+            # The next minute's run starts while this one ticks and waits for the lock: a loop of
+            # under a minute would leave a hole every minute, one longer than 60 s + --lock-wait a skip.
+            assert 60 < parse_duration(params["for_"]) < 60 + parse_duration(params["lock_wait"]), command
         else:
             assert params["once"], command
             expected = {60: "* * * * *", 300: "*/5 * * * *"}.get(int(cadence(worker)))
@@ -328,7 +330,13 @@ def test_the_schema_validator_rejects_a_misspelt_field() -> None:
 
 def test_cronjobs_are_hardened_and_treat_75_as_a_skip() -> None:
     for worker, job in cronjobs().items():
-        assert job["spec"]["concurrencyPolicy"] == "Forbid", worker
+        args = parse_run_tick(job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"])
+        if args["every"] is not None:  # a loop: the next pod overlaps it and takes over at its --for
+            assert job["spec"]["concurrencyPolicy"] == "Allow", worker
+            assert 60 < parse_duration(args["for_"]) < 60 + parse_duration(args["lock_wait"]), worker
+            assert job["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"] > 60 + parse_duration(args["for_"])
+        else:
+            assert job["spec"]["concurrencyPolicy"] == "Forbid", worker
         job_spec = job["spec"]["jobTemplate"]["spec"]
         rules = job_spec["podFailurePolicy"]["rules"]
         skip = [r for r in rules if r.get("onExitCodes", {}).get("values") == [75]]

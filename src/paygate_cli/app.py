@@ -88,7 +88,7 @@ def make_app(only: str | None = None) -> typer.Typer:
     app = typer.Typer(
         name="paygate",
         help="Operator toolkit and batch workers of the paygate Stellar payment gateway.\n\n"
-             "Example: `paygate status`, `paygate run-tick funding --every 2s --for 55s`",
+             "Example: `paygate status`, `paygate run-tick funding --every 2s --for 65s`",
         add_completion=False,  # `paygate completion SHELL` prints scripts instead of editing rc files
         pretty_exceptions_enable=False,  # __main__ maps every exception; locals could hold secrets
         no_args_is_help=True,

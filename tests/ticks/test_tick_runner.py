@@ -69,6 +69,38 @@ def test_second_process_exits_75_while_first_holds_the_lock(dsn: str, db: psycop
         holder.wait()
 
 
+def test_a_run_started_before_the_last_one_ends_takes_over_at_its_deadline(dsn: str, db: psycopg.Connection) -> None:
+    """cron's handover: the next minute's run starts while the last one still ticks and waits for the
+    lock. `--for` counts from each run's start, the lock wait included, so the next run ticks the
+    moment the last one stops (no hole) and stops at its own start + --for (counted from the lock,
+    each run would end later and later until a start found the lock held past its --lock-wait)."""
+    first = spawn("run-tick", "idempotency_sweep", "--every", "0.5s", "--for", "8s", dsn=dsn)
+    try:
+        wait_for(lambda: lock_held(db, "idempotency_sweep") == 1)
+        started = time.monotonic()
+        second = spawn("run-tick", "idempotency_sweep", "--every", "0.5s", "--for", "8s", "--lock-wait", "20s",
+                       dsn=dsn)
+        _, err = second.communicate(timeout=60)
+        lived = time.monotonic() - started
+        assert second.returncode == 0, err
+        assert first.wait(timeout=30) == 0
+    finally:
+        for proc in (first, second):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    runs = {pid: (first_start, last_end, n) for pid, first_start, last_end, n in db.execute(
+        "SELECT pid, min(started_at), max(finished_at), count(*) FROM paygate.worker_runs "
+        "WHERE worker = 'idempotency_sweep' GROUP BY pid")}
+    assert set(runs) == {first.pid, second.pid}
+    (_, first_end, _), (second_start, _, ticks) = runs[first.pid], runs[second.pid]
+    assert ticks >= 1 and second_start >= first_end  # one holder at a time
+    assert (second_start - first_end).total_seconds() < 2.5  # the waiting run took over at once
+    # Its 8 s counted from its start: about 8 s and its start-up, never the 8 s after the lock
+    # (which came 6-8 s after its start).
+    assert lived < 13, lived
+
+
 def test_killed_holder_frees_the_lock_at_once(dsn: str, db: psycopg.Connection) -> None:
     holder = spawn("run-tick", "idempotency_sweep", "--every", "0.2s", "--for", "60s", dsn=dsn)
     wait_for(lambda: lock_held(db, "idempotency_sweep") == 1)

@@ -71,7 +71,8 @@ def run_tick_command(
     every: Annotated[str | None, typer.Option("--every", metavar="DURATION",
                                                            help="Tick on a fixed-rate schedule, e.g. 2s.")] = None,
     for_: Annotated[str | None, typer.Option("--for", metavar="DURATION",
-                                                          help="Stop looping after this long, e.g. 55s.")] = None,
+                                                          help="Stop looping this long after the start "
+                                                               "(the lock wait included), e.g. 65s.")] = None,
     lock_wait: Annotated[str, typer.Option("--lock-wait", metavar="DURATION",
                                              help="Wait this long for the worker lock; 0 = try once.")]
     = "10s",
@@ -85,7 +86,7 @@ def run_tick_command(
     """Run a background worker. Exit 75 when another process holds its lock (skipped), 78 when it
     lacks what it needs (RPC, keys, contracts, a migrated schema, a writable --metrics-dir).
 
-    Example: `paygate run-tick settlement --every 2s --for 55s --metrics-dir /var/lib/node_exporter`"""
+    Example: `paygate run-tick settlement --every 2s --for 65s --metrics-dir /var/lib/node_exporter`"""
     env = get_env(ctx)
     spec = get_worker(worker)
     every_s = _duration(every, "--every")

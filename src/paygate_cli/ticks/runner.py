@@ -298,6 +298,9 @@ def _run_worker(env: Env, spec: WorkerSpec, opts: RunOptions, report: _MetricsRe
     import psycopg
 
     opts.validate()
+    # `--for` counts from here, the lock wait included: cron's next run, started while this one
+    # still ticks, waits for the lock and takes over when this one's time is up, never later.
+    deadline = None if opts.for_seconds is None else env.monotonic() + opts.for_seconds
     settings = env.settings
     opts.metrics_dir = opts.metrics_dir or settings.metrics_dir
     report.directory = opts.metrics_dir
@@ -325,7 +328,7 @@ def _run_worker(env: Env, spec: WorkerSpec, opts: RunOptions, report: _MetricsRe
         try:
             work.execute(INSTANCE_SEEN_SQL, (instance,))
             work.execute(PRUNE_RUNS_SQL, (spec.name,))
-            _loop(env, spec, opts, lock_conn, work, instance, slot, summary, report)
+            _loop(env, spec, opts, deadline, lock_conn, work, instance, slot, summary, report)
         finally:
             report.conn = None
             work.close()
@@ -352,7 +355,7 @@ def _database_reached(settings: Settings, spec: WorkerSpec, work: psycopg.Connec
             "in_recovery": False}
 
 
-def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Connection,
+def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, deadline: float | None, lock_conn: psycopg.Connection,
           work: psycopg.Connection, instance: str, slot: int, summary: RunSummary,
           report: _MetricsReport) -> None:
     stop = _Stop()
@@ -369,10 +372,8 @@ def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, lock_conn: psycopg.Conne
                 break
             assert opts.every is not None
             now = env.monotonic()
-            if opts.for_seconds is not None and now - started >= opts.for_seconds:
-                break
             next_at = next_slot(started, now, opts.every)
-            if opts.for_seconds is not None and next_at - started >= opts.for_seconds:
+            if deadline is not None and max(now, next_at) >= deadline:
                 break
             # Work in flight: tick again as soon as the ledger it awaits closes, at the latest at the slot.
             if wake_after is None or not waiter.wait_past(wake_after, next_at, stop.event):
