@@ -3,8 +3,14 @@ A benchmark, not a test: it prints figures, asserts nothing.
 
 The world as deployed: a private Postgres, a devnet closing a ledger every second (`--ledger-interval
 1s`) holding `--capacity` Soroban transactions a ledger (100, about mainnet's), and every worker of
-the catalogue as looping `paygate run-tick W --every <its documented cadence>` processes under the
-soak's supervisor (tests/chaos/soak.py; no chaos here). A load generator thread admits deposits,
+the catalogue run as deployed: `--deployment systemd` (the default) runs jobs/systemd's units as
+shipped (each worker's tick-W.env arguments: 10-minute loops, started again 1 s after they end);
+`--deployment cron` starts every line of crontab.example as shipped, each minute, beside the run
+still ticking (the bounded loops' `--for 65s` and lock wait make the handover), so every worker
+starts cold once a minute; `--deployment soak` runs them under the soak's supervisor
+(tests/chaos/soak.py: a process every 20-45 s, lock wait 0, no chaos here). Each phase also reports
+the machine's cores in use and who used them, and the p99 of units admitted within 10 s of a process
+start against the rest. A load generator thread admits deposits,
 one-off charges, subscriptions (their periods become charges when the subscriptions worker runs) and
 relays at a steady rate.
 
@@ -31,7 +37,7 @@ The last lines, one per path and load, are for scripts:
 
     .venv/bin/python bench/latency.py [--minutes 3] [--lanes 8] [--capacity 100] [--users 8]
                                       [--deposit-lanes 3] [--charge-lanes 2] [--relay-lanes 3]
-                                      [--cadence WORKER=DURATION ...]
+                                      [--deployment systemd|cron|soak] [--cadence WORKER=DURATION ...]
 """
 
 from __future__ import annotations
@@ -42,8 +48,13 @@ import itertools
 import math
 import os
 import random
+import re
+import resource
+import shlex
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -56,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
+from bench.meter import machine_busy, postgres_cpu, process_cpu
 from paygate_cli.catalogue import WORKERS
 from paygate_cli.chain.charges import CONTRACT_MAX_BATCH, MAX_WRITE_ENTRIES
 from paygate_cli.db.migrate import migrate
@@ -63,6 +75,7 @@ from paygate_cli.sandbox.pg_cluster import Cluster
 from tests.chaos.soak import Supervisor, open_work
 from tests.support.chain_env import admit_deposit, sign_deposit
 from tests.support.charges_support import admit_charge, charge_chain
+from tests.support.cli import paygate_cmd
 from tests.support.devnet_support import DevnetHandle, start_devnet
 from tests.support.relay_support import MAX_FEE, admit_relay, allow_market
 
@@ -159,13 +172,184 @@ class LedgerClock:
         return min(later) if later else None
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (Linux /proc): the devnet's own CPU, to tell whether it is the bottleneck."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+# ----- the deployment: jobs/systemd or crontab.example as shipped, or the soak's restarts -----------------
+
+CRONTAB = Path(__file__).resolve().parents[1] / "crontab.example"
+SYSTEMD = Path(__file__).resolve().parents[1] / "jobs" / "systemd"
+OK_EXITS = {0, 1, 75, 143}  # 1: work waited at the end (a stall is reported by the figures); 75: skipped
+
+
+def cron_lines() -> list[tuple[str, list[str]]]:
+    """(minute field, run-tick arguments) of every line of crontab.example: the shipped file is what
+    runs, its `--for`, its `--lock-wait`, its one start a minute."""
+    lines = []
+    for line in CRONTAB.read_text().splitlines():
+        if not re.match(r"^[\d*/,-]+\s", line):
+            continue
+        fields = line.split(None, 5)
+        words = shlex.split(fields[5].split("2>>")[0])
+        lines.append((fields[0], words[words.index("paygate") + 1:]))
+    return lines
+
+
+def minute_matches(field_: str, minute: int) -> bool:
+    if field_ == "*":
+        return True
+    if field_.startswith("*/"):
+        return minute % int(field_[2:]) == 0
+    return minute % 60 == int(field_)
+
+
+@dataclass
+class Deployment:
+    """Runs the workers as a scheduler would and records every exit; one outside OK_EXITS is a crash,
+    reported with its log's tail. A subclass says when to start what (`start_due`)."""
+
+    environ: dict[str, str]
+    logs: Path
+    cadences: dict[str, str]  # --every overrides of the bench's --cadence
+    started: float = field(default_factory=time.monotonic)
+    procs: list[tuple[str, subprocess.Popen, Path]] = field(default_factory=list)
+    exits: Counter = field(default_factory=Counter)
+    crashes: list[tuple[str, int, str]] = field(default_factory=list)
+    starts: list[float] = field(default_factory=list)  # wall time of each process start
+    stopped: bool = False
+
+    def poll(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        for worker, proc, log in list(self.procs):
+            code = proc.poll()
+            if code is not None:
+                self.procs.remove((worker, proc, log))
+                self._exited(worker, code, log, OK_EXITS)
+        if not self.stopped:
+            self.start_due(time.monotonic())
+
+    def start_due(self, now: float) -> None:
+        raise NotImplementedError
+
+    def spawn(self, args: list[str]) -> None:
+        if "--every" in args:
+            args = list(args)
+            args[args.index("--every") + 1] = self.cadences.get(args[1], args[args.index("--every") + 1])
+        log = self.logs / f"{args[1]}.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(paygate_cmd(*args), env=self.environ, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=out)
+        self.procs.append((args[1], proc, log))
+        self.starts.append(time.time())
+
+    def _exited(self, worker: str, code: int, log: Path, ok: set[int]) -> None:
+        self.exits[(worker, code)] += 1
+        if code not in ok:
+            self.crashes.append((worker, code, log.read_text(errors="replace")[-4000:]))
+
+    def live(self) -> list[tuple[str, int]]:
+        return [(worker, proc.pid) for worker, proc, _ in self.procs]
+
+    def stop(self, timeout: float = 90) -> None:
+        self.stopped = True  # nothing starts any more
+        for _, proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for worker, proc, log in self.procs:
+            try:
+                code = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code = proc.wait()
+            self._exited(worker, code, log, OK_EXITS | {-signal.SIGTERM})
+        self.procs.clear()
+
+    def kill_all(self) -> None:
+        for _, proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@dataclass
+class CronDeployment(Deployment):
+    """Every crontab.example line, as shipped, started at each minute of the bench (minute 0 at its
+    start), beside the run still ticking: its `--for 65s` and `--lock-wait` make the handover."""
+
+    minute: int = -1
+
+    def start_due(self, now: float) -> None:
+        minute = int((now - self.started) // 60)
+        while self.minute < minute:
+            self.minute += 1
+            for when, args in cron_lines():
+                if minute_matches(when, self.minute):
+                    self.spawn(args)
+
+
+@dataclass
+class SystemdDeployment(Deployment):
+    """Every paygate-tick@W unit of jobs/systemd as shipped: ExecStart with tick-W.env's arguments
+    (a bounded loop of 10 minutes, or one tick), started again by its timer OnUnitInactiveSec after it
+    exits (1 s for the loops)."""
+
+    units: list[tuple[str, list[str], float]] = field(default_factory=lambda: systemd_units())
+    next_start: dict[str, float] = field(default_factory=dict)  # worker -> when its timer fires
+    ever: set[str] = field(default_factory=set)
+
+    def start_due(self, now: float) -> None:
+        running = {worker for worker, _, _ in self.procs}
+        for worker, args, gap in self.units:
+            if worker in running:
+                continue
+            # the timer's OnActiveSec=0 at first, OnUnitInactiveSec after each exit
+            due = self.next_start.setdefault(worker, now + gap if worker in self.ever else now)
+            if now >= due:
+                del self.next_start[worker]
+                self.ever.add(worker)
+                self.spawn(args)
+
+
+def systemd_units() -> list[tuple[str, list[str], float]]:
+    """(worker, run-tick arguments, timer gap) of each unit, read the way systemd would."""
+    from tests.test_scheduler_files import ALL_WORKERS, env_file_args, systemd_command, systemd_environment, timer_gap
+
+    template = systemd_environment(SYSTEMD / "paygate-tick@.service")
+    return [(w, systemd_command(w, {**template, "PAYGATE_TICK_ARGS": env_file_args(w)}), timer_gap(w))
+            for w in ALL_WORKERS if (SYSTEMD / f"tick-{w}.env").exists()]
+
+
+@dataclass
+class CpuBook:
+    """Who used the machine's cores: each worker's processes (read at every poll; a process's last
+    fraction of a poll before it exits is not counted), Postgres, the devnet, this process (the load
+    generator and the ledger clock) and the whole machine, as cores in use over a phase."""
+
+    postmaster: int
+    devnet: int
+    seen: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid -> (worker, CPU seconds last read)
+
+    def sample(self, live: list[tuple[str, int]]) -> None:
+        for worker, pid in live:
+            cpu = process_cpu(pid)
+            if not math.isnan(cpu):
+                self.seen[pid] = (worker, cpu)
+
+    def totals(self) -> dict[str, float]:
+        total: Counter = Counter()
+        for worker, cpu in self.seen.values():
+            total[worker] += cpu
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        busy, _ = machine_busy()
+        return {**total, "postgres": postgres_cpu(self.postmaster), "devnet": process_cpu(self.devnet),
+                "bench": usage.ru_utime + usage.ru_stime, "machine": busy, "wall": time.monotonic()}
+
+    @staticmethod
+    def cores(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+        seconds = after["wall"] - before["wall"]
+        return {k: (v - before.get(k, 0.0)) / seconds for k, v in after.items() if k != "wall" and seconds > 0}
+
+
+def soak_live(supervisor: Supervisor) -> list[tuple[str, int]]:
+    return [(slot.worker, slot.proc.pid) for slot in supervisor.slots if slot.proc is not None]
 
 
 # ----- the load generator -----------------------------------------------------------------------------
@@ -301,7 +485,7 @@ class Phase:
     start: float = 0.0
     end: float = 0.0
     rates: dict[str, float] = field(default_factory=dict)
-    devnet_cpu: float = 0.0
+    cores: dict[str, float] = field(default_factory=dict)  # CpuBook.cores over the phase
 
 
 def lane_detail(lives: list[tuple[str, float, float, int | None]], phase: Phase) -> str:
@@ -335,6 +519,39 @@ def tick_detail(ticks: list[tuple[str, float, float]], phase: Phase) -> str:
     return "; ".join(parts)
 
 
+AFTER_STARTS = 10.0  # seconds after a process start in which a unit counts as admitted "after starts"
+
+
+def start_detail(units: dict[str, list[Unit]], phase: Phase, clock: LedgerClock, closes: list[float],
+                 starts: list[float]) -> str:
+    """p99 in ledgers of the units admitted within AFTER_STARTS of a process start (cron starts every
+    line each minute: a burst of cold starts on the cores the running ticks need) against the rest."""
+    starts = sorted(starts)
+
+    def after_start(t: float) -> bool:
+        i = bisect.bisect_right(starts, t)
+        return i > 0 and t - starts[i - 1] <= AFTER_STARTS
+
+    parts = []
+    for path in PATHS:
+        done = [u for u in units[path] if phase.start <= u.admitted < phase.end and u.terminal is not None]
+        split: dict[bool, list[float]] = {True: [], False: []}
+        for u in done:
+            split[after_start(u.admitted)].append(float(clock.closes_between(closes, u.admitted, u.terminal)))  # type: ignore[arg-type]
+        parts.append(f"{path} {pct(split[True], 99):.0f} ({len(split[True])}) / {pct(split[False], 99):.0f} "
+                     f"({len(split[False])})")
+    return f"p99 ledgers, admitted within {AFTER_STARTS:g} s of a process start / otherwise (units): " + \
+        "; ".join(parts)
+
+
+def cpu_detail(cores: dict[str, float]) -> str:
+    """The machine's cores in use over a phase, and who used them, largest first."""
+    machine = cores.get("machine", float("nan"))
+    parts = [f"{name} {cores[name]:.2f}" for name in sorted(cores, key=lambda k: -cores[k]) if name != "machine"
+             and cores[name] >= 0.005]
+    return f"{machine:.2f} of {os.cpu_count()} ({', '.join(parts)})"
+
+
 def lane_figures(lives: list[tuple[str, float, float, int | None]], phase: Phase, lanes: int
                  ) -> tuple[float, float, float]:
     """(mean seconds a lineage held its lane, p90 of it, the fraction of lane-time taken) for the
@@ -356,7 +573,8 @@ def ceiling(args: argparse.Namespace) -> dict[str, float]:
 
 def report(args: argparse.Namespace, phases: list[Phase], units: dict[str, list[Unit]], clock: LedgerClock,
            ceil: dict[str, float], load: Load, batches: list[int], per_ledger: list[int],
-           lives: list[tuple[str, float, float, int | None]], ticks: list[tuple[str, float, float]]) -> None:
+           lives: list[tuple[str, float, float, int | None]], ticks: list[tuple[str, float, float]],
+           starts: list[float]) -> None:
     closes = clock.closes()
     gaps = [b - a for a, b in itertools.pairwise(closes)]
     plan = {name: every for name, _, every in worker_plan(args.cadence)}
@@ -364,7 +582,7 @@ def report(args: argparse.Namespace, phases: list[Phase], units: dict[str, list[
     print(f"latency: {args.lanes} lanes, {args.users} users, devnet closing a ledger every "
           f"{args.ledger_interval}, {args.capacity} Soroban transactions a ledger; workers at "
           f"{'the documented cadences' if not args.cadence else 'these cadences'} ({cadences}); "
-          f"lane_shares {args.lane_shares}")
+          f"lane_shares {args.lane_shares}; deployment {args.deployment}")
     print(f"  ceiling per ledger: {ceil['txs']:.0f} transactions (min(lanes, capacity)); batch by footprint "
           f"{ceil['batch']:.0f} charges ({MAX_WRITE_ENTRIES} read-write keys - {args.users} accounts; largest "
           f"batch seen {max(batches, default=0)}); shares: deposits {args.deposit_lanes} lanes -> "
@@ -403,10 +621,13 @@ def report(args: argparse.Namespace, phases: list[Phase], units: dict[str, list[
                           f"{spread(sub_ledgers)} |")
             if phase.fraction is not None:
                 lines.append((path, phase, pct(ledgers, 50), pct(ledgers, 99)))
+        if phase.fraction is not None and starts:
+            print(f"  {'':5s} {start_detail(units, phase, clock, closes, starts)}")
         held, held90, busy = lane_figures(lives, phase, args.lanes)
         print(f"  {'':5s} lanes: a lineage held its lane {held:.2f} s on average (p90 {held90:.2f} s), lanes "
               f"taken {busy:.0%} of the time -> at most {args.lanes / held:.1f} transactions a second; "
-              f"devnet CPU {phase.devnet_cpu:.0%} of a core")
+              f"devnet CPU {phase.cores.get('devnet', float('nan')):.0%} of a core")
+        print(f"  {'':5s}   cores in use: {cpu_detail(phase.cores)}")
         print(f"  {'':5s}   by purpose: {lane_detail(lives, phase)}")
         print(f"  {'':5s}   ticks: {tick_detail(ticks, phase)}")
     if load.refused:
@@ -459,6 +680,10 @@ def main() -> None:
                         help="the workers' lane_shares: 'ceiling' (the split the ceiling assumes: funding, "
                              "settlement and relay get the deposit, charge and relay lanes), 'none', or "
                              "WORKER=COUNT,...")
+    parser.add_argument("--deployment", choices=("systemd", "cron", "soak"), default="systemd",
+                        help="systemd: jobs/systemd's units as shipped (10-minute loops, restarted 1 s after; "
+                             "the default); cron: crontab.example as shipped, every line started each minute; "
+                             "soak: the soak supervisor's restarts (a process every 20-45 s, lock wait 0)")
     parser.add_argument("--cadence", action="append", default=[], metavar="WORKER=DURATION",
                         help="run WORKER at another cadence than the documented one (repeatable)")
     args = parser.parse_args()
@@ -496,7 +721,18 @@ def main() -> None:
                 entry, nonce, expiration = sign_deposit(devnet, user["secret"], FUNDING, valid_ledgers=600)
                 admit_deposit(db, user["public"], FUNDING, entry, nonce, expiration, f"warm-dep-{n}")
                 admit_relay(db, devnet, user, f"warm-rel-{n}", f"warm_{n}", 7, valid_ledgers=600)
-        supervisor = Supervisor(chain.environ, tmp / "logs", random.Random(11), plan=worker_plan(args.cadence))
+        supervisor: Supervisor | Deployment
+        worker_plan(args.cadence)  # refuses an unknown worker or an empty duration
+        if args.deployment != "soak":
+            kind = CronDeployment if args.deployment == "cron" else SystemdDeployment
+            supervisor = kind(chain.environ, tmp / "logs", dict(item.partition("=")[::2] for item in args.cadence))
+        else:
+            supervisor = Supervisor(chain.environ, tmp / "logs", random.Random(11), plan=worker_plan(args.cadence))
+        postmaster = int((cluster.datadir / "postmaster.pid").read_text().split()[0])
+        book = CpuBook(postmaster, devnet.proc.pid)
+
+        def live() -> list[tuple[str, int]]:
+            return supervisor.live() if isinstance(supervisor, Deployment) else soak_live(supervisor)
         clock = LedgerClock(devnet)
         clock.start()
         warm_until = time.monotonic() + 120
@@ -520,13 +756,15 @@ def main() -> None:
                     phase.rates["charges"] *= 1 - SUBSCRIPTION_SHARE  # the rest arrive as periods
                     seconds = args.minutes * 60
                 load.rates = phase.rates
-                cpu_before, phase.start = cpu_seconds(devnet.proc.pid), time.time()
+                book.sample(live())
+                cpu_before, phase.start = book.totals(), time.time()
                 until = time.monotonic() + seconds
                 while time.monotonic() < until:
                     supervisor.poll()
+                    book.sample(live())
                     time.sleep(0.2)
                 phase.end = time.time()
-                phase.devnet_cpu = (cpu_seconds(devnet.proc.pid) - cpu_before) / (phase.end - phase.start)
+                phase.cores = CpuBook.cores(cpu_before, book.totals())
             load.stop()
             db.execute("SELECT paygate.cancel_subscription(id, 'the bench is over') FROM paygate.subscriptions "
                        "WHERE status = 'active'")
@@ -548,7 +786,8 @@ def main() -> None:
         if supervisor.crashes:
             for worker, code, tail in supervisor.crashes:
                 print(f"  worker {worker} exited {code}: {tail[-600:]}", file=sys.stderr)
-        report(args, phases, units, clock, ceil, load, batches, per_ledger, lives, ticks)
+        report(args, phases, units, clock, ceil, load, batches, per_ledger, lives, ticks,
+               supervisor.starts if isinstance(supervisor, Deployment) else [])
     finally:
         if load is not None:
             load.stop()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import cProfile
 import io
+import math
+import os
 import pstats
 import shutil
 import tempfile
@@ -133,3 +135,37 @@ def chain_world(prefix: str, lanes: int, users: int = 8) -> Iterator[tuple[Any, 
         devnet.stop()
         cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int, *, with_reaped_children: bool = False) -> float:
+    """CPU seconds (user + sys) of a process from /proc; with its reaped children's when asked (a
+    postmaster: the backends that exited, e.g. the observer's own connection). NaN once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if with_reaped_children else 0)
+    return ticks / _TICKS
+
+
+def postgres_cpu(postmaster: int) -> float:
+    """Every Postgres process of the private cluster: the postmaster with its reaped backends, and
+    the live children (checkpointer, WAL writer, backends)."""
+    total = process_cpu(postmaster, with_reaped_children=True)
+    for child in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split():
+        cpu = process_cpu(int(child))
+        if not math.isnan(cpu):  # NaN: exited in between, so reaped and counted in the postmaster's
+            total += cpu
+    return total
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, every core (/proc/stat): the
+    share of the machine in use between two readings, whoever used it."""
+    # user nice system idle iowait irq softirq steal (guest time is inside user already)
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    idle = values[3] + values[4]  # idle + iowait; steal counts as busy: the core was not ours
+    return (sum(values) - idle) / _TICKS, sum(values) / _TICKS

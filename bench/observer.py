@@ -27,11 +27,9 @@ Then one more repetition under cProfile: the top functions by own time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import io
 import json
-import os
 import pstats
 import shutil
 import statistics
@@ -48,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 
 import paygate_cli.chain.charges as chain_charges
-from bench.meter import Meter
+from bench.meter import Meter, postgres_cpu, process_cpu
 from paygate_cli.db.migrate import migrate
 from paygate_cli.sandbox.pg_cluster import Cluster
 from tests.support.chain_env import ChainEnv, chain_environ
@@ -144,27 +142,6 @@ def metered(meter: Meter, owner: Any, name: str) -> Iterator[None]:
         yield
     finally:
         setattr(owner, name, original)
-
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu(pid: int, *, with_reaped_children: bool = False) -> float:
-    """CPU seconds (user + sys) of a process from /proc; with its reaped children's when asked (a
-    postmaster: the backends that exited, e.g. the observer's own connection)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if with_reaped_children else 0)
-    return ticks / _TICKS
-
-
-def postgres_cpu(postmaster: int) -> float:
-    """Every Postgres process of the private cluster: the postmaster with its reaped backends, and
-    the live children (checkpointer, WAL writer, backends)."""
-    total = process_cpu(postmaster, with_reaped_children=True)
-    for child in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split():
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # exited in between: reaped, counted
-            total += process_cpu(int(child))
-    return total
 
 
 def observe(environ: dict[str, str], limit: int, pids: tuple[int, int],
