@@ -133,6 +133,19 @@ def test_a_period_can_never_be_charged_twice(db: psycopg.Connection) -> None:
         db.execute("SELECT * FROM paygate.admit_charge(%s, 10, 'k2', NULL, %s, %s)", (ACCOUNT, sid, start))
 
 
+def test_one_tick_charges_every_due_subscription_up_to_its_batch(dsn: str, db: psycopg.Connection) -> None:
+    """A tick keeps claiming while subscriptions are due, up to its batch (500): periods falling due
+    together (a month's first day) are charged in the next tick, not sixteen a minute."""
+    fund(db, ACCOUNT, 10**9)
+    ids = [subscribe(db, ACCOUNT, 5, "1 day", 0.5, f"due-{i}") for i in range(300)]
+    summary = tick(dsn)
+    assert summary["processed"] == 300
+    charged = db.execute("SELECT count(DISTINCT subscription_id) FROM paygate.charges WHERE subscription_id = ANY(%s)",
+                         (ids,)).fetchone()[0]
+    assert charged == 300
+    assert tick(dsn, "--batch", "7")["processed"] == 0  # nothing is due any more
+
+
 def test_concurrent_workers_charge_each_period_once(dsn: str, db: psycopg.Connection) -> None:
     fund(db, ACCOUNT, 10**9)
     fund(db, OTHER, 10**9)
