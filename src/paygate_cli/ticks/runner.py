@@ -373,7 +373,7 @@ def _loop(env: Env, spec: WorkerSpec, opts: RunOptions, deadline: float | None, 
             assert opts.every is not None
             now = env.monotonic()
             next_at = next_slot(started, now, opts.every)
-            if deadline is not None and max(now, next_at) >= deadline:
+            if deadline is not None and next_at >= deadline:
                 break
             # Work in flight: tick again as soon as the ledger it awaits closes, at the latest at the slot.
             if wake_after is None or not waiter.wait_past(wake_after, next_at, stop.event):
