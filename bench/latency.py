@@ -176,7 +176,8 @@ class LedgerClock:
 
 CRONTAB = Path(__file__).resolve().parents[1] / "crontab.example"
 SYSTEMD = Path(__file__).resolve().parents[1] / "jobs" / "systemd"
-OK_EXITS = {0, 1, 75, 143}  # 1: work waited at the end (a stall is reported by the figures); 75: skipped
+# 1: work waited at the end (a stall is reported by the figures); 75: skipped; 143: stopped by SIGTERM
+OK_EXITS = {0, 1, 75, 143}
 
 
 def cron_lines() -> list[tuple[str, list[str]]]:
@@ -215,8 +216,10 @@ class Deployment:
     starts: list[float] = field(default_factory=list)  # wall time of each process start
     stopped: bool = False
 
-    def poll(self) -> None:
+    def __post_init__(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
+
+    def poll(self) -> None:
         for worker, proc, log in list(self.procs):
             code = proc.poll()
             if code is not None:
@@ -274,13 +277,14 @@ class CronDeployment(Deployment):
     """Every crontab.example line, as shipped, started at each minute of the bench (minute 0 at its
     start), beside the run still ticking: its `--for 65s` and `--lock-wait` make the handover."""
 
+    lines: list[tuple[str, list[str]]] = field(default_factory=lambda: cron_lines())
     minute: int = -1
 
     def start_due(self, now: float) -> None:
         minute = int((now - self.started) // 60)
         while self.minute < minute:
             self.minute += 1
-            for when, args in cron_lines():
+            for when, args in self.lines:
                 if minute_matches(when, self.minute):
                     self.spawn(args)
 
