@@ -617,12 +617,12 @@ def report(args: argparse.Namespace, phases: list[Phase], units: dict[str, list[
                   f"{rate / per_ledger_ceiling:7.0%} {len(done):5d} {open_:4d} {len(mine) - len(done) - open_:5d} | "
                   f"{spread(ledgers)} | {spread(secs)} | "
                   f"{mean['claim']:5.2f} {mean['send']:5.2f} {mean['inclusion']:5.2f} {mean['observer']:5.2f}")
-            if path == "charges":
-                subs = [u for u in done if u.subscription]
-                if subs:
-                    sub_ledgers = [float(clock.closes_between(closes, u.admitted, u.terminal)) for u in subs]  # type: ignore[arg-type]
-                    print(f"  {'':5s} {'(of them subscription periods)':31s} {len(subs):>5d}      | "
-                          f"{spread(sub_ledgers)} |")
+            if path == "charges":  # one-off charges are claimed ahead of periods (docs/architecture.md §5)
+                for label, kind in (("(of them one-off)", False), ("(of them subscription periods)", True)):
+                    some = [u for u in done if u.subscription is kind]
+                    if some:
+                        some_ledgers = [float(clock.closes_between(closes, u.admitted, u.terminal)) for u in some]  # type: ignore[arg-type]
+                        print(f"  {'':5s} {label:31s} {len(some):>5d}      | {spread(some_ledgers)} |")
             if phase.fraction is not None:
                 lines.append((path, phase, pct(ledgers, 50), pct(ledgers, 99)))
         if phase.fraction is not None and starts:

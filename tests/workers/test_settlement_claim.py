@@ -78,6 +78,69 @@ def test_no_free_lane_or_nothing_to_claim_writes_nothing(db: psycopg.Connection)
     assert db.execute("SELECT count(*) FROM paygate.charges WHERE lineage_id IS NULL").fetchone()[0] == 1
 
 
+def _periods(db: psycopg.Connection, users: list[str], key: str) -> list[int]:
+    """One due period for each of `users` (a subscription each, charged as the subscriptions worker
+    charges a period: admit_charge with the subscription and the period's start)."""
+    ids = []
+    for n, user in enumerate(users):
+        sub = db.execute("SELECT subscription_id FROM paygate.create_subscription(%s, 7, '1 day'::interval, "
+                         "now(), %s)", (user, f"{key}-sub-{n}")).fetchone()[0]
+        ids.append(db.execute("SELECT charge_row_id FROM paygate.admit_charge(%s, 7, %s, NULL, %s, now())",
+                              (user, f"{key}-period-{n}", sub)).fetchone()[0])
+    return ids
+
+
+def test_one_off_charges_are_claimed_ahead_of_a_billing_run(db: psycopg.Connection) -> None:
+    users = _accounts(db, 2)
+    lanes = [Keypair.random().public_key for _ in range(3)]
+    lineages.sync_lanes(db, lanes)
+    # A billing run admitted 60 periods (of 2 accounts: 48 fit a batch), then a checkout charged once.
+    periods = _periods(db, [users[i % 2] for i in range(60)], "run")
+    checkout = admit_charge(db, users[0], 100, "checkout")[0]
+    first = _claim(db, lanes)
+    assert sorted(r.id for r in first.rows) == sorted([checkout, *periods[:47]])
+    # With no one-off charge waiting, periods fill the claims, oldest first.
+    second = _claim(db, lanes)
+    assert sorted(r.id for r in second.rows) == periods[47:]
+    assert _claim(db, lanes) == settlement.Claim(0, None, None, [])
+
+
+def test_periods_that_waited_take_a_share_of_each_claim_but_no_more(db: psycopg.Connection) -> None:
+    users = _accounts(db, 2)
+    lanes = [Keypair.random().public_key for _ in range(2)]
+    lineages.sync_lanes(db, lanes)
+    periods = _periods(db, [users[i % 2] for i in range(30)], "aged")
+    # Checkout charges above capacity: without a share, periods would wait as long as they kept coming.
+    checkouts = [admit_charge(db, users[i % 2], 100, f"c{i}")[0] for i in range(100)]
+    db.execute("UPDATE paygate.charges SET created_at = created_at - interval '61 seconds' WHERE id = ANY(%s)",
+               (periods,))
+    share = 48 // charges.PERIOD_SHARE
+    got = _claim(db, lanes)
+    assert sorted(r.id for r in got.rows) == [*periods[:share], *checkouts[:48 - share]]
+    # Periods younger than the bound wait behind every one-off charge.
+    db.execute("UPDATE paygate.charges SET created_at = now() WHERE id = ANY(%s)", (periods,))
+    got = _claim(db, lanes)
+    assert sorted(r.id for r in got.rows) == checkouts[48 - share:96 - share]
+
+
+def test_a_claim_filled_by_one_off_charges_never_reads_the_periods(db: psycopg.Connection) -> None:
+    users = _accounts(db, 2)
+    lanes = [Keypair.random().public_key]
+    lineages.sync_lanes(db, lanes)
+    _periods(db, [users[i % 2] for i in range(10)], "idle")
+    for i in range(60):
+        admit_charge(db, users[i % 2], 100, f"f{i}")
+    # Rows it never reads it never locks: another settlement process's claim can take them meanwhile.
+    plan = "\n".join(r[0] for r in db.execute(
+        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + settlement.claim_sql(48),
+        {"lanes": lanes, "owner": "test:0", "token": uuid.uuid4(), "lease": 30, "entitlement": "t"}).fetchall())
+    assert "charges_claim_one_off" in plan, plan
+    # Two scans of the periods' index: the aged tier's, which its index condition (created_at before
+    # the bound) ends at once with none aged, and the rest's, which never runs.
+    scans = sorted(line.split("(", 1)[1] for line in plan.splitlines() if "charges_claim_periods" in line)
+    assert scans == ["actual rows=0 loops=1)", "never executed)"], plan
+
+
 def test_charge_batch_values_are_encoded_as_the_sdk_encodes_them() -> None:
     accounts = [Keypair.random().public_key for _ in range(3)]
     amounts = [1, 2**63, 2**64 + 7, 2**127 - 1]

@@ -34,7 +34,10 @@ RELAXED_CTE = "relaxed AS MATERIALIZED (SELECT set_config('synchronous_commit', 
 
 HAS_WORK_SQL = """
 SELECT EXISTS (SELECT 1 FROM paygate.charges
-               WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL),
+               WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL AND subscription_id IS NULL)
+       OR EXISTS (SELECT 1 FROM paygate.charges
+                  WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
+                    AND subscription_id IS NOT NULL),
        EXISTS (SELECT 1 FROM paygate.charge_batches
                WHERE closed_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at < now())),
        -- ORPHANS_SQL's question, asked here to save a round trip per tick
@@ -47,8 +50,22 @@ SELECT EXISTS (SELECT 1 FROM paygate.charges
 
 # -- claim -------------------------------------------------------------------------------------------
 
+# Who is claimed first (docs/architecture.md §5 "Claim order"): one-off charges before subscription
+# periods, oldest first in each. A customer at a checkout waits on a one-off charge; a period can
+# wait, and a billing run admits thousands at once (the first of the month), which in one queue
+# would hold every checkout behind it until the run drained. So that checkouts above capacity can
+# never starve billing, periods that have waited PERIOD_PRIORITY_AFTER go first again, up to a
+# PERIOD_SHARE of each claim: billing keeps at least that share of settlement, checkouts the rest.
+PERIOD_PRIORITY_AFTER = "60 seconds"
+PERIOD_SHARE = 4  # an aged period takes at most 1/PERIOD_SHARE of a claim's rows
+
 # The whole claim in one statement (docs/architecture.md §5; a row with a lineage is never re-claimable):
-# - candidates: the oldest claimable rows, locked FOR UPDATE SKIP LOCKED;
+# - candidates: the claimable rows in claim order, each tier from its own partial index and locked
+#   FOR UPDATE SKIP LOCKED (Postgres allows no FOR UPDATE under a UNION, hence one CTE a tier). A
+#   CTE is read only as far as its reader reads it, so a tier after the batch is full is never
+#   scanned nor locked: the usual claim (one-off charges fill it) locks exactly what it did
+#   before. `periods` skips the aged rows `aged_periods` already holds (our own locks are not
+#   skipped by SKIP LOCKED);
 # - chosen: their longest prefix (claim order) that fits one transaction's footprint estimate
 #   (chain/charges.claim_estimate: each entry writes its charge-id entry and each distinct account its
 #   balance, so entries + distinct accounts <= the read-write key limit);
@@ -62,18 +79,36 @@ SELECT EXISTS (SELECT 1 FROM paygate.charges
 # (0) from no free lane (> 0, lineage NULL). The batch size and the footprint limits are written in
 # by workers/settlement.claim_sql.
 CLAIM_SQL = f"""
-WITH {RELAXED_CTE}, candidates AS MATERIALIZED (
-    SELECT ctid, id, account, created_at FROM paygate.charges
-    WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
+WITH {RELAXED_CTE}, aged_periods AS MATERIALIZED (
+    SELECT ctid, id, account, created_at, 0 AS tier FROM paygate.charges
+    WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL AND subscription_id IS NOT NULL
+      AND created_at < now() - interval '{PERIOD_PRIORITY_AFTER}'
+    ORDER BY created_at, id
+    LIMIT %(period_share)s
+    FOR UPDATE SKIP LOCKED
+), one_off AS MATERIALIZED (
+    SELECT ctid, id, account, created_at, 1 AS tier FROM paygate.charges
+    WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL AND subscription_id IS NULL
     ORDER BY created_at, id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
+), periods AS MATERIALIZED (
+    SELECT ctid, id, account, created_at, 2 AS tier FROM paygate.charges
+    WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL AND subscription_id IS NOT NULL
+      AND ctid <> ALL (ARRAY(SELECT ctid FROM aged_periods))
+    ORDER BY created_at, id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), candidates AS MATERIALIZED (
+    (SELECT * FROM aged_periods) UNION ALL (SELECT * FROM one_off) UNION ALL (SELECT * FROM periods)
+    LIMIT %(batch)s
 ), counted AS (
     SELECT ctid, row_number() OVER claim_order AS entries, sum(first_of_account) OVER claim_order AS accounts
-    FROM (SELECT ctid, id, created_at,
-                 (row_number() OVER (PARTITION BY account ORDER BY created_at, id) = 1)::int AS first_of_account
+    FROM (SELECT ctid, id, created_at, tier,
+                 (row_number() OVER (PARTITION BY account ORDER BY tier, created_at, id) = 1)::int
+                     AS first_of_account
           FROM candidates) c
-    WINDOW claim_order AS (ORDER BY created_at, id ROWS UNBOUNDED PRECEDING)
+    WINDOW claim_order AS (ORDER BY tier, created_at, id ROWS UNBOUNDED PRECEDING)
 ), chosen AS MATERIALIZED (
     SELECT ctid FROM counted
     WHERE entries <= %(max_entries)s AND entries + accounts <= %(max_write)s

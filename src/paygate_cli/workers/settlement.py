@@ -106,6 +106,7 @@ def claim_sql(batch: int) -> str:
 @functools.cache
 def _claim_sql(batch: int, limits: tuple[tuple[str, int], ...]) -> str:
     sql = charges.CLAIM_SQL.replace("%(batch)s", str(batch))
+    sql = sql.replace("%(period_share)s", str(max(1, batch // charges.PERIOD_SHARE)))
     for name, value in limits:
         sql = sql.replace(f"%({name})s", str(value))
     return sql
