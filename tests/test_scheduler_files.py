@@ -38,7 +38,7 @@ K8S = ROOT / "jobs" / "k8s"
 ALL_WORKERS = sorted(RESERVED_WORKER_IDS)
 
 # docs/architecture.md §3 catalogue cadences (seconds) for workers not registered yet; registered ones use the registry.
-CATALOGUE_CADENCE = {"funding": 2, "settlement": 2, "subscriptions": 60, "relay": 2, "observer": 2, "recovery": 30,
+CATALOGUE_CADENCE = {"funding": 2, "settlement": 2, "subscriptions": 2, "relay": 2, "observer": 2, "recovery": 30,
                      "reconciler": 60, "relay_drainer": 10, "relay_expiry": 60, "gas": 300,
                      "idempotency_sweep": 3600, "webhooks": 1}
 # Least privilege: the secrets each worker may see. Signing workers get lanes, fee and journal keys;

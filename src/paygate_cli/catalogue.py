@@ -110,7 +110,7 @@ WORKERS: dict[str, WorkerSpec] = {
                    target="paygate_cli.workers.observer:tick",
                    description="billing contract events (credit, charge, charge_failed) -> promotions; owns cursor",
                    requires=("rpc", "billing_contract"), queues=("charges.in_batch",)),
-        WorkerSpec("subscriptions", cadence=60, batch=500, single_writer=False, concurrency=4,
+        WorkerSpec("subscriptions", cadence=2, batch=500, single_writer=False, concurrency=4,
                    target="paygate_cli.workers.subscriptions:tick",
                    description="due subscriptions -> one charge per period (UNIQUE(subscription, period_start))",
                    queues=("subscriptions.due",)),
