@@ -19,8 +19,9 @@ The ceiling (docs/architecture.md §4: one transaction in flight per lane, a led
 between the paths (`--deposit-lanes`, `--charge-lanes`, `--relay-lanes`): at a fraction f, deposits
 arrive at f x deposit_lanes / 2 a ledger (two transactions each), relays at f x relay_lanes, charges
 at f x charge_lanes x the batch the footprint allows (50 read-write keys: entries + distinct accounts,
-so 42 for 8 accounts), a tenth of them subscription periods. What was really admitted is printed
-beside the target, as a fraction of the ceiling.
+so 42 for 8 accounts), a tenth of them subscription periods (the charges' figures count both; the
+one-off charges and the periods are also shown apart, as settlement claims one-off charges first).
+What was really admitted is printed beside the target, as a fraction of the ceiling.
 
 Latency: from the row's created_at to its terminal time (deposits.settled_at, charges.settled_at,
 relays.finished_at), in seconds and in ledgers (the ledger closes between the two: a thread records the
