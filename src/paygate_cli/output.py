@@ -293,6 +293,7 @@ def progress(env: Env, label: str, *, show: bool = True) -> Iterator[ProgressUpd
         drawn: list[tuple[Any, Any]] = []
 
         def update(done: int, total: int | None = None, detail: str | None = None) -> None:
+            description = f"{label}: {detail}" if detail else label
             if not drawn:
                 from rich.console import Console
                 from rich.progress import (
@@ -309,9 +310,11 @@ def progress(env: Env, label: str, *, show: bool = True) -> Iterator[ProgressUpd
                 bar = stack.enter_context(Progress(
                     SpinnerColumn(), TextColumn("{task.description}"), *counted, TimeElapsedColumn(),
                     console=Console(file=env.stderr, no_color=no_color), transient=True))
-                drawn.append((bar, bar.add_task(label, total=total)))
+                # the task is added with this update's state: adding it draws a frame, and a quick
+                # first step (a migration file) would otherwise never be shown before the next one
+                drawn.append((bar, bar.add_task(description, total=total, completed=done)))
             bar, task = drawn[0]
-            bar.update(task, completed=done, total=total, description=f"{label}: {detail}" if detail else label)
+            bar.update(task, completed=done, total=total, description=description)
 
         yield update
 

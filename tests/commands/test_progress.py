@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import subprocess
 import time
@@ -62,6 +63,7 @@ def test_on_a_terminal_migrate_draws_its_progress_on_stderr(empty_dsn: str) -> N
         os.close(controller)
     assert proc.returncode == ExitCode.OK, drawn[-2000:]
     text = drawn.decode(errors="replace")
-    assert "migrate" in text and "0001_baseline.sql" in text, text[-2000:]
+    # which files a frame catches depends on the machine's speed; the first frame always names one
+    assert re.search(r"migrate: \w+\.sql", text), text[-2000:]
     assert "/" in text and "\x1b[" in text  # a count of files and rich's redrawing
     assert out.startswith("applied ") and not [n for n in NOISE if n in out]
