@@ -517,19 +517,15 @@ class Engine:
                   "x_entitlements": entitlements, "x_purposes": [job.purpose for job in jobs],
                   "x_lanes": sorted(self.lanes)}
         try:
-            answers = lineages.one_statement(self.conn, sql, params).fetchall()
-        except psycopg.errors.UniqueViolation as exc:
-            # Two allocators saw the same lane free: the live-lineage index refused the second
-            # insert (the whole statement rolled back): "no free lane this time".
-            if exc.diag.constraint_name != "lineages_one_live_per_lane":
-                raise
-            return [None] * len(jobs)
-        except psycopg.errors.SerializationFailure:
-            return [None] * len(jobs)
+            # A lost lane race rolled the whole statement back: run again on a fresh snapshot.
+            answers = lineages.retry_lost_lane_race(
+                lambda: lineages.one_statement(self.conn, sql, params).fetchall(), None)
         except psycopg.Error as exc:
             if exc.sqlstate != lineages.REQUIRE_FAILED:
                 raise
             return [self._allocate_alone(job, entitlement) for job, entitlement in zip(jobs, entitlements, strict=True)]
+        if answers is None:
+            return [None] * len(jobs)  # lost every attempt: "no free lane this time"
         results: list[Allocation | LeaseLost | None] = []
         for job, (_row, held, lineage_id, lane, journal_seq, _ok, _relaxed) in zip(jobs, answers, strict=True):
             if not held:
@@ -550,18 +546,15 @@ class Engine:
         params = {**job.params(), "x_lanes": sorted(self.lanes), "x_purpose": job.purpose,
                   "x_entitlement": entitlement}
         try:
-            held, lineage_id, lane, journal_seq, _ok, _relaxed = lineages.one_statement(
-                self.conn, sql, params).fetchone()
-        except psycopg.errors.UniqueViolation as exc:
-            if exc.diag.constraint_name != "lineages_one_live_per_lane":
-                raise
-            return None
-        except psycopg.errors.SerializationFailure:
-            return None
+            answer = lineages.retry_lost_lane_race(lambda: lineages.one_statement(self.conn, sql, params).fetchone(),
+                                                   None)
         except psycopg.Error as exc:
             if exc.sqlstate == lineages.REQUIRE_FAILED:
                 return LeaseLost(f"{job.crash}: the row did not take its lineage (lease lost)")
             raise
+        if answer is None:
+            return None  # lost every attempt: "no free lane this time"
+        held, lineage_id, lane, journal_seq, _ok, _relaxed = answer
         if not held:
             return LeaseLost(f"{job.crash}: lease lost")
         if lineage_id is None:

@@ -5,13 +5,15 @@ refuses anything else, so a bug cannot rewrite history either."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from datetime import datetime
 
     import psycopg
+
+T = TypeVar("T")
 
 # A lineage in flight, holding its lane (at most one per lane); every other state is terminal.
 LIVE_STATES = ("allocated", "signed", "sent")
@@ -453,27 +455,45 @@ def sync_lanes(conn: psycopg.Connection, addresses: list[str]) -> None:
     conn.execute(SYNC_LANES_SQL, (sorted(addresses),))
 
 
-def allocate(conn: psycopg.Connection, *, purpose: str, entitlement: str, lanes: list[str]) -> tuple[int, str] | None:
-    """Inside the caller's transaction. None when every lane is busy or drained.
+# A statement that lost a lane race runs again this many times in all before it reads as "no free lane".
+LANE_RACE_ATTEMPTS = 3
 
-    Two allocators can both see a lane as free (the NOT EXISTS reads a snapshot taken before the
-    other committed); the unique index on live lineages then refuses the second insert. That is
-    "no free lane this time", not an error: the savepoint keeps the caller's transaction usable."""
+
+def retry_lost_lane_race(statement: Callable[[], T], lost: T) -> T:
+    """`statement()`: one statement (or savepoint) that allocates lineages on free lanes; again when it
+    lost a lane race, and `lost` once it has lost LANE_RACE_ATTEMPTS times.
+
+    Two allocators can both see a lane as free: free_lane_ctes' NOT EXISTS reads the statement's
+    snapshot, taken before the other's lineage committed. The unique index on live lineages then
+    refuses the second insert and the whole statement rolls back (nothing was written). Run again,
+    the statement reads a snapshot with the winner's lineage in it and takes another free lane, so
+    a lost race costs a statement, not a lane left idle for a ledger. Under REPEATABLE READ the
+    winner's update of the lane row is a serialization failure instead: the same race. (A
+    REPEATABLE READ caller keeps its snapshot, so its attempts lose alike and it gets `lost`.)"""
     import psycopg
 
+    for _ in range(LANE_RACE_ATTEMPTS):
+        try:
+            return statement()
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name != "lineages_one_live_per_lane":
+                raise
+        except psycopg.errors.SerializationFailure:
+            pass
+    return lost
+
+
+def allocate(conn: psycopg.Connection, *, purpose: str, entitlement: str, lanes: list[str]) -> tuple[int, str] | None:
+    """Inside the caller's transaction (a savepoint keeps it usable after a lost race: see
+    retry_lost_lane_race). None when every lane is busy or drained."""
     params = {"lanes": sorted(lanes), "purpose": purpose, "entitlement": entitlement}
-    try:
+
+    def allocate_once() -> tuple[int, str] | None:
         with conn.transaction():
             row = conn.execute(ALLOCATE_SQL, params).fetchone()
-    except psycopg.errors.UniqueViolation as exc:
-        if exc.diag.constraint_name != "lineages_one_live_per_lane":
-            raise
-        return None
-    except psycopg.errors.SerializationFailure:
-        # Under REPEATABLE READ the winner's update of the lane's last_allocated_at is a concurrent
-        # update of the row we lock: the same lost race, reported differently.
-        return None
-    return (int(row[0]), str(row[1])) if row else None
+        return (int(row[0]), str(row[1])) if row else None
+
+    return retry_lost_lane_race(allocate_once, None)
 
 
 def free_lane_count(conn: psycopg.Connection, lanes: list[str]) -> int:

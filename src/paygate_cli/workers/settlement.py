@@ -115,19 +115,13 @@ def _claim_sql(batch: int, limits: tuple[tuple[str, int], ...]) -> str:
 def claim(conn: psycopg.Connection, *, lanes: list[str], owner: str, token: uuid.UUID, batch: int,
           lease: float) -> Claim:
     """Claim up to `batch` rows with a new lineage on a free lane and open their batch, in one
-    statement (claim_sql), outside any transaction of the caller's."""
-    import psycopg
-
+    statement (claim_sql), outside any transaction of the caller's. A claim that lost a lane race
+    wrote nothing and runs again (lineage.retry_lost_lane_race)."""
     params = {"lanes": sorted(lanes), "owner": owner, "token": token, "lease": lease,
               "entitlement": f"charge_batch:{token}"}
-    try:
-        result = conn.execute(claim_sql(batch), params).fetchall()
-    except psycopg.errors.UniqueViolation as exc:
-        if exc.diag.constraint_name != "lineages_one_live_per_lane":
-            raise
-        return Claim(1, None, None, [])  # another allocator took the lane first: nothing was written
-    except psycopg.errors.SerializationFailure:
-        return Claim(1, None, None, [])  # the same lost race, reported differently
+    result = lineages.retry_lost_lane_race(lambda: conn.execute(claim_sql(batch), params).fetchall(), None)
+    if result is None:
+        return Claim(1, None, None, [])  # other allocators took the lanes first, every attempt
     wanted, lineage_id, lane = int(result[0][0]), result[0][1], result[0][2]
     if lineage_id is None:
         return Claim(wanted, None, None, [])
