@@ -27,7 +27,7 @@ in 1, 2 and 4 processes sharing the lanes: their scaling.
 Prints figures; asserts nothing.
 
     .venv/bin/python bench/throughput.py [--charges 100000 --accounts 10000 --deposits 10000 --relays 10000]
-        [--lanes 4,8,16] [--procs 1,2,4] [--quick]
+        [--lanes 4,8,16] [--procs 1,2,4] [--quick] [--ledger-capacity N] [--claims-only]
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 
-from bench.meter import chain_world
+from bench.meter import chain_world, machine_busy
 from paygate_cli.catalogue import WORKERS
 from paygate_cli.chain.charges import claim_estimate
 from paygate_cli.context import TickContext
@@ -188,8 +188,9 @@ class Drain:
 
 
 def drain(chain: ChainEnv, db: psycopg.Connection, run: Drain, done_sql: str, batch: int,
-          observer: TickContext | None = None) -> Drain:
-    """Tick every process, close a ledger (then the observer's tick), until `done_sql` counts run.units."""
+          observer: TickContext | None = None, *, statuses_sql: str) -> Drain:
+    """Tick every process, close a ledger (then the observer's tick), until `done_sql` counts run.units;
+    a drain that does not finish stops the run with the units' statuses (`statuses_sql`)."""
     processes = Processes(chain.environ, run.worker, run.procs, batch)
     observe = WORKERS["observer"].load()
     try:
@@ -211,7 +212,9 @@ def drain(chain: ChainEnv, db: psycopg.Connection, run: Drain, done_sql: str, ba
             run.done_per_ledger.append(now - last)
             last = now
             if len(run.done_per_ledger) > 50 + 4 * run.units / max(1.0, run.ceiling):
-                raise SystemExit(f"{run.worker} did not drain: {last - done_before} of {run.units}")
+                statuses = ", ".join(f"{status} {n}" for status, n in db.execute(statuses_sql).fetchall())
+                raise SystemExit(f"{run.worker} did not drain: {last - done_before} of {run.units} "
+                                 f"(every row by status: {statuses})")
         run.devnet_cpu_s = process_cpu(chain.devnet.proc.pid) - devnet_cpu
         # What the last ledger applied is resolved by the next ticks (a lane is held until then): ticked
         # out here, not counted, so the next drain starts with every lane free.
@@ -227,14 +230,23 @@ def drain(chain: ChainEnv, db: psycopg.Connection, run: Drain, done_sql: str, ba
 
 # -- the three workers ------------------------------------------------------------------------------
 
+def valid_ledgers(units: int, ceiling: float) -> int:
+    """Ledgers a user's authorisation stays valid: four times what draining the whole backlog at the
+    ceiling takes, so the backlog's last units are not refused as expired (which a user who signed
+    them that long ago would be)."""
+    return int(4 * units / ceiling) + 1000
+
+
 def run_funding(chain: ChainEnv, db: psycopg.Connection, users: list[dict[str, str]], deposits: int,
                 lanes: int, procs: int, tag: str, batch: int) -> Drain:
+    run = Drain("funding", lanes, procs, deposits, min(lanes, ledger_capacity(chain)) / 2, 1)
     for i in range(deposits):
         user = users[i % len(users)]
-        entry, nonce, expiration = sign_deposit(chain.devnet, user["secret"], DEPOSIT, valid_ledgers=5000)
+        entry, nonce, expiration = sign_deposit(chain.devnet, user["secret"], DEPOSIT,
+                                                valid_ledgers=valid_ledgers(deposits, run.ceiling))
         admit_deposit(db, user["public"], DEPOSIT, entry, nonce, expiration, f"{tag}-{i}")
-    run = Drain("funding", lanes, procs, deposits, min(lanes, ledger_capacity(chain)) / 2, 1)
-    return drain(chain, db, run, "SELECT count(*) FROM paygate.deposits WHERE status = 'settled'", batch)
+    return drain(chain, db, run, "SELECT count(*) FROM paygate.deposits WHERE status = 'settled'", batch,
+                 statuses_sql="SELECT status, count(*) FROM paygate.deposits GROUP BY 1")
 
 
 def run_settlement(chain: ChainEnv, db: psycopg.Connection, accounts: list[str], charges: int, lanes: int,
@@ -246,7 +258,7 @@ def run_settlement(chain: ChainEnv, db: psycopg.Connection, accounts: list[str],
     ceiling = min(lanes, ledger_capacity(chain)) * batch_by_footprint(order, SETTLEMENT_BATCH)
     run = Drain("settlement", lanes, procs, charges, ceiling, 0)
     return drain(chain, db, run, "SELECT count(*) FROM paygate.charges WHERE status = 'settled'",
-                 SETTLEMENT_BATCH, observer)
+                 SETTLEMENT_BATCH, observer, statuses_sql="SELECT status, count(*) FROM paygate.charges GROUP BY 1")
 
 
 def run_relay(chain: ChainEnv, db: psycopg.Connection, users: list[dict[str, str]], relays: int,
@@ -256,13 +268,16 @@ def run_relay(chain: ChainEnv, db: psycopg.Connection, users: list[dict[str, str
     applied = "SELECT count(*) FROM paygate.relays WHERE status = 'applied'"
     # Each user's first buy creates the market's per-user entries (two first buys by one user in one
     # ledger would read more on apply than they declared at simulation): one each first, unmeasured.
+    statuses = "SELECT status, count(*) FROM paygate.relays GROUP BY 1"
     for n, user in enumerate(users):
         admit_relay(db, chain.devnet, user, f"{tag}-warm-up-{n}", valid_ledgers=5000)
-    drain(chain, db, Drain("relay", lanes, 1, len(users), min(lanes, ledger_capacity(chain)), 1), applied, batch)
-    for i in range(relays):
-        admit_relay(db, chain.devnet, users[i % len(users)], f"{tag}-{i}", "book", 1 + i % 50, valid_ledgers=5000)
+    drain(chain, db, Drain("relay", lanes, 1, len(users), min(lanes, ledger_capacity(chain)), 1), applied, batch,
+          statuses_sql=statuses)
     run = Drain("relay", lanes, 1, relays, min(lanes, ledger_capacity(chain)), 1)
-    return drain(chain, db, run, applied, batch)
+    for i in range(relays):
+        admit_relay(db, chain.devnet, users[i % len(users)], f"{tag}-{i}", "book", 1 + i % 50,
+                    valid_ledgers=valid_ledgers(relays, run.ceiling))
+    return drain(chain, db, run, applied, batch, statuses_sql=statuses)
 
 
 def observer_context(chain: ChainEnv) -> TickContext:
@@ -273,9 +288,19 @@ def observer_context(chain: ChainEnv) -> TickContext:
 
 # -- claim+record without the chain, across processes -----------------------------------------------
 
-def claim_record_scaling(charges: int, lanes: int, procs: list[int]) -> dict[int, float]:
+@dataclass
+class ClaimScaling:
+    """One claim+record run: charges per second, CPU per charge (the processes and every Postgres
+    process, so lost work shows whoever does it), and the machine's cores in use meanwhile."""
+    procs: int
+    rate: float
+    cpu_us: float
+    busy_cores: float
+
+
+def claim_record_scaling(charges: int, lanes: int, procs: list[int]) -> list[ClaimScaling]:
     """bench/settlement.py's claim+record rounds (the worker's own SQL, the chain's steps replaced by
-    their results) in k processes sharing the lanes, each k on a fresh database: charges per second."""
+    their results) in k processes sharing the lanes, each k on a fresh database."""
     import shutil
     import tempfile
 
@@ -288,7 +313,8 @@ def claim_record_scaling(charges: int, lanes: int, procs: list[int]) -> dict[int
     cluster = Cluster.at(tmp / "pg")
     cluster.init(fast=True)
     cluster.start()
-    rates = {}
+    settlement_bench.SERVER_CPU = settlement_bench.ServerCPU(cluster)
+    runs = []
     try:
         for k in procs:
             with psycopg.connect(cluster.dsn(), autocommit=True) as admin:
@@ -297,13 +323,34 @@ def claim_record_scaling(charges: int, lanes: int, procs: list[int]) -> dict[int
             with psycopg.connect(dsn, autocommit=True) as fresh:
                 migrate(fresh)
             _users, lane_keys = settlement_bench.prepare_db_only(dsn, charges, lanes)
+            busy, total = machine_busy()
             result = settlement_bench.run_concurrently(
                 settlement_bench._paygate_process, [(dsn, lane_keys, f"bench-{p}") for p in range(k)])
-            rates[k] = result["done"] / result["seconds"]
+            busy_after, total_after = machine_busy()
+            done = max(1, result["done"])
+            runs.append(ClaimScaling(k, done / result["seconds"], (result["cpu"] + result["server"]) * 1e6 / done,
+                                     (busy_after - busy) / (total_after - total) * (os.cpu_count() or 1)))
     finally:
         cluster.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    return rates
+    return runs
+
+
+def scaling_lines(runs: list[ClaimScaling]) -> list[str]:
+    """Each k against one process, and against what the machine's cores allow: k times one process's
+    rate, or all the cores at one process's CPU per charge, whichever is less. CPU per charge that
+    grows with k is work lost to contention (claims that lose a lane and roll back, lock waits spun);
+    flat CPU per charge with every core busy is the machine's bound, not paygate's."""
+    one = runs[0]
+    cores = os.cpu_count() or 1
+    lines = []
+    for run in runs:
+        allowed = min(run.procs * one.rate, cores * 1e6 / one.cpu_us)
+        lines.append(f"    {run.procs} procs: {run.rate:7.0f}/s ({run.rate / one.rate:.2f}x one), CPU per charge "
+                     f"{run.cpu_us:4.0f} us ({run.cpu_us / one.cpu_us:.2f}x one's), cores busy {run.busy_cores:.2f} "
+                     f"of {cores}; the cores allow {allowed:7.0f}/s at one's CPU per charge "
+                     f"-> {run.rate / allowed:.2f}")
+    return lines
 
 
 def main() -> None:
@@ -321,7 +368,17 @@ def main() -> None:
     parser.add_argument("--relay-batch", type=int, default=WORKERS["relay"].batch or 16)
     parser.add_argument("--quick", action="store_true", help="a short trial: 1,000 charges over 64 accounts, "
                         "64 deposits, 48 relays, lanes 4,8, processes 1,2")
+    parser.add_argument("--ledger-capacity", type=int, help="the devnet's Soroban transactions per ledger "
+                        "(devnet_setLimits; default: the devnet's own, 100): below the lane count, the ledger binds")
+    parser.add_argument("--claims-only", action="store_true",
+                        help="only the claim+record scaling without the chain (20,000 charges at most)")
     args = parser.parse_args()
+    if args.claims_only:
+        lanes = max(int(x) for x in args.lanes.split(","))
+        print(f"settlement claim+record without the chain, {min(args.charges, 20_000)} charges, {lanes} lanes:")
+        print("\n".join(scaling_lines(claim_record_scaling(min(args.charges, 20_000), lanes,
+                                                            [int(x) for x in args.procs.split(",")]))))
+        return
     if args.quick:
         args.charges, args.accounts, args.deposits, args.relays = 1000, 64, 64, 48
         args.lanes, args.procs = "4,8", "1,2"
@@ -337,6 +394,8 @@ def main() -> None:
             # The observer reads from the first ledger; a transaction stays valid over many manual closes.
             chain.environ.update(PAYGATE_OBSERVER_START_LEDGER="1", PAYGATE_TX_VALIDITY="600s",
                                  PAYGATE_LOG_LEVEL="warning")
+            if args.ledger_capacity:
+                chain.devnet.rpc("devnet_setLimits", {"ledgerMaxSorobanTxs": args.ledger_capacity})
             for procs in proc_counts:
                 drains.append(run_funding(chain, db, users[:accounts], args.deposits, lanes, procs, f"d{procs}",
                                           args.funding_batch))
@@ -356,10 +415,9 @@ def main() -> None:
           f"mode, a ledger closed when every process finished its tick ({time.perf_counter() - started:.0f} s)")
     for run in drains:
         print(run.line())
-    base = claims.get(1) or next(iter(claims.values()))
     print("  settlement claim+record without the chain (bench/settlement.py's rounds, "
-          f"{min(args.charges, 20_000)} charges, {max(lane_counts)} lanes): " + ", ".join(
-              f"{k} procs {rate:.0f}/s ({rate / base:.2f}x)" for k, rate in claims.items()))
+          f"{min(args.charges, 20_000)} charges, {max(lane_counts)} lanes):")
+    print("\n".join(scaling_lines(claims)))
     for worker in ("settlement", "funding", "relay"):
         runs = [r for r in drains if r.worker == worker]
         best = max(r.per_ledger / r.ceiling for r in runs)
