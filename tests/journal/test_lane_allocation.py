@@ -48,9 +48,9 @@ class _LosesTheRaceFirst:
 
 
 def _charges_and_lanes(db: psycopg.Connection, lanes: list[str]) -> list[int]:
-    from tests.support.charges_support import admit_charge
-
     from stellar_sdk import Keypair
+
+    from tests.support.charges_support import admit_charge
 
     account = Keypair.random().public_key
     db.execute("INSERT INTO paygate.accounts (address, cached_balance) VALUES (%s, 10^12)", (account,))
