@@ -147,6 +147,37 @@ def test_the_live_view_refreshes_in_a_terminal_and_quits(operator: dict[str, str
     assert b"HALTED: operator" in drawn and b"latest ledger" in drawn
 
 
+def test_ctrl_c_while_a_slow_endpoint_is_asked_leaves_at_once(operator: dict[str, str],
+                                                              devnet: DevnetHandle) -> None:
+    """The devnet's getHealth answers after 6 s (a slow RPC node): every frame waits on it, so the
+    Ctrl-C lands while a probe thread is in flight. The process leaves at once, not when that
+    probe's answer comes (an executor's threads would be joined on the way out)."""
+    lane = devnet.genesis["lanes"][0]["public"].encode()
+    devnet.set_fault("slow", ms=6000, methods=["getHealth"])
+    try:
+        code, _, took, _ = _live(operator, b"\x03", until=lane)
+    finally:
+        devnet.clear_faults()
+    assert code == ExitCode.OK
+    assert took < 1.0, took
+
+
+def test_every_question_is_asked_at_once_and_a_failure_reaches_the_caller() -> None:
+    from paygate_cli.chain.health import ask_at_once
+
+    started = time.monotonic()
+    answers = ask_at_once({n: lambda n=n: (time.sleep(0.3), n * n)[1] for n in range(5)})
+    assert answers == {n: n * n for n in range(5)}
+    assert time.monotonic() - started < 1.0  # five 0.3 s questions, asked together
+
+    def refuses() -> None:
+        raise LookupError("no such endpoint")
+
+    with pytest.raises(LookupError, match="no such endpoint"):
+        ask_at_once({"fine": lambda: 1, "refuses": refuses})
+    assert ask_at_once({}) == {}
+
+
 def test_a_queue_rate_is_its_depth_change_per_minute_between_frames() -> None:
     from paygate_cli.ops.top import with_rates
 

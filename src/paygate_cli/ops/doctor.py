@@ -19,7 +19,6 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -395,8 +394,10 @@ def endpoints_of(settings: Settings) -> list[Endpoint]:
 
 
 def probe_endpoints(endpoints: list[Endpoint], timeout: float) -> None:
-    """getHealth and getNetwork of every endpoint at once (threads), each bounded by `timeout`."""
+    """getHealth and getNetwork of every endpoint at once (threads), each bounded by `timeout`; a
+    Ctrl-C leaves at once (chain/health.py ask_at_once)."""
     from paygate_cli.chain.deployment import endpoint_facts
+    from paygate_cli.chain.health import ask_at_once
 
     def ask(endpoint: Endpoint) -> None:
         try:
@@ -404,9 +405,7 @@ def probe_endpoints(endpoints: list[Endpoint], timeout: float) -> None:
         except Exception as exc:  # any failure of one endpoint is its finding
             endpoint.error = _shown(exc)
 
-    if endpoints:
-        with ThreadPoolExecutor(max_workers=len(endpoints)) as pool:
-            list(pool.map(ask, endpoints))
+    ask_at_once({index: lambda endpoint=endpoint: ask(endpoint) for index, endpoint in enumerate(endpoints)})
 
 
 def required_retention_ledgers(settings: Settings) -> tuple[int, str]:

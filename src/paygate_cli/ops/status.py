@@ -279,13 +279,12 @@ def _probe_failure(exc: Exception) -> str:
 def rpc_health(settings: Any) -> dict[str, Any]:
     """Each RPC endpoint's getHealth, latest ledger and network; lag is measured against the
     furthest one. Every distinct URL is asked once per method, all of them at once (threads): a slow
-    or dead endpoint costs `status` one RPC timeout, not one per endpoint and method."""
+    or dead endpoint costs `status` one RPC timeout, not one per endpoint and method, and never
+    holds a Ctrl-C."""
     endpoints_of = rpc_endpoints(settings)
     if not endpoints_of:
         return {"configured": False, "endpoints": [], "problems": []}
-    from concurrent.futures import ThreadPoolExecutor
-
-    from paygate_cli.chain.health import get_health, get_network_passphrase
+    from paygate_cli.chain.health import ask_at_once, get_health, get_network_passphrase
     from paygate_cli.endpoints import endpoint_name
 
     urls = {_url_key(url): url for _, url in reversed(endpoints_of)}  # each key -> its first spelling
@@ -297,9 +296,7 @@ def rpc_health(settings: Any) -> dict[str, Any]:
         except Exception as exc:  # any failure of one endpoint is a finding, not a crash of status
             return None, _probe_failure(exc)
 
-    with ThreadPoolExecutor(max_workers=len(urls) * len(calls)) as pool:
-        futures = {(key, call): pool.submit(ask, key, call) for key in urls for call in calls}
-        answers = {pair: future.result() for pair, future in futures.items()}
+    answers = ask_at_once({(key, call): lambda key=key, call=call: ask(key, call) for key in urls for call in calls})
     endpoints: list[dict[str, Any]] = []
     for role, url in endpoints_of:
         key, name = _url_key(url), endpoint_name(url)  # shown by host only: a URL may carry a provider's API key

@@ -246,10 +246,10 @@ def check_network(settings: Settings) -> None:
     if len(urls) == 1:
         served = [ask(urls[0])]
     else:
-        from concurrent.futures import ThreadPoolExecutor
+        from paygate_cli.chain.health import ask_at_once
 
-        with ThreadPoolExecutor(max_workers=len(urls)) as pool:
-            served = list(pool.map(ask, urls))
+        answers = ask_at_once({index: lambda url=url: ask(url) for index, url in enumerate(urls)})
+        served = [answers[index] for index in range(len(urls))]
     for url, network in zip(urls, served, strict=True):
         if network is not None and network != settings.network_passphrase:
             raise ConfigError(f"RPC endpoint {endpoint_name(url)} serves the network {network!r}, not the configured "
