@@ -135,10 +135,36 @@ def test_a_claim_filled_by_one_off_charges_never_reads_the_periods(db: psycopg.C
         "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + settlement.claim_sql(48),
         {"lanes": lanes, "owner": "test:0", "token": uuid.uuid4(), "lease": 30, "entitlement": "t"}).fetchall())
     assert "charges_claim_one_off" in plan, plan
-    # Two scans of the periods' index: the aged tier's, which its index condition (created_at before
-    # the bound) ends at once with none aged, and the rest's, which never runs.
+    # Three scans of the periods' index: the aged tier's, which its index condition (created_at before
+    # the bound) ends at once with none aged; the rest's, which never runs; and the "does work wait"
+    # probe a claim with no lane free answers with, which never runs with a lane free.
     scans = sorted(line.split("(", 1)[1] for line in plan.splitlines() if "charges_claim_periods" in line)
-    assert scans == ["actual rows=0 loops=1)", "never executed)"], plan
+    assert scans == ["actual rows=0 loops=1)", "never executed)", "never executed)"], plan
+
+
+def test_a_claim_with_every_lane_taken_locks_no_row_and_says_work_waits(db: psycopg.Connection) -> None:
+    users = _accounts(db, 2)
+    lanes = [Keypair.random().public_key]
+    lineages.sync_lanes(db, lanes)
+    _periods(db, users, "busy")
+    first = _claim(db, lanes)  # the only lane is taken by this batch's lineage
+    assert first.lineage_id is not None and len(first.rows) == 2
+    # No work waits and no lane is free: "nothing to claim", not a lane shortage.
+    assert _claim(db, lanes) == settlement.Claim(0, None, None, [])
+    _periods(db, users[:1], "later")
+    for i in range(5):
+        admit_charge(db, users[i % 2], 100, f"w{i}")
+    # Locking a row writes its tuple's xmax (the locker's transaction id); a row never locked keeps 0.
+    xmax_sql = "SELECT id, xmax::text::bigint FROM paygate.charges WHERE lineage_id IS NULL ORDER BY id"
+    unlocked = db.execute(xmax_sql).fetchall()
+    assert len(unlocked) == 6 and {x for _, x in unlocked} == {0}
+    # Work waits (one-off charges and a period) and no lane is free: "no lane", nothing written or locked.
+    assert _claim(db, lanes) == settlement.Claim(1, None, None, [])
+    assert db.execute(xmax_sql).fetchall() == unlocked
+    assert db.execute("SELECT count(*) FROM paygate.lineages").fetchone()[0] == 1
+    # The lane frees: the same claim takes the waiting rows.
+    db.execute("UPDATE paygate.lineages SET state = 'abandoned' WHERE id = %s", (first.lineage_id,))
+    assert len(_claim(db, lanes).rows) == 6
 
 
 def test_charge_batch_values_are_encoded_as_the_sdk_encodes_them() -> None:

@@ -28,6 +28,14 @@ INSERT INTO paygate.lanes (address) SELECT unnest(%s::text[]) ON CONFLICT (addre
 # one, so no lane is everyone's first choice (a bad lane first in address order would take every
 # allocation). SKIP LOCKED spreads concurrent allocators over lanes; the partial unique index on
 # live lineages is the real guard.
+def _lane_is_free(lanes_param: str = "lanes") -> str:
+    """The condition on `paygate.lanes l` that makes l a free lane of `lanes_param` (above)."""
+    return """l.status = 'active' AND l.address = ANY(%(""" + lanes_param + """)s)
+      AND NOT EXISTS (SELECT 1 FROM paygate.halts h WHERE h.kind = 'restore')
+      AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
+                      WHERE x.lane = l.address AND paygate.lineage_is_live(x.state))"""
+
+
 def free_lane_ctes(*, lanes_param: str = "lanes", only_if: str = "true", limit: str = "1") -> str:
     """The `lane` and `used` CTEs every allocation shares (the one rule for picking a lane), for a
     statement that goes on to insert the lineage from `lane`. `only_if`: a condition that must hold
@@ -35,10 +43,7 @@ def free_lane_ctes(*, lanes_param: str = "lanes", only_if: str = "true", limit: 
     lanes at most (an SQL expression)."""
     return """lane AS (
     SELECT l.address FROM paygate.lanes l
-    WHERE """ + only_if + """ AND l.status = 'active' AND l.address = ANY(%(""" + lanes_param + """)s)
-      AND NOT EXISTS (SELECT 1 FROM paygate.halts h WHERE h.kind = 'restore')
-      AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
-                      WHERE x.lane = l.address AND paygate.lineage_is_live(x.state))
+    WHERE """ + only_if + " AND " + _lane_is_free(lanes_param) + """
     ORDER BY l.last_allocated_at NULLS FIRST, l.address
     LIMIT """ + limit + """
     FOR UPDATE OF l SKIP LOCKED
@@ -73,12 +78,12 @@ RETURNING id, lane
 """
 
 # How many of `lanes` are free now (an SQL expression: a path may read it with something of its own).
-FREE_LANES_EXPR = """(SELECT count(*) FROM paygate.lanes l
- WHERE l.status = 'active' AND l.address = ANY(%(lanes)s)
-   AND NOT EXISTS (SELECT 1 FROM paygate.halts h WHERE h.kind = 'restore')
-   AND NOT EXISTS (SELECT 1 FROM paygate.lineages x
-                   WHERE x.lane = l.address AND paygate.lineage_is_live(x.state)))"""
+FREE_LANES_EXPR = "(SELECT count(*) FROM paygate.lanes l WHERE " + _lane_is_free() + ")"
 FREE_LANES_SQL = "SELECT " + FREE_LANES_EXPR
+# Whether any of `lanes` looks free now, without locking it: a claim asks this before it locks its
+# candidate rows, so a claim that would find every lane taken costs an index probe, not the rows'
+# locks (the lane CTE still decides, under its lock).
+ANY_FREE_LANE_EXPR = "EXISTS (SELECT 1 FROM paygate.lanes l WHERE " + _lane_is_free() + ")"
 
 
 

@@ -32,12 +32,15 @@ RELAXED_CTE = "relaxed AS MATERIALIZED (SELECT set_config('synchronous_commit', 
 
 # -- work? -------------------------------------------------------------------------------------------
 
-HAS_WORK_SQL = """
-SELECT EXISTS (SELECT 1 FROM paygate.charges
+# Whether any charge waits for a batch: one probe of each kind's partial index (migration 0006).
+CLAIMABLE_EXPR = """(EXISTS (SELECT 1 FROM paygate.charges
                WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL AND subscription_id IS NULL)
        OR EXISTS (SELECT 1 FROM paygate.charges
                   WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL
-                    AND subscription_id IS NOT NULL),
+                    AND subscription_id IS NOT NULL))"""
+
+HAS_WORK_SQL = """
+SELECT """ + CLAIMABLE_EXPR + """,
        EXISTS (SELECT 1 FROM paygate.charge_batches
                WHERE closed_at IS NULL AND (lease_expires_at IS NULL OR lease_expires_at < now())),
        -- ORPHANS_SQL's question, asked here to save a round trip per tick
@@ -79,23 +82,28 @@ PERIOD_SHARE = 4  # an aged period takes at most 1/PERIOD_SHARE of a claim's row
 # (0) from no free lane (> 0, lineage NULL). The batch size and the footprint limits are written in
 # by workers/settlement.claim_sql.
 CLAIM_SQL = f"""
-WITH {RELAXED_CTE}, aged_periods AS MATERIALIZED (
+WITH {RELAXED_CTE}, lane_seen AS MATERIALIZED (
+    -- Any lane free? Asked first, without a lock: with none free the candidates below are never
+    -- read or locked (their one-time filter), and `wanted` says whether work waits.
+    SELECT {lineages.ANY_FREE_LANE_EXPR} AS free
+), aged_periods AS MATERIALIZED (
     SELECT ctid, id, account, created_at, 0 AS tier FROM paygate.charges
     WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL AND subscription_id IS NOT NULL
-      AND created_at < now() - interval '{PERIOD_PRIORITY_AFTER}'
+      AND created_at < now() - interval '{PERIOD_PRIORITY_AFTER}' AND (SELECT free FROM lane_seen)
     ORDER BY created_at, id
     LIMIT %(period_share)s
     FOR UPDATE SKIP LOCKED
 ), one_off AS MATERIALIZED (
     SELECT ctid, id, account, created_at, 1 AS tier FROM paygate.charges
     WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL AND subscription_id IS NULL
+      AND (SELECT free FROM lane_seen)
     ORDER BY created_at, id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), periods AS MATERIALIZED (
     SELECT ctid, id, account, created_at, 2 AS tier FROM paygate.charges
     WHERE status = 'authorized' AND claimed_at IS NULL AND lineage_id IS NULL AND subscription_id IS NOT NULL
-      AND ctid <> ALL (ARRAY(SELECT ctid FROM aged_periods))
+      AND ctid <> ALL (ARRAY(SELECT ctid FROM aged_periods)) AND (SELECT free FROM lane_seen)
     ORDER BY created_at, id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
@@ -136,7 +144,8 @@ WITH {RELAXED_CTE}, aged_periods AS MATERIALIZED (
     -- The lane's highest sequence our journal knows consumed (what lineage.next_sequence reads).
     SELECT {lineages.last_consumed_seq_sql("lineage.lane")} AS seq FROM lineage
 )
-SELECT (SELECT count(*) FROM chosen) AS wanted, claimed.lineage_id, claimed.lane,
+SELECT CASE WHEN (SELECT free FROM lane_seen) THEN (SELECT count(*) FROM chosen)
+            ELSE {CLAIMABLE_EXPR}::int END AS wanted, claimed.lineage_id, claimed.lane,
        claimed.id, claimed.account, claimed.amount, claimed.charge_id, (SELECT seq FROM journal)
 FROM relaxed LEFT JOIN claimed ON true
 ORDER BY claimed.created_at, claimed.id
