@@ -21,7 +21,7 @@ Baselines, same run, same devnet, same pages:
 
 Then one more repetition under cProfile: the top functions by own time.
 
-    .venv/bin/python bench/observer.py [--charges 10000] [--limit 10000] [--reps 3] [--lanes 8]
+    .venv/bin/python bench/observer.py [--charges 10000] [--limit 1000] [--reps 3] [--lanes 8]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -47,6 +48,7 @@ import psycopg
 
 import paygate_cli.chain.charges as chain_charges
 from bench.meter import Meter, postgres_cpu, process_cpu
+from paygate_cli.catalogue import WORKERS
 from paygate_cli.db.migrate import migrate
 from paygate_cli.sandbox.pg_cluster import Cluster
 from tests.support.chain_env import ChainEnv, chain_environ
@@ -149,8 +151,24 @@ def observe(environ: dict[str, str], limit: int, pids: tuple[int, int],
     """One cold catch-up, in-process (`run-tick observer --once`), metered. `pids`: the postmaster
     and the devnet, whose CPU over the tick is counted too."""
     import paygate_cli.workers.observer as observer
+    from paygate_cli.chain.threads import ReadAhead
 
     fetch, decode, sql, apply = Meter(True), Meter(True), Meter(True), Meter(True)
+    # What the tick itself waits for the RPC: its own reads (the first page) and the read-aheads it
+    # had to wait for (ReadAhead.answer); the rest of the fetching overlapped a page being applied.
+    own_fetch, waited = Meter(True), Meter(True)
+    original_get_events = chain_charges.get_events
+
+    def fetch_on_main_thread(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return original_get_events(*args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return original_get_events(*args, **kwargs)
+        finally:
+            own_fetch.seconds += time.perf_counter() - started
+            own_fetch.calls += 1
+
     per_page: list[int] = []
     original_apply = observer.apply_page
 
@@ -164,7 +182,10 @@ def observe(environ: dict[str, str], limit: int, pids: tuple[int, int],
     with ExitStack() as stack:
         stack.callback(setattr, observer, "apply_page", original_apply)
         observer.apply_page = counting_apply
+        stack.callback(setattr, chain_charges, "get_events", original_get_events)
+        chain_charges.get_events = fetch_on_main_thread
         stack.enter_context(metered(fetch, chain_charges, "get_events"))
+        stack.enter_context(metered(waited, ReadAhead, "answer"))
         try:  # the bulk decoder the observer uses since before it, the reference decoder per event
             import paygate_cli.chain.billing_events as bulk
 
@@ -186,6 +207,8 @@ def observe(environ: dict[str, str], limit: int, pids: tuple[int, int],
         raise SystemExit(f"observer tick failed ({result.code}): {result.err}")
     details = json.loads(result.out)["run_tick"]
     return {"seconds": seconds, "cpu": cpu, "fetch_s": fetch.seconds, "fetch_calls": fetch.calls,
+            "waited_s": own_fetch.seconds + waited.seconds,
+            "read_ahead": details.get("last_details", {}).get("read_ahead", 0),
             "decode_s": decode.seconds, "apply_s": apply.seconds, "sql_s": sql.seconds, "sql_calls": sql.calls,
             "processed": details.get("processed"), "details": details, "per_page": per_page,
             "pg_cpu": pg_cpu, "devnet_cpu": devnet_cpu}
@@ -194,7 +217,8 @@ def observe(environ: dict[str, str], limit: int, pids: tuple[int, int],
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--charges", type=int, default=10_000)
-    parser.add_argument("--limit", type=int, default=10_000, help="events per getEvents page (the tick's --batch)")
+    parser.add_argument("--limit", type=int, default=WORKERS["observer"].batch,
+                        help="events per getEvents page (the tick's --batch; default: the observer's own)")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--lanes", type=int, default=8)
     args = parser.parse_args()
@@ -261,8 +285,10 @@ def main() -> None:
           f"{med(runs, 'pg_cpu') * us:6.1f} us, devnet (serving getEvents) {med(runs, 'devnet_cpu') * us:6.1f} us")
     print(f"    events/s on CPU alone            : {cpu_rate:8.0f} (1 / (observer + Postgres CPU per event): what one "
           "otherwise idle core sustains, the RPC elsewhere; robust to load)")
-    rest = med(runs, "seconds") - med(runs, "fetch_s") - med(runs, "apply_s")
-    print(f"    wall split: fetch (getEvents, {pages} page(s)) {med(runs, 'fetch_s') * us:6.1f} us/event, decode "
+    rest = med(runs, "seconds") - med(runs, "waited_s") - med(runs, "apply_s")
+    print(f"    wall split: fetch (getEvents, {pages} page(s), {best['read_ahead']} read ahead while the page "
+          f"before was applied) {med(runs, 'fetch_s') * us:6.1f} us/event, of which the tick waited "
+          f"{med(runs, 'waited_s') * us:6.1f}; decode "
           f"{med(runs, 'decode_s') * us:6.1f} us/event (inside apply), apply {med(runs, 'apply_s') * us:6.1f} "
           f"us/event (Postgres round trips {med(runs, 'sql_s') * us:6.1f}), rest (connect, lock, commit, "
           f"heartbeat) {rest * 1e3:6.1f} ms per tick")

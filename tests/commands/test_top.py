@@ -163,7 +163,7 @@ def test_ctrl_c_while_a_slow_endpoint_is_asked_leaves_at_once(operator: dict[str
 
 
 def test_every_question_is_asked_at_once_and_a_failure_reaches_the_caller() -> None:
-    from paygate_cli.chain.health import ask_at_once
+    from paygate_cli.chain.threads import ask_at_once
 
     started = time.monotonic()
     answers = ask_at_once({n: lambda n=n: (time.sleep(0.3), n * n)[1] for n in range(5)})

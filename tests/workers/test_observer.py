@@ -3,6 +3,7 @@ while the cursor moves on, pages applied exactly once, credit events winning fun
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from tests.support.chain_env import ChainEnv, admit_deposit, billing_balance, ch
 from tests.support.charges_support import admit_charge, fund
 from tests.support.cli import run_proc
 from tests.support.devnet_support import DevnetHandle, start_devnet
+from tests.support.drill_support import crash_tick
 
 DEPOSIT = 20_000_000
 
@@ -169,6 +171,42 @@ def test_a_page_is_applied_once_and_undecodable_events_are_quarantined(db: psyco
     assert again.new == 0 and again.failed == 0 and not again.quarantined
     assert db.execute("SELECT cached_balance FROM paygate.accounts").fetchone()[0] == 1000
     assert db.execute("SELECT count(*) FROM paygate.chain_events").fetchone()[0] == 3
+
+
+def test_a_catch_up_reads_the_next_page_ahead_and_a_kill_mid_catch_up_loses_and_doubles_nothing(
+        chain: ChainEnv, db: psycopg.Connection) -> None:
+    """Pages of 2 events: each full page's successor is read (on a thread) while it is applied.
+    A process killed after applying one page, its read-ahead in flight, leaves that page applied
+    and its cursor stored; the next tick applies the rest once."""
+    users = chain.genesis["users"][:3]
+    fund(chain, db, [(u, DEPOSIT) for u in users])
+    for i in range(9):
+        admit_charge(db, users[i % 3]["public"], 100 + i, f"ahead-{i}")
+    for _ in range(5):
+        assert chain.tick("settlement").code == 0
+        chain.devnet.close_ledger()
+        if not db.execute("SELECT count(*) FROM paygate.charges WHERE status = 'authorized' AND lineage_id IS NULL"
+                          " OR lineage_id IN (SELECT id FROM paygate.lineages WHERE state <> 'applied')"
+                          ).fetchone()[0]:
+            break
+    on_chain = db.execute("SELECT count(*) FROM paygate.charges").fetchone()[0] + len(users)  # + the credits
+    killed = crash_tick(chain.environ, "observer", "observer.after_apply", "--batch", "2")
+    assert killed.code == -9, killed.err
+    assert db.execute("SELECT count(*) FROM paygate.chain_events").fetchone()[0] == 2  # the first page, stored
+    first_cursor = cursor(db)
+    assert first_cursor is not None
+    result = chain.tick("observer", "--batch", "2")
+    assert result.code == 0, result.err
+    details = json.loads(result.out)["run_tick"]["last_details"]
+    remaining = on_chain - 2
+    assert details["pages"] == remaining // 2 + 1  # full pages, then the short (or empty) last one
+    assert details["read_ahead"] == details["pages"] - 1  # every full page's successor was read ahead
+    assert details["events"] == remaining and details["quarantined"] == 0
+    # Each event stored once, every charge settled from its own event, the cursor at the head.
+    assert db.execute("SELECT count(*), count(DISTINCT event_id) FROM paygate.chain_events").fetchone() == (
+        on_chain, on_chain)
+    assert db.execute("SELECT count(*) FROM paygate.charges WHERE status <> 'settled'").fetchone()[0] == 0
+    assert cursor_ledger(cursor(db)) == chain.devnet.latest_ledger() and cursor(db) > first_cursor
 
 
 def test_credit_event_settles_a_deposit_whose_funding_process_died(chain: ChainEnv, db: psycopg.Connection) -> None:

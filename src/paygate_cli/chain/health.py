@@ -11,11 +11,7 @@ requests would send them."""
 from __future__ import annotations
 
 import json
-import queue
-import threading
-from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from paygate_cli.endpoints import split_credentials
 
@@ -63,30 +59,6 @@ def _call(url: str, method: str, timeout: float) -> dict:
     if not isinstance(result, dict):
         raise HealthError(f"{method} answer has no result")
     return result
-
-
-def ask_at_once(calls: Mapping[Hashable, Callable[[], Any]]) -> dict[Hashable, Any]:
-    """Every call on its own thread, all at once; -> each call's answer by its key (the first call
-    that raised raises here). Daemon threads, not a ThreadPoolExecutor: an executor's exit, and the
-    interpreter's, join its threads, so a Ctrl-C while a slow endpoint is asked would hold the
-    process until that endpoint's RPC timeout; an abandoned daemon thread ends with the process."""
-    answers: queue.SimpleQueue[tuple[Hashable, Any, BaseException | None]] = queue.SimpleQueue()
-
-    def ask(key: Hashable, call: Callable[[], Any]) -> None:
-        try:
-            answers.put((key, call(), None))
-        except BaseException as exc:  # reported to the caller's thread, which re-raises it
-            answers.put((key, None, exc))
-
-    for key, call in calls.items():
-        threading.Thread(target=ask, args=(key, call), name=f"ask {key}", daemon=True).start()
-    results: dict[Hashable, Any] = {}
-    while len(results) < len(calls):
-        key, answer, error = answers.get()  # a signal (Ctrl-C) interrupts this wait at once
-        if error is not None:
-            raise error
-        results[key] = answer
-    return results
 
 
 def get_health(url: str, timeout: float) -> Health:

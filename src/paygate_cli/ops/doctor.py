@@ -395,9 +395,9 @@ def endpoints_of(settings: Settings) -> list[Endpoint]:
 
 def probe_endpoints(endpoints: list[Endpoint], timeout: float) -> None:
     """getHealth and getNetwork of every endpoint at once (threads), each bounded by `timeout`; a
-    Ctrl-C leaves at once (chain/health.py ask_at_once)."""
+    Ctrl-C leaves at once (chain/threads.py ask_at_once)."""
     from paygate_cli.chain.deployment import endpoint_facts
-    from paygate_cli.chain.health import ask_at_once
+    from paygate_cli.chain.threads import ask_at_once
 
     def ask(endpoint: Endpoint) -> None:
         try:

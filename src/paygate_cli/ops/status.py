@@ -284,7 +284,8 @@ def rpc_health(settings: Any) -> dict[str, Any]:
     endpoints_of = rpc_endpoints(settings)
     if not endpoints_of:
         return {"configured": False, "endpoints": [], "problems": []}
-    from paygate_cli.chain.health import ask_at_once, get_health, get_network_passphrase
+    from paygate_cli.chain.health import get_health, get_network_passphrase
+    from paygate_cli.chain.threads import ask_at_once
     from paygate_cli.endpoints import endpoint_name
 
     urls = {_url_key(url): url for _, url in reversed(endpoints_of)}  # each key -> its first spelling

@@ -246,7 +246,7 @@ def check_network(settings: Settings) -> None:
     if len(urls) == 1:
         served = [ask(urls[0])]
     else:
-        from paygate_cli.chain.health import ask_at_once
+        from paygate_cli.chain.threads import ask_at_once
 
         answers = ask_at_once({index: lambda url=url: ask(url) for index, url in enumerate(urls)})
         served = [answers[index] for index in range(len(urls))]

@@ -218,9 +218,11 @@ def tick(ctx: TickContext) -> TickResult:
         raise ConfigError("PAYGATE_BILLING_CONTRACT is not set")
     from paygate_cli.chain.charges import ReadersBehind, RetentionGap, cursor_ledger, get_events
     from paygate_cli.chain.rpc import ChainClient
+    from paygate_cli.chain.threads import ReadAhead
 
     result = TickResult()
-    totals: dict[str, Any] = {"pages": 0, "events": 0, "settled": 0, "failed": 0, "credited": 0, "quarantined": 0}
+    totals: dict[str, Any] = {"pages": 0, "events": 0, "settled": 0, "failed": 0, "credited": 0, "quarantined": 0,
+                              "read_ahead": 0}
     # Before the new events: quarantined ones that may apply now (no chain read needed).
     lifted, requarantined = _retrying(ctx, lambda: reexamine(ctx.conn, ctx.log))
     if lifted or requarantined:
@@ -228,12 +230,21 @@ def tick(ctx: TickContext) -> TickResult:
     result.processed += lifted
     result.needs_human += requarantined
     chain = ChainClient(settings, guard_conn=ctx.conn)
+    # A full page is followed by another: it is read ahead, on a thread, while this one is applied
+    # (chain/threads.py), so a catch-up waits on the RPC once, not once per page. That read holds no
+    # transaction, though this thread holds one meanwhile: its client is not guarded by ctx.conn.
+    reader = ChainClient(settings)
     limit = max(1, min(int(ctx.batch), 10000))
+    pages = max(1, int(settings.observer_max_pages))
+    ahead: ReadAhead[EventsPage] | None = None
     try:
-        for _ in range(max(1, int(settings.observer_max_pages))):
+        for number in range(pages):
             try:
-                page = get_events(chain, settings.billing_contract, cursor=cursor, start_ledger=start_ledger,
-                                  limit=limit)
+                if ahead is not None:
+                    page = ahead.answer()
+                else:
+                    page = get_events(chain, settings.billing_contract, cursor=cursor, start_ledger=start_ledger,
+                                      limit=limit)
             except RetentionGap as exc:
                 where = f"cursor {cursor} (ledger {cursor_ledger(cursor)})" if cursor else f"ledger {start_ledger}"
                 raise NeedsHuman(f"observer stopped: its position {where} is older than the RPC's retention "
@@ -248,7 +259,13 @@ def tick(ctx: TickContext) -> TickResult:
                 raise NeedsHuman(f"observer stopped: cursor {cursor} (ledger {cursor_ledger(cursor)}) is older than "
                                  f"the RPC's oldest ledger {page.oldest_ledger}; billing events may have been lost",
                                  msgid="observer.retention_gap")
-            crashpoint("observer.after_fetch")
+            ahead = None
+            if len(page.events) == limit and number + 1 < pages:
+                ahead = ReadAhead(lambda after=page.cursor: get_events(reader, settings.billing_contract,
+                                                                       cursor=after, start_ledger=None, limit=limit),
+                                  name="observer read-ahead")
+                totals["read_ahead"] += 1
+            crashpoint("observer.after_fetch")  # a read ahead may be in flight: a drill kills it too
             stats = _retrying(ctx, lambda page=page, cursor=cursor: apply_page(ctx.conn, page, cursor, ctx.log))
             crashpoint("observer.after_apply")
             cursor, start_ledger = page.cursor, None
@@ -263,6 +280,7 @@ def tick(ctx: TickContext) -> TickResult:
                 break  # caught up with the RPC's latest ledger
     finally:
         chain.close()
+        reader.close()  # a read ahead still in flight (this tick failed) fails with it, unread
     if cursor is not None:
         stuck = ctx.conn.execute(UNEXPLAINED_SQL, (cursor_ledger(cursor),)).fetchall()
         for charge_row_id, charge_id, lineage_id, ledger in stuck:
