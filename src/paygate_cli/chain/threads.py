@@ -1,5 +1,5 @@
 """Chain reads on threads of their own: several asked at once (`ask_at_once`: every RPC endpoint's
-health), or the next one started while the caller works on the last answer (`read_ahead`: the
+health), or the next one started while the caller works on the last answer (`ReadAhead`: the
 observer's next page of events while it applies this one).
 
 Daemon threads, not a ThreadPoolExecutor: an executor's exit, and the interpreter's, join its
