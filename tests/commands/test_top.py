@@ -10,6 +10,7 @@ import json
 import os
 import pty
 import select
+import signal
 import struct
 import subprocess
 import termios
@@ -112,9 +113,15 @@ def _live(environ: dict[str, str], leave: bytes, until: bytes) -> tuple[int, byt
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))  # rows, columns
     before = termios.tcgetattr(terminal)
+    def controlled_by_the_pty() -> None:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the pty controls it: ^C signals
+        # Started with SIGINT ignored, as a script's background jobs (and some CI runners' children)
+        # are: Python then installs no Ctrl-C handler, so the view must install its own.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     proc = subprocess.Popen(paygate_cmd("top", "--interval", "0.5"), env={**environ, "COLUMNS": "200"},
                             stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True,
-                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # the pty controls it: ^C signals
+                            preexec_fn=controlled_by_the_pty)
     drawn = b""
     try:
         deadline = time.monotonic() + 30

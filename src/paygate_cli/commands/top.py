@@ -65,10 +65,15 @@ def _console(env: Env) -> Any:
 
 def _live(env: Env, conn: Any, interval: float) -> int:
     """Frames every `interval` seconds until q or Ctrl-C (exit 0, the terminal as it was)."""
+    import signal
+
     from rich.live import Live
 
     previous: dict[str, Any] | None = None
     taken_at: float | None = None
+    # Ctrl-C leaves the view even when this process was started with SIGINT ignored (as a shell
+    # script's background jobs are): Python then installs no KeyboardInterrupt handler of its own.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with _keys(env) as quit_pressed, Live(console=_console(env), screen=True, auto_refresh=False,
                                               redirect_stderr=False) as live:
@@ -81,6 +86,8 @@ def _live(env: Env, conn: Any, interval: float) -> int:
                     return ExitCode.OK
     except KeyboardInterrupt:  # Ctrl-C is how a person leaves a live view: not an interruption
         return ExitCode.OK
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 @contextlib.contextmanager
