@@ -14,7 +14,6 @@ import signal
 import struct
 import subprocess
 import termios
-import threading
 import time
 from collections.abc import Iterator
 
@@ -114,6 +113,7 @@ def _live(environ: dict[str, str], leave: bytes, until: bytes) -> tuple[int, byt
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))  # rows, columns
     before = termios.tcgetattr(terminal)
+
     def controlled_by_the_pty() -> None:
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the pty controls it: ^C signals
         # Started with SIGINT ignored, as a script's background jobs (and some CI runners' children)
@@ -168,23 +168,6 @@ def test_ctrl_c_while_a_slow_endpoint_is_asked_leaves_at_once(operator: dict[str
         devnet.clear_faults()
     assert code == ExitCode.OK
     assert took < 1.0, took
-
-
-def test_every_question_is_asked_at_once_and_a_failure_reaches_the_caller() -> None:
-    from paygate_cli.chain.threads import ask_at_once
-
-    # Each question waits until all five are being asked: asked one after another, the first
-    # would wait alone and the barrier break (BrokenBarrierError reaches the caller).
-    together = threading.Barrier(5, timeout=30)
-    answers = ask_at_once({n: lambda n=n: (together.wait(), n * n)[1] for n in range(5)})
-    assert answers == {n: n * n for n in range(5)}
-
-    def refuses() -> None:
-        raise LookupError("no such endpoint")
-
-    with pytest.raises(LookupError, match="no such endpoint"):
-        ask_at_once({"fine": lambda: 1, "refuses": refuses})
-    assert ask_at_once({}) == {}
 
 
 def test_a_queue_rate_is_its_depth_change_per_minute_between_frames() -> None:
