@@ -135,6 +135,11 @@ def _live(environ: dict[str, str], leave: bytes, until: bytes) -> tuple[int, byt
         os.write(controller, leave)
         code = proc.wait(timeout=5)
         took = time.monotonic() - pressed
+        while select.select([controller], [], [], 0.2)[0]:  # what it wrote on the way out (an error?)
+            try:
+                drawn += os.read(controller, 65536)
+            except OSError:  # the pty's other side is gone
+                break
         after = termios.tcgetattr(terminal)
     finally:
         if proc.poll() is None:
@@ -150,7 +155,7 @@ def test_the_live_view_refreshes_in_a_terminal_and_quits(operator: dict[str, str
                                                          leave: bytes) -> None:
     lane = devnet.genesis["lanes"][0]["public"].encode()
     code, drawn, took, _ = _live(operator, leave, until=lane)
-    assert code == ExitCode.OK
+    assert code == ExitCode.OK, drawn[-3000:]
     assert took < 1.0, took
     assert b"HALTED: operator" in drawn and b"latest ledger" in drawn
 
@@ -163,10 +168,10 @@ def test_ctrl_c_while_a_slow_endpoint_is_asked_leaves_at_once(operator: dict[str
     lane = devnet.genesis["lanes"][0]["public"].encode()
     devnet.set_fault("slow", ms=6000, methods=["getHealth"])
     try:
-        code, _, took, _ = _live(operator, b"\x03", until=lane)
+        code, drawn, took, _ = _live(operator, b"\x03", until=lane)
     finally:
         devnet.clear_faults()
-    assert code == ExitCode.OK
+    assert code == ExitCode.OK, drawn[-3000:]
     assert took < 1.0, took
 
 
