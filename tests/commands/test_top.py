@@ -175,6 +175,40 @@ def test_ctrl_c_while_a_slow_endpoint_is_asked_leaves_at_once(operator: dict[str
     assert took < 1.0, took
 
 
+def test_ctrl_c_between_a_query_and_its_answer_still_leaves_with_0(operator: dict[str, str],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Ctrl-C the pty tests press lands wherever the frame is; here it lands at the worst place,
+    made certain: the second frame has sent its query and not read the answer. The frame is
+    replaced for that (the interrupt's timing is the one thing a real terminal cannot pin down);
+    the connection, the database and the exit path are the real ones."""
+    import io
+
+    from paygate_cli import __main__ as entry
+    from paygate_cli.commands import top
+    from paygate_cli.env import Env
+    from paygate_cli.ops.top import frame as real_frame
+
+    frames = []
+
+    def frame_then_ctrl_c(conn: psycopg.Connection, *args: object) -> dict:
+        if frames:
+            conn.pgconn.send_query(b"SELECT pg_sleep(0.5)")  # sent; its answer never read
+            raise KeyboardInterrupt
+        frames.append(real_frame(conn, *args))
+        return frames[-1]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(top, "frame", frame_then_ctrl_c)
+    err = io.StringIO()
+    code = entry.main(["top", "--interval", "0.2"],
+                      env=Env(stdout=Terminal(), stderr=err, stdin=io.StringIO(), environ=operator))
+    assert len(frames) == 1
+    assert code == ExitCode.OK, err.getvalue()
+
+
 def test_a_queue_rate_is_its_depth_change_per_minute_between_frames() -> None:
     from paygate_cli.ops.top import with_rates
 

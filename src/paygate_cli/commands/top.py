@@ -85,6 +85,10 @@ def _live(env: Env, conn: Any, interval: float) -> int:
                 if quit_pressed(max(0.0, interval - (env.monotonic() - started))):
                     return ExitCode.OK
     except KeyboardInterrupt:  # Ctrl-C is how a person leaves a live view: not an interruption
+        # It may land between sending a query and reading its answer: the connection is then
+        # mid-statement, and the commit on leaving open_db's block would fail ("another command is
+        # already in progress": exit 69). A view has nothing to commit: close it as it stands.
+        conn.close()
         return ExitCode.OK
     finally:
         signal.signal(signal.SIGINT, inherited)
